@@ -1,0 +1,1 @@
+"""rljob.cli: the `rljob` command line."""

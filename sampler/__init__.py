@@ -1,0 +1,1 @@
+"""rljob.sampler: the sampler entrypoint (vLLM on TPU; a JAX backend on CPU)."""
