@@ -1,0 +1,439 @@
+"""The RLJob custom resource (group rljob.dev, version v1alpha1) as pydantic models.
+
+Contract 1 of the project: the operator builds the CRD's OpenAPI schema from these models (every
+field's description becomes `kubectl explain` text), the CLI and the operator parse manifests with
+them, and the operator writes `status` through `RLJobStatus`.
+
+JSON names are camelCase (alias generator); Python attribute names are snake_case. Unknown fields are
+refused everywhere except `metadata`, which carries whatever the API server adds.
+
+Spec fields that a catalog recipe can supply are optional here: a manifest that names
+`spec.recipe` may omit them. Completeness of the merged spec is checked by `rljob.recipes.plan`,
+which reports every missing field as `spec.path: message`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+GROUP = "rljob.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "RLJob"
+PLURAL = "rljobs"
+
+
+class ApiModel(BaseModel):
+    """Base of every RLJob model: camelCase aliases, unknown fields refused."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        use_attribute_docstrings=False,
+    )
+
+
+# --------------------------------------------------------------------------------------------- spec
+
+
+class TpuSlice(ApiModel):
+    """A TPU slice written out: the GKE accelerator label value and the slice topology."""
+
+    accelerator: Literal["tpu-v5p-slice", "tpu7x"] = Field(
+        description="Value of the node label cloud.google.com/gke-tpu-accelerator: tpu-v5p-slice or tpu7x."
+    )
+    topology: str = Field(
+        description="Slice topology AxBxC (node label cloud.google.com/gke-tpu-topology), e.g. 2x2x1.",
+        pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
+    )
+
+
+# In the CRD a `tpu` field holds either the shorthand string or the object form; a structural schema
+# cannot say "string or object", so the field is declared with x-kubernetes-preserve-unknown-fields
+# and its value is checked by the admission path (these models).
+_TPU_DESCRIPTION = (
+    "TPU slice shape: the xpk shorthand `v5p-16` / `tpu7x-256` (the number counts TensorCores, 2 per "
+    "chip) or the object {accelerator: tpu-v5p-slice | tpu7x, topology: AxBxC}."
+)
+TpuField = Annotated[
+    str | TpuSlice,
+    WithJsonSchema({"description": _TPU_DESCRIPTION, "x-kubernetes-preserve-unknown-fields": True}),
+]
+
+
+class ModelSpec(ApiModel):
+    """The model being post-trained."""
+
+    name: str | None = Field(
+        default=None, description="Hugging Face model id of the base model, e.g. Qwen/Qwen3-8B.", min_length=1
+    )
+    maxtext_model: str | None = Field(
+        default=None,
+        description="MaxText model_name of the base model, e.g. qwen3-8b. Default: the recipe's.",
+        min_length=1,
+    )
+    checkpoint: str | None = Field(
+        default=None,
+        description="gs:// path of a converted MaxText checkpoint (load_parameters_path). Optional: "
+        "without it the trainer converts the Hugging Face weights into the run's cache.",
+        pattern=r"^gs://[^/]+(/.*)?$",
+    )
+
+
+class MeshAxes(ApiModel):
+    """Parallelism per mesh axis. -1 means inferred: the axis takes what the others leave."""
+
+    data: int | None = Field(default=None, description="Data parallelism (replicas of the model).")
+    fsdp: int | None = Field(default=None, description="Fully sharded data parallelism (parameter sharding).")
+    tensor: int | None = Field(default=None, description="Tensor (model) parallelism.")
+    context: int | None = Field(default=None, description="Context (sequence) parallelism.")
+    expert: int | None = Field(default=None, description="Expert parallelism for mixture-of-experts layers.")
+
+
+class MeshSpec(MeshAxes):
+    """Trainer mesh. The axes here are ICI axes (within one slice); `dcn` holds the axes across slices.
+
+    Default: every device of a slice on fsdp (ici fsdp = -1, the rest 1) and every slice on data
+    (dcn data = -1)."""
+
+    dcn: MeshAxes | None = Field(
+        default=None,
+        description="Parallelism across slices (DCN). The product must equal spec.trainer.slices.",
+    )
+
+
+class TrainerSpec(ApiModel):
+    """The MaxText trainer (tunix GRPO loop, LoRA via qwix)."""
+
+    tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
+    slices: int | None = Field(
+        default=None, ge=1, le=64, description="Number of identical TPU slices. Default 1."
+    )
+    mesh: MeshSpec | None = Field(default=None, description="Trainer device mesh (MaxText ici_*/dcn_* keys).")
+    maxtext_version: str | None = Field(
+        default=None,
+        description="MaxText version pinned by the trainer image; its key set validates `maxtext`. "
+        "Default 0.2.5.",
+    )
+    maxtext: dict[str, Any] | None = Field(
+        default=None,
+        description="Extra MaxText config keys (key: value). Win over the profile's and the recipe's keys.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    profile: str | None = Field(default=None, description="A tuned-flag profile of the recipe, by name.")
+    image: str | None = Field(default=None, description="Trainer container image.")
+    micro_batch_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Sequences (packed rows) per optimizer micro-step across all trainer devices. Must be a "
+        "multiple of the fsdpxdata parallelism. Default: the fsdpxdata parallelism (one row per shard).",
+    )
+
+
+class SamplerSpec(ApiModel):
+    """The vLLM samplers that generate rollouts with the latest LoRA adapter."""
+
+    tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
+    replicas: int | None = Field(
+        default=None, ge=1, le=256, description="Number of sampler slices. Default 1."
+    )
+    tensor_parallel: int | None = Field(
+        default=None, ge=1, description="vLLM --tensor-parallel-size. Default: the JAX devices of one host."
+    )
+    max_model_len: int | None = Field(
+        default=None,
+        ge=128,
+        description="vLLM --max-model-len. Default: prompt + algorithm.maxTokens rounded up.",
+    )
+    max_loras: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
+        "the next).",
+    )
+    image: str | None = Field(default=None, description="Sampler container image.")
+
+
+class LoraSpec(ApiModel):
+    """The LoRA adapter trained by the trainer (qwix) and served by the samplers (vLLM)."""
+
+    rank: int | None = Field(
+        default=None, ge=1, description="LoRA rank; one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512."
+    )
+    alpha: float | None = Field(
+        default=None, gt=0, description="LoRA alpha (scale = alpha / rank). Default 2xrank."
+    )
+    targets: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        description="Module names the adapter wraps, e.g. [q_proj, k_proj, v_proj, o_proj].",
+    )
+
+
+class AlgorithmSpec(ApiModel):
+    """The RL algorithm (GRPO family)."""
+
+    loss: Literal["importance_sampling", "ppo"] | None = Field(
+        default=None,
+        description="Policy loss: importance_sampling or ppo (clipped). Default importance_sampling.",
+    )
+    group_size: int | None = Field(
+        default=None, ge=1, description="Completions sampled per prompt. Default 8."
+    )
+    groups_per_batch: int | None = Field(
+        default=None, ge=1, description="Prompts (groups) per optimizer step. Default 16."
+    )
+    max_tokens: int | None = Field(default=None, ge=1, description="Completion token limit. Default 2048.")
+    max_prompt_tokens: int | None = Field(default=None, ge=1, description="Prompt token limit. Default 1024.")
+    learning_rate: float | None = Field(
+        default=None, gt=0, lt=1, description="Adam learning rate. Default 1e-5."
+    )
+    steps: int | None = Field(default=None, ge=1, description="Optimizer steps to run. Default 100.")
+    kl_penalty_coef: float | None = Field(
+        default=None, ge=0, description="KL penalty coefficient against the base policy. Default 0."
+    )
+
+
+class PackingSpec(ApiModel):
+    """Token-budget sequence packing of training rows."""
+
+    token_budget: int | None = Field(
+        default=None,
+        ge=128,
+        description="Tokens per packed row (MaxText max_target_length). Default: maxPromptTokens + maxTokens "
+        "rounded up to padAlign.",
+    )
+    pad_position: Literal["end", "start"] | None = Field(
+        default=None, description="Where a row's padding goes: end or start. Default end."
+    )
+    pad_align: int | None = Field(
+        default=None, ge=1, description="Segment start alignment in tokens. Default 64."
+    )
+
+
+class StorageSpec(ApiModel):
+    """Where the run keeps its state."""
+
+    root: str | None = Field(
+        default=None,
+        description="gs:// prefix for checkpoints, adapters, rollouts and caches; the run writes under "
+        "{root}/{namespace}/{name}/.",
+        pattern=r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?$",
+    )
+
+
+class FailurePolicySpec(ApiModel):
+    """How failures are retried. Preemption and maintenance restarts are never counted."""
+
+    max_restarts: int | None = Field(
+        default=None, ge=0, le=1000, description="Restarts after a crash before the job fails. Default 3."
+    )
+
+
+class RLJobSpec(ApiModel):
+    """Desired state of an RLJob."""
+
+    recipe: str | None = Field(
+        default=None,
+        description="A catalog recipe (`rljob recipes list`); its values are defaults the manifest "
+        "overrides key by key.",
+    )
+    model: ModelSpec | None = Field(default=None, description="The base model.")
+    trainer: TrainerSpec | None = Field(default=None, description="The trainer role.")
+    sampler: SamplerSpec | None = Field(default=None, description="The sampler role.")
+    lora: LoraSpec | None = Field(default=None, description="The LoRA adapter.")
+    algorithm: AlgorithmSpec | None = Field(default=None, description="The RL algorithm.")
+    packing: PackingSpec | None = Field(default=None, description="Sequence packing.")
+    storage: StorageSpec | None = Field(default=None, description="Run storage.")
+    failure_policy: FailurePolicySpec | None = Field(default=None, description="Retry policy.")
+    suspend: bool | None = Field(
+        default=None, description="Suspend the run (the JobSet is suspended). Default false."
+    )
+    queue_name: str | None = Field(
+        default=None, description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name).", max_length=63
+    )
+    priority_class_name: str | None = Field(
+        default=None, description="PriorityClass of every pod.", max_length=253
+    )
+
+
+# ------------------------------------------------------------------------------------------- status
+
+
+class Phase(StrEnum):
+    """Lifecycle phase of an RLJob."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    SUSPENDED = "Suspended"
+
+
+class FailureClass(StrEnum):
+    """Why the last failure happened (see rljob.recipes.failure)."""
+
+    PREEMPTION = "preemption"
+    MAINTENANCE = "maintenance"
+    BAD_CONFIGURATION = "badConfiguration"
+    CRASH = "crash"
+
+
+class Condition(ApiModel):
+    """A Kubernetes-style status condition."""
+
+    type: str = Field(description="Condition type, e.g. Ready, Progressing, Failed.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(default="", description="CamelCase reason for the last transition.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: datetime | None = Field(default=None, description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation this reflects.")
+
+
+class Restarts(ApiModel):
+    """Restart accounting against spec.failurePolicy.maxRestarts."""
+
+    used: int = Field(default=0, ge=0, description="Counted restarts so far.")
+    left: int = Field(default=0, ge=0, description="Counted restarts left before the job fails.")
+
+
+class LastFailure(ApiModel):
+    """The most recent failure."""
+
+    failure_class: FailureClass = Field(
+        alias="class", description="preemption, maintenance, badConfiguration or crash."
+    )
+    reason: str = Field(default="", description="Short machine-readable reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    time: datetime | None = Field(default=None, description="When it happened.")
+
+
+class RoleStatus(ApiModel):
+    """Readiness of one role's pods."""
+
+    ready: int = Field(default=0, ge=0, description="Ready pods.")
+    total: int = Field(default=0, ge=0, description="Pods the role needs.")
+
+
+class RolesStatus(ApiModel):
+    """Readiness per role."""
+
+    trainer: RoleStatus = Field(default_factory=RoleStatus, description="Trainer pods.")
+    sampler: RoleStatus = Field(default_factory=RoleStatus, description="Sampler pods.")
+
+
+class ProgressReport(ApiModel):
+    """What the trainer reports after each step (contract 4): ConfigMap `<rljob>-progress`, key
+    `progress.json`, copied by the operator into status.progress."""
+
+    step: int = Field(default=0, ge=0, description="Last completed optimizer step.")
+    last_checkpoint_step: int | None = Field(default=None, ge=0, description="Step of the newest checkpoint.")
+    resumed_from_step: int | None = Field(default=None, ge=0, description="Step this attempt resumed from.")
+    reward_mean: float | None = Field(default=None, description="Mean reward of the last step's rollouts.")
+    adapter_version: int | None = Field(
+        default=None, ge=0, description="Newest published adapter version N (v{N}/)."
+    )
+    update_time: datetime | None = Field(default=None, description="When the report was written.")
+
+
+class RLJobStatus(ApiModel):
+    """Observed state of an RLJob (written by the operator)."""
+
+    phase: Phase | None = Field(
+        default=None, description="Pending, Running, Restarting, Succeeded, Failed, Suspended."
+    )
+    conditions: list[Condition] = Field(default_factory=list, description="Status conditions.")
+    observed_generation: int | None = Field(default=None, description="metadata.generation last acted on.")
+    job_set_name: str | None = Field(default=None, description="Name of the JobSet running this job.")
+    restarts: Restarts | None = Field(default=None, description="Restarts used and left.")
+    last_failure: LastFailure | None = Field(default=None, description="The most recent failure.")
+    roles: RolesStatus | None = Field(default=None, description="Per-role readiness.")
+    progress: ProgressReport | None = Field(default=None, description="The trainer's latest progress report.")
+
+
+# ----------------------------------------------------------------------------------------- resource
+
+
+class ObjectMeta(BaseModel):
+    """The part of Kubernetes object metadata rljob reads; other fields the API server adds are ignored."""
+
+    model_config = ConfigDict(
+        extra="ignore",
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+    )
+
+    name: str = Field(
+        description="RLJob name (DNS-1123 label).",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    )
+    namespace: str = Field(
+        default="default",
+        description="Namespace.",
+        min_length=1,
+        max_length=63,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+    )
+    labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
+    uid: str | None = Field(default=None, description="Object UID (set by the API server).")
+    generation: int | None = Field(default=None, description="Spec generation (set by the API server).")
+
+
+class RLJob(ApiModel):
+    """An RL post-training run: GRPO with a LoRA adapter, a MaxText trainer and vLLM samplers on TPU."""
+
+    api_version: Literal["rljob.dev/v1alpha1"] = Field(
+        default="rljob.dev/v1alpha1", description="rljob.dev/v1alpha1."
+    )
+    kind: Literal["RLJob"] = Field(default="RLJob", description="RLJob.")
+    metadata: ObjectMeta = Field(description="Object metadata.")
+    spec: RLJobSpec = Field(description="Desired state.")
+    status: RLJobStatus | None = Field(default=None, description="Observed state (written by the operator).")
+
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "PLURAL",
+    "VERSION",
+    "AlgorithmSpec",
+    "ApiModel",
+    "Condition",
+    "FailureClass",
+    "FailurePolicySpec",
+    "LastFailure",
+    "LoraSpec",
+    "MeshAxes",
+    "MeshSpec",
+    "ModelSpec",
+    "ObjectMeta",
+    "PackingSpec",
+    "Phase",
+    "ProgressReport",
+    "RLJob",
+    "RLJobSpec",
+    "RLJobStatus",
+    "Restarts",
+    "RoleStatus",
+    "RolesStatus",
+    "SamplerSpec",
+    "StorageSpec",
+    "TpuSlice",
+    "TrainerSpec",
+]

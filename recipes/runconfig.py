@@ -1,0 +1,155 @@
+"""The resolved run config (contract 2).
+
+The renderer writes one `RunConfig` as JSON into the run ConfigMap (key `run.json`), mounted in every
+trainer and sampler pod at `/etc/rljob/run.json`; the path is also in env `RLJOB_CONFIG`. Trainer and
+sampler entrypoints read it with `RunConfig.load(path)`. Locally (laptop, tests) the same file points at
+local ports and a gs:// root on the GCS emulator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field
+from rljob.recipes.api import ApiModel, RLJobSpec
+
+CONFIG_KEY = "run.json"
+CONFIG_DIR = "/etc/rljob"
+CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
+CONFIG_ENV = "RLJOB_CONFIG"
+PROGRESS_KEY = "progress.json"
+SAMPLER_PORT = 8000
+COORDINATOR_PORT = 8476
+
+MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
+
+
+class TpuPlan(ApiModel):
+    """One slice of one role, resolved from the catalog."""
+
+    accelerator: str = Field(description="Node label cloud.google.com/gke-tpu-accelerator value.")
+    topology: str = Field(description="Node label cloud.google.com/gke-tpu-topology value (AxBxC).")
+    type_name: str = Field(description="xpk-style name, e.g. v5p-16 (TensorCores = 2 x chips).")
+    machine_type: str = Field(description="GCE machine type of one host.")
+    chips: int = Field(description="Chips in one slice.")
+    hosts: int = Field(description="Hosts (VMs, pods) in one slice.")
+    chips_per_host: int = Field(description="Chips per host.")
+    devices_per_chip: int = Field(description="JAX devices per chip (1 on v5p, 2 on tpu7x).")
+    devices: int = Field(description="JAX devices in one slice.")
+    containers_per_host: int = Field(description="TPU containers per pod (2 on multi-chip tpu7x hosts).")
+    chips_per_container: int = Field(description="google.com/tpu requested by each TPU container.")
+
+
+class MeshPlan(ApiModel):
+    """A resolved mesh: every axis an integer >= 1."""
+
+    data: int = Field(description="Data parallelism.")
+    fsdp: int = Field(description="FSDP parallelism.")
+    tensor: int = Field(description="Tensor parallelism.")
+    context: int = Field(description="Context parallelism.")
+    expert: int = Field(description="Expert parallelism.")
+
+    def product(self) -> int:
+        out = 1
+        for axis in MESH_AXES:
+            out *= int(getattr(self, axis))
+        return out
+
+
+class TrainerPlan(ApiModel):
+    """The trainer role, resolved."""
+
+    tpu: TpuPlan = Field(description="One trainer slice.")
+    slices: int = Field(description="Number of slices.")
+    hosts: int = Field(description="Hosts over all slices.")
+    chips: int = Field(description="Chips over all slices.")
+    devices: int = Field(description="JAX devices over all slices.")
+    ici: MeshPlan = Field(description="Mesh within a slice (MaxText ici_* keys).")
+    dcn: MeshPlan = Field(description="Mesh across slices (MaxText dcn_* keys).")
+    micro_batch_size: int = Field(description="Packed rows per micro-step over all devices.")
+    maxtext_version: str = Field(description="MaxText version whose key set was checked.")
+    maxtext: dict[str, Any] = Field(description="The final MaxText key dict (key -> value).")
+    maxtext_sources: dict[str, str] = Field(
+        description="Where each MaxText key came from: rljob, recipe, profile or manifest."
+    )
+
+
+class SamplerPlan(ApiModel):
+    """The sampler role, resolved."""
+
+    tpu: TpuPlan = Field(description="One sampler slice.")
+    replicas: int = Field(description="Sampler slices (one vLLM server each).")
+    tensor_parallel: int = Field(description="vLLM --tensor-parallel-size.")
+    max_model_len: int = Field(description="vLLM --max-model-len.")
+    lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
+    max_loras: int = Field(description="vLLM --max-loras.")
+
+
+class StoragePaths(ApiModel):
+    """Storage locations derived from spec.storage.root."""
+
+    root: str = Field(description="{root}/{namespace}/{name}.")
+    checkpoints: str = Field(description="Trainer checkpoints (orbax).")
+    adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
+    rollouts: str = Field(description="Rollout records.")
+    cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
+
+
+class Endpoints(ApiModel):
+    """Network addresses inside the JobSet."""
+
+    samplers: list[str] = Field(description="Base URL of each sampler replica.")
+    coordinator: str = Field(description="JAX coordinator address host:port (trainer job 0 pod 0).")
+
+
+class ProgressTarget(ApiModel):
+    """Where the trainer reports progress (contract 4)."""
+
+    config_map: str | None = Field(default=None, description="ConfigMap `<rljob>-progress` (in a pod).")
+    key: str = Field(default=PROGRESS_KEY, description="ConfigMap key.")
+    file: str | None = Field(
+        default=None, description="Local file written instead of a ConfigMap (laptop, tests)."
+    )
+
+
+class RunConfig(ApiModel):
+    """Everything a trainer or sampler process needs to run, resolved by rljob.recipes.plan."""
+
+    kind: Literal["RunConfig"] = Field(default="RunConfig", description="Document kind.")
+    name: str = Field(description="RLJob name.")
+    namespace: str = Field(description="RLJob namespace.")
+    job_set_name: str = Field(description="Name of the JobSet.")
+    spec: RLJobSpec = Field(
+        description="The fully resolved spec (recipe < profile < manifest, defaults filled)."
+    )
+    trainer: TrainerPlan = Field(description="Trainer plan.")
+    sampler: SamplerPlan = Field(description="Sampler plan.")
+    storage: StoragePaths = Field(description="Storage paths.")
+    endpoints: Endpoints = Field(description="Endpoints.")
+    progress: ProgressTarget = Field(description="Progress report target.")
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        """Read a run config file (the one file read recipes/ does outside its own package data)."""
+        return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
+
+
+__all__ = [
+    "CONFIG_DIR",
+    "CONFIG_ENV",
+    "CONFIG_KEY",
+    "CONFIG_PATH",
+    "COORDINATOR_PORT",
+    "MESH_AXES",
+    "PROGRESS_KEY",
+    "SAMPLER_PORT",
+    "Endpoints",
+    "MeshPlan",
+    "ProgressTarget",
+    "RunConfig",
+    "SamplerPlan",
+    "StoragePaths",
+    "TpuPlan",
+    "TrainerPlan",
+]
