@@ -1,0 +1,237 @@
+"""Property and table tests of rljob.trainer.packing (numpy only, no JAX)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rljob.trainer.packing import (
+    PackConfig,
+    PackedBatch,
+    PackingError,
+    Rollout,
+    pack_rollouts,
+    padding_fraction,
+    start_shift,
+)
+
+FIELDS = ("old_logprobs", "ref_logprobs")
+
+
+@st.composite
+def rollout_sets(draw: st.DrawFn) -> tuple[list[Rollout], PackConfig, PackConfig]:
+    seg_align = draw(st.sampled_from([1, 2, 3, 4, 8, 16]))
+    n = draw(st.integers(0, 12))
+    lens = [(draw(st.integers(0, 12)), draw(st.integers(0, 20))) for _ in range(n)]
+    longest = max([p + c for p, c in lens], default=1)
+    budget = draw(st.integers(max(longest, 1), max(longest, 1) + 40))
+    rows = draw(st.integers(1, 3))
+    max_seg = draw(st.one_of(st.none(), st.integers(1, 4)))
+    k_max = (budget - 1) // seg_align
+    pad_align = seg_align * draw(st.integers(1, max(k_max, 1)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    rollouts = [
+        Rollout(
+            prompt_ids=rng.integers(1, 1000, p),
+            completion_ids=rng.integers(1, 1000, c),
+            advantage=float(rng.normal()),
+            completion_mask=(rng.random(c) < 0.8).astype(np.float32),
+            per_token={f: rng.normal(size=c).astype(np.float32) for f in FIELDS},
+        )
+        for p, c in lens
+    ]
+    end = PackConfig(budget=budget, rows=rows, segment_align=seg_align, max_segments=max_seg, pad_id=0)
+    if pad_align >= budget:
+        return rollouts, end, end
+    start = PackConfig(
+        budget=budget, rows=rows, segment_align=seg_align, max_segments=max_seg,
+        pad_position="start", pad_align=pad_align,
+    )
+    return rollouts, end, start
+
+
+def expected(r: Rollout) -> dict[str, np.ndarray]:
+    p, c = np.asarray(r.prompt_ids), np.asarray(r.completion_ids)
+    z = np.zeros(p.size, np.float32)
+    out = {
+        "tokens": np.concatenate([p, c]).astype(np.int32),
+        "positions": np.arange(p.size + c.size, dtype=np.int32),
+        "prompt_mask": np.concatenate([np.ones(p.size, np.float32), np.zeros(c.size, np.float32)]),
+        "loss_mask": np.concatenate(
+            [z, np.ones(c.size, np.float32) if r.completion_mask is None else np.asarray(r.completion_mask)]
+        ),
+        "advantages": np.concatenate([z, np.full(c.size, r.advantage, np.float32)]),
+    }
+    for f, v in r.per_token.items():
+        out[f] = np.concatenate([z, np.asarray(v, np.float32)])
+    return out
+
+
+def check_invariants(rollouts: list[Rollout], cfg: PackConfig, batches: list[PackedBatch]) -> None:
+    """Everything a packing must satisfy; raises AssertionError naming what broke."""
+    seen: dict[int, int] = {}
+    for b in batches:
+        assert b.shape == (cfg.rows, cfg.budget)
+        arrays = b.per_token_arrays()
+        pad = b.segment_ids == 0
+        assert (b.rollout_index[pad] == -1).all() and (b.rollout_index[~pad] >= 0).all()
+        assert (b.tokens[pad] == cfg.pad_id).all() and (b.positions[pad] == 0).all()
+        for name, a in arrays.items():
+            if name not in ("tokens", "rollout_index", "segment_ids"):
+                assert (a[pad] == 0).all(), f"padding carries {name}"
+        assert (b.num_segments <= cfg.max_segments_per_row).all()
+        for row in range(cfg.rows):
+            ids = np.unique(b.rollout_index[row][b.rollout_index[row] >= 0])
+            assert len(ids) == b.num_segments[row]
+            for i in ids:
+                where = np.flatnonzero(b.rollout_index[row] == i)
+                start = int(where[0])
+                assert (np.diff(where) == 1).all(), "segment not contiguous"
+                assert start % cfg.segment_align == 0, "segment start not aligned"
+                assert len(set(b.segment_ids[row, where])) == 1
+                seen[int(i)] = seen.get(int(i), 0) + 1
+                want = expected(rollouts[int(i)])
+                for name, v in want.items():
+                    np.testing.assert_array_equal(arrays[name][row, where], v, err_msg=name)
+            segs = b.segment_ids[row][b.segment_ids[row] > 0]
+            assert (np.diff(segs) >= 0).all(), "segment ids not increasing along the row"
+            assert set(segs.tolist()) == set(range(1, int(b.num_segments[row]) + 1)), "segment ids not 1..n"
+    want_ids = {i for i, r in enumerate(rollouts) if r.num_tokens > 0}
+    assert set(seen) == want_ids, "a rollout was lost"
+    assert all(v == 1 for v in seen.values()), "a rollout was split or duplicated"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(rollout_sets())
+def test_pack_invariants_and_pad_first_is_rotation(case: tuple[list[Rollout], PackConfig, PackConfig]) -> None:
+    rollouts, end_cfg, start_cfg = case
+    end = pack_rollouts(rollouts, end_cfg)
+    check_invariants(rollouts, end_cfg, end)
+    if start_cfg is end_cfg:
+        return
+    start = pack_rollouts(rollouts, start_cfg)
+    check_invariants(rollouts, start_cfg, start)
+    assert len(start) == len(end)
+    for be, bs in zip(end, start, strict=True):
+        ae, as_ = be.per_token_arrays(), bs.per_token_arrays()
+        assert ae.keys() == as_.keys()
+        for row in range(end_cfg.rows):
+            real = np.flatnonzero(be.segment_ids[row] > 0)
+            last_end = int(real[-1]) + 1 if real.size else 0
+            shift = start_shift(last_end, end_cfg.budget, start_cfg.pad_align)
+            assert shift % start_cfg.pad_align == 0
+            assert last_end == 0 or end_cfg.budget - last_end - shift < start_cfg.pad_align
+            for name in ae:
+                np.testing.assert_array_equal(as_[name][row], np.roll(ae[name][row], shift), err_msg=name)
+                assert as_[name].dtype == ae[name].dtype
+        np.testing.assert_array_equal(bs.num_segments, be.num_segments)
+
+
+def _hand_rollouts() -> list[Rollout]:
+    return [
+        Rollout([1, 2], [3, 4, 5], advantage=0.5, per_token={"old_logprobs": [-1.0, -2.0, -3.0]}),
+        Rollout([6], [7, 8], advantage=-1.0, per_token={"old_logprobs": [-4.0, -5.0]}),
+    ]
+
+
+def test_hand_written_end_and_start_rows() -> None:
+    # budget 20, segment_align 4: FFD puts the 5-token rollout first (0..4), the 3-token one at 8..10.
+    end = pack_rollouts(_hand_rollouts(), PackConfig(budget=20, segment_align=4))[0]
+    assert end.tokens[0].tolist() == [1, 2, 3, 4, 5, 0, 0, 0, 6, 7, 8] + [0] * 9
+    assert end.segment_ids[0].tolist() == [1] * 5 + [0] * 3 + [2] * 3 + [0] * 9
+    assert end.positions[0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0, 0, 1, 2] + [0] * 9
+    assert end.advantages[0, :11].tolist() == [0, 0, 0.5, 0.5, 0.5, 0, 0, 0, 0, -1, -1]
+    assert end.fields["old_logprobs"][0, :11].tolist() == [0, 0, -1, -2, -3, 0, 0, 0, 0, -4, -5]
+    # 9 tokens of trailing padding: pad_align 8 moves the row by 8 (rounded down, not 9, not 12)
+    start = pack_rollouts(_hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start",
+                                                       pad_align=8))[0]
+    assert start.tokens[0].tolist() == [0] * 8 + [1, 2, 3, 4, 5, 0, 0, 0, 6, 7, 8, 0]
+    assert start.segment_ids[0].tolist() == [0] * 8 + [1] * 5 + [0] * 3 + [2] * 3 + [0]
+    # pad_align 12 > 9 trailing: the row does not move
+    same = pack_rollouts(_hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start",
+                                                      pad_align=12))[0]
+    np.testing.assert_array_equal(same.tokens, end.tokens)
+
+
+def test_seed_002_row_shift() -> None:
+    # The benchmark row of seed 002: 60,948 tokens in 65,536 moves by 4,096 at the default pad_align.
+    assert start_shift(60_948, 65_536, 4096) == 4096
+    assert start_shift(0, 65_536, 4096) == 0
+    assert start_shift(65_000, 65_536, 4096) == 0
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"budget": 0}, "packing.budget"),
+        ({"budget": 64, "rows": 0}, "packing.rows"),
+        ({"budget": 64, "segment_align": 0}, "packing.segmentAlign"),
+        ({"budget": 64, "pad_position": "middle"}, "packing.padPosition"),
+        ({"budget": 64, "pad_position": "start", "pad_align": 12, "segment_align": 8}, "packing.padAlign"),
+        ({"budget": 64, "pad_position": "start", "pad_align": 0}, "packing.padAlign"),
+        ({"budget": 64, "pad_position": "start", "pad_align": 64}, "packing.padAlign"),
+        ({"budget": 64, "pad_align": 128}, "packing.padAlign"),
+        ({"budget": 64, "max_segments": 0}, "packing.maxSegments"),
+    ],
+)
+def test_bad_settings_name_the_field(kwargs: dict[str, object], field: str) -> None:
+    with pytest.raises(PackingError, match=field.replace(".", r"\.")):
+        PackConfig(**kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("rollouts", "message"),
+    [
+        ([Rollout([1] * 5, [2] * 4), Rollout([1] * 6, [2] * 5)], r"rollouts\[1\]: 11 tokens .* budget 10"),
+        ([Rollout([1], [2, 3], completion_mask=[1.0])], r"rollouts\[0\]\.completionMask"),
+        ([Rollout([1], [2], per_token={"a": [1.0]}), Rollout([1], [2])], r"rollouts\[1\]\.perToken"),
+        ([Rollout([1], [2, 3], per_token={"a": [1.0]})], r"rollouts\[0\]\.perToken\.a"),
+        ([Rollout([[1]], [2])], r"rollouts\[0\]\.promptIds"),
+    ],
+)
+def test_bad_rollouts_raise_clear_errors(rollouts: list[Rollout], message: str) -> None:
+    with pytest.raises(PackingError, match=message):
+        pack_rollouts(rollouts, PackConfig(budget=10))
+
+
+def test_no_rollouts_gives_one_empty_batch() -> None:
+    (b,) = pack_rollouts([], PackConfig(budget=8, rows=2))
+    assert b.shape == (2, 8) and (b.segment_ids == 0).all() and padding_fraction([b]) == 1.0
+
+
+def test_rows_are_grouped_into_fixed_shape_micro_batches() -> None:
+    rs = [Rollout([1] * 3, [2] * 4) for _ in range(5)]  # 7 tokens each, one per row of 8
+    bs = pack_rollouts(rs, PackConfig(budget=8, rows=2))
+    assert [b.shape for b in bs] == [(2, 8)] * 3
+    assert [b.num_segments.tolist() for b in bs] == [[1, 1], [1, 1], [1, 0]]
+    assert padding_fraction(bs) == pytest.approx(1 - 35 / 48)
+
+
+def _broken_variants(b: PackedBatch) -> list[PackedBatch]:
+    """Deliberately wrong packings the invariant checker must reject."""
+    rolled = {k: v.copy() for k, v in b.fields.items()}
+    k0 = next(iter(rolled))
+    rolled[k0][0] = np.roll(rolled[k0][0], 1)  # one field not moved with its token
+    abs_pos = b.positions.copy()
+    abs_pos[b.segment_ids > 0] = np.flatnonzero((b.segment_ids > 0).reshape(-1)) % b.shape[1]
+    adv = b.advantages.copy()
+    adv[b.segment_ids == 0] = 1.0  # padding given a value
+    return [
+        PackedBatch(**{**b.__dict__, "fields": rolled}),
+        PackedBatch(**{**b.__dict__, "positions": abs_pos}),
+        PackedBatch(**{**b.__dict__, "advantages": adv}),
+        PackedBatch(**{**b.__dict__, "segment_ids": np.where(b.segment_ids > 1, 1, b.segment_ids)}),
+    ]
+
+
+def test_invariant_checker_catches_broken_packings() -> None:
+    rs = _hand_rollouts() + [Rollout([9, 9], [9, 9, 9], per_token={"old_logprobs": [1.0, 2.0, 3.0]})]
+    cfg = PackConfig(budget=20, segment_align=4)
+    (b,) = pack_rollouts(rs, cfg)
+    check_invariants(rs, cfg, [b])
+    for n, broken in enumerate(_broken_variants(b)):
+        with pytest.raises(AssertionError):
+            check_invariants(rs, cfg, [broken])
+            pytest.fail(f"broken variant {n} not caught")
