@@ -1,14 +1,223 @@
-"""The `rljob` command line. Subcommands are added by the recipe core."""
+"""The `rljob` command line.
+
+    rljob render -f FILE       every object of the job as a YAML stream (what the operator applies)
+    rljob validate -f FILE     check a manifest; exit 0 when it would run
+    rljob plan -f FILE         hosts, chips, devices, mesh, sampler TP, every MaxText key and its source
+    rljob recipes list         the catalog
+    rljob recipes show NAME    one recipe, as its file
+
+Bad input exits 2 and prints one line per problem, `spec.path: message`, on stderr; never a
+traceback. FILE may be `-` for stdin. Imports are lazy so `rljob --help` stays fast.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
+from typing import TYPE_CHECKING, Any, NoReturn
+
+if TYPE_CHECKING:
+    from rljob.recipes.api import RLJob
+    from rljob.recipes.runconfig import RunConfig
+
+EXIT_OK = 0
+EXIT_INTERNAL = 1
+EXIT_BAD_INPUT = 2
+
+
+class _BadInput(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        print(f"rljob: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_BAD_INPUT)
+
+
+def _read(path: str) -> str:
+    if path == "-":
+        return sys.stdin.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise _BadInput([f"{path}: no such file"]) from None
+    except IsADirectoryError:
+        raise _BadInput([f"{path}: is a directory"]) from None
+    except PermissionError:
+        raise _BadInput([f"{path}: permission denied"]) from None
+    except UnicodeDecodeError:
+        raise _BadInput([f"{path}: not UTF-8 text"]) from None
+
+
+def _job(path: str) -> RLJob:
+    from rljob.recipes.plan import PlanError, parse_manifest
+
+    try:
+        return parse_manifest(_read(path))
+    except PlanError as e:
+        raise _BadInput(e.problems) from None
+
+
+def _resolve(job: RLJob) -> RunConfig:
+    from rljob.recipes.plan import PlanError, resolve
+
+    try:
+        return resolve(job)
+    except PlanError as e:
+        raise _BadInput(e.problems) from None
+
+
+def _dump_yaml(objs: list[dict[str, Any]]) -> str:
+    import yaml
+
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+    return yaml.dump_all(objs, Dumper=dumper, sort_keys=False, explicit_start=True, width=1 << 16)
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from rljob.recipes import render
+
+    run = _resolve(_job(args.file))
+    objs = [render.configmap(run), render.jobset(run)]
+    sys.stdout.write(_dump_yaml(objs))
+    return EXIT_OK
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from rljob.recipes import render
+
+    run = _resolve(_job(args.file))
+    render.jobset(run)
+    print(
+        f"{args.file}: valid: JobSet {run.namespace}/{run.job_set_name}, trainer {run.trainer.tpu.type_name} "
+        f"x {run.trainer.slices}, sampler {run.sampler.tpu.type_name} x {run.sampler.replicas}"
+    )
+    return EXIT_OK
+
+
+def _mesh(m: Any) -> str:
+    from rljob.recipes.runconfig import MESH_AXES
+
+    return " x ".join(f"{a} {getattr(m, a)}" for a in MESH_AXES if getattr(m, a) != 1) or "1 (no parallelism)"
+
+
+def explain(run: RunConfig) -> str:
+    """The human-readable plan of a resolved run."""
+    t, s = run.trainer, run.sampler
+    spec = run.spec
+    assert spec.model and spec.lora and spec.packing and spec.algorithm and spec.failure_policy
+    lines = [
+        f"RLJob {run.namespace}/{run.name} -> JobSet {run.job_set_name}"
+        + (
+            f" (recipe {spec.recipe}"
+            + (f", profile {spec.trainer.profile})" if spec.trainer and spec.trainer.profile else ")")
+            if spec.recipe
+            else ""
+        ),
+        f"model: {spec.model.name} (MaxText {spec.model.maxtext_model})",
+        "trainer:",
+        f"  tpu: {t.tpu.type_name} = {t.tpu.accelerator} {t.tpu.topology}, machine {t.tpu.machine_type}",
+        f"  per slice: {t.tpu.chips} chips, {t.tpu.hosts} hosts, {t.tpu.devices} JAX devices "
+        f"({t.tpu.devices_per_chip} per chip), {t.tpu.containers_per_host} container(s) x "
+        f"{t.tpu.chips_per_container} chips per host",
+        f"  slices: {t.slices} -> {t.chips} chips, {t.hosts} hosts, {t.devices} devices",
+        f"  mesh ici: {_mesh(t.ici)}",
+        f"  mesh dcn: {_mesh(t.dcn)}",
+        f"  micro-batch: {t.micro_batch_size} rows x {spec.packing.token_budget} tokens",
+        "sampler:",
+        f"  tpu: {s.tpu.type_name} = {s.tpu.accelerator} {s.tpu.topology}, {s.tpu.chips} chips, "
+        f"{s.tpu.hosts} hosts, {s.tpu.devices} devices per replica",
+        f"  replicas: {s.replicas}, tensor parallel {s.tensor_parallel}, max model len {s.max_model_len}",
+        f"  lora: rank {spec.lora.rank}, alpha {spec.lora.alpha:g}, max loras {s.max_loras}, targets "
+        f"{', '.join(spec.lora.targets or [])}",
+        f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "
+        f"{spec.algorithm.group_size} completions, {spec.algorithm.steps} steps, "
+        f"lr {spec.algorithm.learning_rate:g}",
+        f"storage: {run.storage.root}",
+        f"restarts: {spec.failure_policy.max_restarts} counted; preemption/maintenance restarts are free; "
+        "exit 2 fails at once",
+        f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
+        f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
+    ]
+    width = max((len(k) for k in t.maxtext), default=0)
+    for k, v in t.maxtext.items():
+        lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
+    return "\n".join(lines) + "\n"
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    run = _resolve(_job(args.file))
+    if args.output == "json":
+        sys.stdout.write(run.model_dump_json(indent=2, exclude_none=True) + "\n")
+    else:
+        sys.stdout.write(explain(run))
+    return EXIT_OK
+
+
+def cmd_recipes_list(args: argparse.Namespace) -> int:
+    from rljob.recipes import recipe_catalog
+
+    for name in recipe_catalog.names():
+        r = recipe_catalog.load(name)
+        first = r.description.split(". ")[0].rstrip(".")
+        profiles = f" [profiles: {', '.join(r.profiles)}]" if r.profiles else ""
+        print(f"{name}: {first}{profiles}")
+    return EXIT_OK
+
+
+def cmd_recipes_show(args: argparse.Namespace) -> int:
+    from rljob.recipes import recipe_catalog
+
+    try:
+        sys.stdout.write(recipe_catalog.source(args.name))
+    except KeyError:
+        raise _BadInput(
+            [f"{args.name}: unknown recipe; known: {', '.join(recipe_catalog.names())}"]
+        ) from None
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="rljob", description="RL post-training jobs on TPU: render, check and explain RLJobs.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for name, fn, text in (
+        ("render", cmd_render, "print every object of the job as a YAML stream"),
+        ("validate", cmd_validate, "check a manifest"),
+        ("plan", cmd_plan, "explain the resolved plan"),
+    ):
+        sp = sub.add_parser(name, help=text, description=text)
+        sp.add_argument("-f", "--file", required=True, help="RLJob manifest (YAML), or - for stdin")
+        if name == "plan":
+            sp.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")
+        sp.set_defaults(fn=fn)
+    rp = sub.add_parser("recipes", help="the recipe catalog")
+    rsub = rp.add_subparsers(dest="recipes_command", required=True, parser_class=_Parser)
+    rsub.add_parser("list", help="list the recipes").set_defaults(fn=cmd_recipes_list)
+    show = rsub.add_parser("show", help="print one recipe")
+    show.add_argument("name")
+    show.set_defaults(fn=cmd_recipes_show)
+    return p
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = sys.argv[1:] if argv is None else argv
-    print(f"rljob: not implemented yet: {' '.join(args)}", file=sys.stderr)
-    return 2
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        code: int = args.fn(args)
+    except _BadInput as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except BrokenPipeError:
+        return EXIT_OK
+    except Exception as e:  # a bug in rljob: one line, never a traceback
+        print(f"rljob: internal error: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_INTERNAL
+    return code
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ which reports every missing field as `spec.path: message`.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
 
 GROUP = "rljob.dev"
@@ -26,6 +27,7 @@ VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLJob"
 PLURAL = "rljobs"
+_GS_ROOT = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s]*)?$")
 
 
 class ApiModel(BaseModel):
@@ -130,6 +132,13 @@ class TrainerSpec(ApiModel):
     )
     profile: str | None = Field(default=None, description="A tuned-flag profile of the recipe, by name.")
     image: str | None = Field(default=None, description="Trainer container image.")
+    containers_per_host: int | None = Field(
+        default=None,
+        ge=1,
+        le=2,
+        description="TPU containers per pod: 1, or 2 on 4-chip tpu7x hosts (2 chips each, one per NUMA node, "
+        "as xpk does). Default: 2 for the trainer on tpu7x, else 1.",
+    )
     micro_batch_size: int | None = Field(
         default=None,
         ge=1,
@@ -227,8 +236,17 @@ class StorageSpec(ApiModel):
         default=None,
         description="gs:// prefix for checkpoints, adapters, rollouts and caches; the run writes under "
         "{root}/{namespace}/{name}/.",
-        pattern=r"^gs://[a-z0-9][a-z0-9._-]{1,220}[a-z0-9](/[^\s]*)?$",
     )
+
+    @field_validator("root")
+    @classmethod
+    def _gs_root(cls, value: str | None) -> str | None:
+        if value is not None and not _GS_ROOT.match(value):
+            raise ValueError(
+                "must be gs://BUCKET or gs://BUCKET/PREFIX "
+                "(bucket: 3-63 lowercase letters, digits, '-', '_', '.')"
+            )
+        return value
 
 
 class FailurePolicySpec(ApiModel):

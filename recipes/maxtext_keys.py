@@ -1,0 +1,186 @@
+"""MaxText keys: the key set of a MaxText version, and MaxText's inter-key rules rljob checks early.
+
+The key set comes from recipes/data/maxtext-<version>-keys.json, generated from that version's own
+config model by hack/gen_maxtext_keys.py (tests/recipes/test_maxtext_keys.py proves the committed file
+matches the installed maxtext). MaxText refuses any key its config model does not define when the
+trainer starts; rljob refuses it at submit time instead, naming the key.
+
+Inter-key rules (MaxText configs/types.py; shared/reference/seed-code-facts.md §1.7, §4), checked on
+the effective value of each key (the job's value, else the version's default). A rule about a key
+the version does not define never fires: setting such a key is refused as unknown.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from typing import Any
+
+DEFAULT_VERSION = "0.2.5"
+_PREFIX = "maxtext-"
+_SUFFIX = "-keys.json"
+
+
+@dataclass(frozen=True)
+class KeySet:
+    """The keys one MaxText version defines, with their defaults."""
+
+    version: str
+    defaults: Mapping[str, Any]
+    models: Mapping[str, Mapping[str, Any]]
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.defaults
+
+    def suggest(self, key: str) -> list[str]:
+        return difflib.get_close_matches(key, list(self.defaults), n=3, cutoff=0.75)
+
+
+def versions() -> list[str]:
+    """MaxText versions with a committed key list."""
+    names = [p.name for p in resources.files("rljob.recipes").joinpath("data").iterdir()]
+    return sorted(
+        n[len(_PREFIX) : -len(_SUFFIX)] for n in names if n.startswith(_PREFIX) and n.endswith(_SUFFIX)
+    )
+
+
+@cache
+def load(version: str) -> KeySet:
+    """The key set of a MaxText version; KeyError when no list is committed for it."""
+    res = resources.files("rljob.recipes").joinpath("data", f"{_PREFIX}{version}{_SUFFIX}")
+    if not res.is_file():
+        raise KeyError(version)
+    doc = json.loads(res.read_text(encoding="utf-8"))
+    return KeySet(version=str(doc["maxtext"]), defaults=doc["keys"], models=doc.get("models", {}))
+
+
+def _truthy(value: Any) -> bool:
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes")
+    return bool(value)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def _none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", ""))
+
+
+MOE_EXPERT_WEIGHT_PREFETCH = ("forward", "forward_backward")
+
+
+def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]]:
+    """MaxText's inter-key rules on the final key dict: a list of (key, message)."""
+
+    def has(k: str) -> bool:
+        return k in keyset
+
+    def get(k: str) -> Any:
+        return keys[k] if k in keys else keyset.defaults.get(k)
+
+    def num(k: str) -> float:
+        v = _number(get(k))
+        return 0.0 if v is None else v
+
+    problems: list[tuple[str, str]] = []
+    ring = has("use_ring_of_experts") and _truthy(get("use_ring_of_experts"))
+    chunks = int(num("num_moe_token_chunks")) if has("num_moe_token_chunks") else 1
+    target = int(num("max_target_length")) if has("max_target_length") else 0
+
+    if chunks > 1 and not ring:
+        problems.append(("num_moe_token_chunks", f"{chunks} chunks require use_ring_of_experts=true"))
+    if chunks > 1 and target and target % chunks:
+        problems.append(
+            (
+                "num_moe_token_chunks",
+                f"max_target_length {target} (the packing token budget) is not divisible "
+                f"by num_moe_token_chunks {chunks}",
+            )
+        )
+    if has("moe_chunk_pipeline") and _truthy(get("moe_chunk_pipeline")):
+        if chunks <= 1:
+            problems.append(
+                ("moe_chunk_pipeline", "requires num_moe_token_chunks > 1 (set it false at one chunk)")
+            )
+        if not ring:
+            problems.append(("moe_chunk_pipeline", "requires use_ring_of_experts=true"))
+        if has("moe_chunk_barrier") and _truthy(get("moe_chunk_barrier")):
+            problems.append(("moe_chunk_pipeline", "requires moe_chunk_barrier=false"))
+        if has("num_moe_emb_chunks") and num("num_moe_emb_chunks") != 0:
+            problems.append(("moe_chunk_pipeline", "requires num_moe_emb_chunks=0"))
+    if has("moe_roe_packed_routing_gather") and _truthy(get("moe_roe_packed_routing_gather")):
+        pipeline = has("moe_chunk_pipeline") and _truthy(get("moe_chunk_pipeline"))
+        if not pipeline:
+            problems.append(("moe_roe_packed_routing_gather", "requires moe_chunk_pipeline=true"))
+    for k in ("ring_of_experts_local_routing", "ring_of_experts_row_major_reduce_scatter"):
+        if has(k) and _truthy(get(k)) and not ring:
+            problems.append((k, "requires use_ring_of_experts=true"))
+    ragged = has("ragged_buffer_factor") and num("ragged_buffer_factor") > 0
+    if ring and ragged and not (has("use_ragged_sort") and _truthy(get("use_ragged_sort"))):
+        problems.append(
+            ("ragged_buffer_factor", "> 0 with use_ring_of_experts requires use_ragged_sort=true")
+        )
+    if has("moe_expert_weight_prefetch") and not _none(get("moe_expert_weight_prefetch")):
+        value = str(get("moe_expert_weight_prefetch"))
+        if value not in MOE_EXPERT_WEIGHT_PREFETCH:
+            problems.append(
+                ("moe_expert_weight_prefetch", f"must be none, forward or forward_backward, not {value!r}")
+            )
+        elif not _truthy(get("sparse_matmul")):
+            problems.append(("moe_expert_weight_prefetch", "requires sparse_matmul=true"))
+    if (
+        has("use_tokamax_splash")
+        and has("use_jax_splash")
+        and _truthy(get("use_tokamax_splash"))
+        and _truthy(get("use_jax_splash"))
+    ):
+        problems.append(
+            ("use_jax_splash", "at most one of use_tokamax_splash and use_jax_splash can be true")
+        )
+    if has("num_vocab_tiling") and num("num_vocab_tiling") > 1 and target:
+        tiles = int(num("num_vocab_tiling"))
+        tokens = num("per_device_batch_size") * target
+        if tokens != int(tokens) or int(tokens) % tiles:
+            problems.append(
+                (
+                    "num_vocab_tiling",
+                    f"per_device_batch_size x max_target_length = {tokens:g} is not divisible by "
+                    f"num_vocab_tiling {tiles}",
+                )
+            )
+    cp = int(num("ici_context_parallelism") * max(num("dcn_context_parallelism"), 1))
+    if cp > 1 and target and str(get("context_parallel_strategy")) == "ring" and target % (cp * cp):
+        problems.append(
+            (
+                "context_parallel_strategy",
+                f"ring context parallelism {cp} needs max_target_length % {cp * cp} == 0, "
+                f"max_target_length is {target}",
+            )
+        )
+    model = str(get("model_name"))
+    if model in keyset.models and not _truthy(get("override_model_config")):
+        for k, fixed in keyset.models[model].items():
+            if k in keys and k != "model_name" and keys[k] != fixed:
+                problems.append(
+                    (
+                        k,
+                        f"the {model} model config sets {k}={fixed!r}; MaxText refuses another value unless "
+                        "override_model_config=true",
+                    )
+                )
+    return problems

@@ -1,0 +1,97 @@
+"""Every name rljob generates, and the 63-character budget they must fit.
+
+JobSet derives (pkg/util/placement, pkg/controllers): Job `<jobset>-<rjob>-<jobIdx>`, Pod hostname
+`<jobset>-<rjob>-<jobIdx>-<podIdx>` (the Pod name adds `-xxxxx`; JobSet's webhook checks that longest
+Pod name as a DNS-1035 label), and the coordinator label/annotation `<hostname>.<subdomain>`. All of
+them are label values or DNS labels, so each must be at most 63 characters and DNS-1035 (start with a
+letter).
+"""
+
+from __future__ import annotations
+
+import re
+
+MAX = 63
+POD_SUFFIX = 6  # "-" + 5 random characters the Job controller appends to a Pod name
+TRAINER = "trainer"
+SAMPLER = "sampler"
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def jobset(rljob: str) -> str:
+    return rljob
+
+
+def subdomain(rljob: str) -> str:
+    return jobset(rljob)
+
+
+def job(rljob: str, role: str, index: int) -> str:
+    return f"{jobset(rljob)}-{role}-{index}"
+
+
+def hostname(rljob: str, role: str, job_index: int, pod_index: int) -> str:
+    return f"{job(rljob, role, job_index)}-{pod_index}"
+
+
+def coordinator(rljob: str) -> str:
+    """Value of the jobset.sigs.k8s.io/coordinator label: trainer job 0, pod 0."""
+    return f"{hostname(rljob, TRAINER, 0, 0)}.{subdomain(rljob)}"
+
+
+def run_configmap(rljob: str) -> str:
+    return f"{rljob}-run"
+
+
+def progress_configmap(rljob: str) -> str:
+    return f"{rljob}-progress"
+
+
+def service_account(rljob: str) -> str:
+    return f"{rljob}-rljob"
+
+
+def generated(rljob: str, roles: dict[str, tuple[int, int]]) -> dict[str, str]:
+    """The longest instance of each generated name; roles maps role -> (replicas, pods per job)."""
+    names = {
+        "JobSet": jobset(rljob),
+        "coordinator label": coordinator(rljob),
+        "run ConfigMap": run_configmap(rljob),
+        "progress ConfigMap": progress_configmap(rljob),
+        "ServiceAccount": service_account(rljob),
+    }
+    for role, (replicas, pods) in roles.items():
+        names[f"{role} Job"] = job(rljob, role, replicas - 1)
+        names[f"{role} Pod hostname"] = hostname(rljob, role, replicas - 1, pods - 1)
+        names[f"{role} Pod name"] = hostname(rljob, role, replicas - 1, pods - 1) + "-xxxxx"
+    return names
+
+
+def check(rljob: str, roles: dict[str, tuple[int, int]]) -> list[str]:
+    """Problems with the generated names, as `metadata.name: message` lines."""
+    problems: list[str] = []
+    if not _DNS1035.match(rljob):
+        problems.append(
+            f"metadata.name: {rljob!r} must start with a letter and hold only lowercase letters, digits "
+            "and '-' (JobSet names are DNS-1035 labels)"
+        )
+    for what, name in generated(rljob, roles).items():
+        if len(name) > MAX:
+            problems.append(
+                f"metadata.name: too long: the {what} {name!r} has {len(name)} characters (max {MAX}); "
+                f"use a name of at most {max_name_length(roles)} characters"
+            )
+    return problems
+
+
+def max_name_length(roles: dict[str, tuple[int, int]]) -> int:
+    """The longest RLJob name whose generated names all fit."""
+    n = MAX
+    while n > 0 and any(len(v) > MAX for v in generated("a" * n, roles).values()):
+        n -= 1
+    return n
+
+
+def sampler_url(rljob: str, replica: int, port: int) -> str:
+    """Base URL of sampler replica `replica` (its pod 0) through the JobSet's headless service."""
+    return f"http://{hostname(rljob, SAMPLER, replica, 0)}.{subdomain(rljob)}:{port}"

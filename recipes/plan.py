@@ -1,0 +1,450 @@
+"""Resolve and check an RLJob: recipe < profile < manifest, defaults, TPU plan, mesh, MaxText keys.
+
+`resolve(job)` returns the RunConfig (contract 2) or raises PlanError carrying EVERY problem found,
+each a line `spec.path: message`. Nothing here does I/O beyond the package's own data files.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import ValidationError
+from rljob.recipes import maxtext_keys, mesh, naming, tpu
+from rljob.recipes.api import RLJob, RLJobSpec
+from rljob.recipes.runconfig import (
+    COORDINATOR_PORT,
+    SAMPLER_PORT,
+    Endpoints,
+    ProgressTarget,
+    RunConfig,
+    SamplerPlan,
+    StoragePaths,
+    TrainerPlan,
+)
+
+IMAGE_VERSION = "0.1.0"
+DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
+DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+
+# Plain defaults of a manifest without a recipe (camelCase, as in a manifest).
+DEFAULTS: dict[str, Any] = {
+    "trainer": {"slices": 1, "maxtextVersion": maxtext_keys.DEFAULT_VERSION, "image": DEFAULT_TRAINER_IMAGE},
+    "sampler": {"replicas": 1, "maxLoras": 2, "image": DEFAULT_SAMPLER_IMAGE},
+    "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
+    "algorithm": {
+        "loss": "importance_sampling",
+        "groupSize": 8,
+        "groupsPerBatch": 16,
+        "maxPromptTokens": 1024,
+        "maxTokens": 2048,
+        "learningRate": 1e-5,
+        "steps": 100,
+        "klPenaltyCoef": 0.0,
+    },
+    "packing": {"padPosition": "end", "padAlign": 64},
+    "failurePolicy": {"maxRestarts": 3},
+    "suspend": False,
+}
+
+# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them.
+DERIVED_KEYS: dict[str, str] = {
+    "model_name": "spec.model.maxtextModel",
+    "run_name": "metadata.name",
+    "base_output_directory": "spec.storage.root",
+    "load_parameters_path": "spec.model.checkpoint",
+    "max_target_length": "spec.packing.tokenBudget",
+    "per_device_batch_size": "spec.trainer.microBatchSize",
+    "learning_rate": "spec.algorithm.learningRate",
+    "steps": "spec.algorithm.steps",
+    "packing": "spec.packing",
+    **{
+        f"{kind}_{axis}_parallelism": "spec.trainer.mesh"
+        for kind in ("ici", "dcn")
+        for axis in ("data", "fsdp", "tensor", "context", "expert")
+    },
+}
+
+# Where each maxtext key came from, lowest precedence first.
+SOURCES = ("rljob", "recipe", "profile", "manifest")
+
+
+class PlanError(ValueError):
+    """The manifest cannot run; `problems` holds every reason as `spec.path: message`."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
+    """A pydantic ValidationError as `path: message` lines (camelCase paths, as in the manifest)."""
+    out = []
+    errors = err.errors(include_url=False)
+    for e in errors:
+        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and "str" in e["loc"]:
+            continue  # the shorthand branch of a `str | object` union, given an object
+        parts = [prefix] if prefix else []
+        for p in e["loc"]:
+            if isinstance(p, int):
+                parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
+            elif p in ("str", "TpuSlice", "function-after[...]") or str(p).startswith("function-"):
+                continue
+            else:
+                parts.append(str(p))
+        path = ".".join(parts) or "(root)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field"
+        out.append(f"{path}: {msg}")
+    return list(dict.fromkeys(out))
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Deep merge key by key; `tpu` and lists are replaced whole; a maxtext key set to null is removed."""
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        here = (*path, key)
+        if path and path[-1] == "maxtext" and value is None:
+            out.pop(key, None)
+        elif key != "tpu" and isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value, here)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def _dump(spec: RLJobSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+class _Layers:
+    """The spec layers of a job and the maxtext keys each contributes."""
+
+    def __init__(self) -> None:
+        self.recipe: dict[str, Any] = {}
+        self.profile: dict[str, Any] = {}
+        self.recipe_name: str | None = None
+        self.profile_name: str | None = None
+
+
+def _layers(job: RLJob, problems: list[str]) -> _Layers:
+    from rljob.recipes import recipe_catalog
+
+    layers = _Layers()
+    manifest = _dump(job.spec)
+    name = job.spec.recipe
+    if name is not None:
+        try:
+            recipe = recipe_catalog.load(name)
+        except KeyError:
+            problems.append(
+                f"spec.recipe: unknown recipe {name!r}; known: {', '.join(recipe_catalog.names())}"
+            )
+            return layers
+        layers.recipe_name = name
+        layers.recipe = _dump(recipe.spec)
+        profile = (manifest.get("trainer") or {}).get("profile") or (layers.recipe.get("trainer") or {}).get(
+            "profile"
+        )
+        if profile is not None:
+            if profile not in recipe.profiles:
+                known = ", ".join(recipe.profiles) or "none"
+                problems.append(
+                    f"spec.trainer.profile: recipe {name} has no profile {profile!r}; profiles: {known}"
+                )
+            else:
+                layers.profile_name = profile
+                layers.profile = _dump(recipe.profiles[profile].spec)
+    elif job.spec.trainer is not None and job.spec.trainer.profile is not None:
+        problems.append("spec.trainer.profile: a profile belongs to a recipe; set spec.recipe")
+    return layers
+
+
+def merged_spec(job: RLJob) -> tuple[dict[str, Any], _Layers, list[str]]:
+    """defaults < recipe < profile < manifest, as a camelCase dict, with the problems found so far."""
+    problems: list[str] = []
+    layers = _layers(job, problems)
+    merged = _merge(_merge(_merge(DEFAULTS, layers.recipe), layers.profile), _dump(job.spec))
+    return merged, layers, problems
+
+
+def _require(spec: RLJobSpec, problems: list[str]) -> None:
+    need = {
+        "spec.model.name": spec.model and spec.model.name,
+        "spec.trainer.tpu": spec.trainer and spec.trainer.tpu,
+        "spec.sampler.tpu": spec.sampler and spec.sampler.tpu,
+        "spec.storage.root": spec.storage and spec.storage.root,
+    }
+    for path, value in need.items():
+        if not value:
+            problems.append(f"{path}: required (set it, or name a spec.recipe that does)")
+
+
+def _round_up(n: int, k: int) -> int:
+    return -(-n // k) * k
+
+
+def resolve(job: RLJob) -> RunConfig:
+    """The resolved run config of a job, or PlanError with every problem."""
+    merged, layers, problems = merged_spec(job)
+    try:
+        spec = RLJobSpec.model_validate(merged)
+    except ValidationError as err:
+        raise PlanError(problems + pydantic_problems(err, "spec")) from None
+    _require(spec, problems)
+    if problems:
+        raise PlanError(problems)
+    assert spec.model and spec.trainer and spec.sampler and spec.storage and spec.algorithm
+    assert spec.lora and spec.packing and spec.failure_policy
+    assert spec.model.name and spec.trainer.tpu and spec.sampler.tpu and spec.storage.root
+
+    # ---- model
+    if spec.model.maxtext_model is None:
+        spec.model.maxtext_model = spec.model.name.rsplit("/", 1)[-1].lower()
+    # ---- algorithm and packing (before the trainer: max_target_length)
+    alg = spec.algorithm
+    assert alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
+    seq = alg.max_prompt_tokens + alg.max_tokens
+    pack = spec.packing
+    assert pack.pad_align
+    if pack.token_budget is None:
+        pack.token_budget = _round_up(seq, max(pack.pad_align, 128))
+    if pack.token_budget < seq:
+        problems.append(
+            f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
+            "a full-length sequence would not fit a packed row"
+        )
+    if pack.pad_align > pack.token_budget:
+        problems.append(
+            f"spec.packing.padAlign: {pack.pad_align} exceeds the token budget {pack.token_budget}"
+        )
+
+    # ---- TPUs
+    trainer_tpu = sampler_tpu = None
+    containers = spec.trainer.containers_per_host
+    try:
+        if containers is None:
+            containers = tpu.default_containers(spec.trainer.tpu, "trainer")
+        trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
+        spec.trainer.containers_per_host = containers
+    except tpu.TpuError as e:
+        problems.append(f"spec.trainer.tpu: {e}")
+    try:
+        sampler_tpu = tpu.plan(spec.sampler.tpu)
+    except tpu.TpuError as e:
+        problems.append(f"spec.sampler.tpu: {e}")
+
+    # ---- LoRA
+    if spec.lora.rank is not None and spec.lora.rank not in VLLM_LORA_RANKS:
+        problems.append(
+            f"spec.lora.rank: {spec.lora.rank} is not a vLLM LoRA rank "
+            f"({', '.join(map(str, VLLM_LORA_RANKS))})"
+        )
+
+    # ---- sampler
+    sampler_plan = None
+    if sampler_tpu is not None:
+        host_devices = sampler_tpu.chips_per_host * sampler_tpu.devices_per_chip
+        tp = spec.sampler.tensor_parallel or host_devices
+        spec.sampler.tensor_parallel = tp
+        if sampler_tpu.devices % tp:
+            problems.append(
+                f"spec.sampler.tensorParallel: {tp} does not divide the {sampler_tpu.devices} devices of a "
+                f"{sampler_tpu.type_name} slice"
+            )
+        if spec.sampler.max_model_len is None:
+            spec.sampler.max_model_len = seq
+        if spec.sampler.max_model_len < seq:
+            problems.append(
+                f"spec.sampler.maxModelLen: {spec.sampler.max_model_len} is below "
+                f"maxPromptTokens + maxTokens = {seq}"
+            )
+        assert spec.lora.rank and spec.sampler.replicas and spec.sampler.max_loras
+        sampler_plan = SamplerPlan(
+            tpu=sampler_tpu,
+            replicas=spec.sampler.replicas,
+            tensor_parallel=tp,
+            max_model_len=spec.sampler.max_model_len,
+            lora_max_rank=spec.lora.rank,
+            max_loras=spec.sampler.max_loras,
+        )
+    if spec.lora.alpha is None and spec.lora.rank is not None:
+        spec.lora.alpha = float(2 * spec.lora.rank)
+
+    # ---- trainer mesh, batch and MaxText keys
+    trainer_plan = None
+    if trainer_tpu is not None:
+        assert spec.trainer.slices
+        slices = spec.trainer.slices
+        resolved = mesh.resolve(spec.trainer.mesh, trainer_tpu.devices, slices)
+        if isinstance(resolved, list):
+            problems += resolved
+            _maxtext(spec, layers, job, {}, problems, rules=False)
+        else:
+            ici, dcn = resolved
+            devices = trainer_tpu.devices * slices
+            shards = mesh.total(ici, dcn, "data") * mesh.total(ici, dcn, "fsdp")
+            micro = spec.trainer.micro_batch_size or shards
+            spec.trainer.micro_batch_size = micro
+            if micro % shards:
+                problems.append(
+                    f"spec.trainer.microBatchSize: {micro} rows do not split evenly over "
+                    f"data x fsdp = {shards} shards"
+                )
+            derived: dict[str, Any] = {
+                "model_name": spec.model.maxtext_model,
+                "run_name": job.metadata.name,
+                "base_output_directory": _storage(spec.storage.root, job).checkpoints,
+                "max_target_length": pack.token_budget,
+                "per_device_batch_size": micro / devices,
+                "learning_rate": alg.learning_rate,
+                "steps": alg.steps,
+                "packing": True,
+                **mesh.maxtext_keys(ici, dcn),
+            }
+            if spec.model.checkpoint:
+                derived["load_parameters_path"] = spec.model.checkpoint
+            keys, sources = _maxtext(spec, layers, job, derived, problems)
+            trainer_plan = TrainerPlan(
+                tpu=trainer_tpu,
+                slices=slices,
+                hosts=trainer_tpu.hosts * slices,
+                chips=trainer_tpu.chips * slices,
+                devices=devices,
+                ici=ici,
+                dcn=dcn,
+                micro_batch_size=micro,
+                maxtext_version=spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION,
+                maxtext=keys,
+                maxtext_sources=sources,
+            )
+
+    # ---- names
+    roles: dict[str, tuple[int, int]] = {}
+    if trainer_tpu is not None and spec.trainer.slices:
+        roles[naming.TRAINER] = (spec.trainer.slices, trainer_tpu.hosts)
+    if sampler_tpu is not None and spec.sampler.replicas:
+        roles[naming.SAMPLER] = (spec.sampler.replicas, sampler_tpu.hosts)
+    problems += naming.check(job.metadata.name, roles)
+
+    if problems or trainer_plan is None or sampler_plan is None:
+        raise PlanError(problems or ["spec: could not be resolved"])
+    name, ns = job.metadata.name, job.metadata.namespace
+    return RunConfig(
+        name=name,
+        namespace=ns,
+        job_set_name=naming.jobset(name),
+        spec=spec,
+        trainer=trainer_plan,
+        sampler=sampler_plan,
+        storage=_storage(spec.storage.root, job),
+        endpoints=Endpoints(
+            samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
+            coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
+        ),
+        progress=ProgressTarget(config_map=naming.progress_configmap(name)),
+    )
+
+
+def _storage(root: str, job: RLJob) -> StoragePaths:
+    base = f"{root.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
+    return StoragePaths(
+        root=base,
+        checkpoints=f"{base}/checkpoints",
+        adapters=f"{base}/adapters",
+        rollouts=f"{base}/rollouts",
+        cache=f"{base}/cache",
+    )
+
+
+def _maxtext(
+    spec: RLJobSpec,
+    layers: _Layers,
+    job: RLJob,
+    derived: dict[str, Any],
+    problems: list[str],
+    rules: bool = True,
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The final MaxText key dict and each key's source; problems appended."""
+    assert spec.trainer is not None
+    version = spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION
+    try:
+        keyset = maxtext_keys.load(version)
+    except KeyError:
+        problems.append(
+            f"spec.trainer.maxtextVersion: no MaxText key list for {version!r}; "
+            f"known: {', '.join(maxtext_keys.versions())}"
+        )
+        return {}, {}
+    job_keys = dict((job.spec.trainer.maxtext or {}) if job.spec.trainer else {})
+    recipe_keys = dict((layers.recipe.get("trainer") or {}).get("maxtext") or {})
+    profile_keys = dict((layers.profile.get("trainer") or {}).get("maxtext") or {})
+    layer_keys = {"recipe": recipe_keys, "profile": profile_keys, "manifest": job_keys}
+    where = {
+        "recipe": f" (from recipe {layers.recipe_name})",
+        "profile": f" (from profile {layers.profile_name} of recipe {layers.recipe_name})",
+        "manifest": "",
+    }
+    keys: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for k, v in derived.items():
+        keys[k], sources[k] = v, "rljob"
+    for source in ("recipe", "profile", "manifest"):
+        for k, v in layer_keys[source].items():
+            path = f"spec.trainer.maxtext.{k}"
+            if v is None:  # a manifest removing a recipe key
+                keys.pop(k, None)
+                sources.pop(k, None)
+                continue
+            if k in DERIVED_KEYS:
+                problems.append(
+                    f"{path}: set by rljob from {DERIVED_KEYS[k]}; set that instead{where[source]}"
+                )
+                continue
+            if k not in keyset:
+                hint = keyset.suggest(k)
+                problems.append(
+                    f"{path}: not a MaxText {keyset.version} config key{where[source]}"
+                    + (f" (did you mean {', '.join(hint)}?)" if hint else "")
+                )
+                continue
+            keys[k], sources[k] = v, source
+    if spec.model and spec.model.maxtext_model not in keyset.models:
+        problems.append(
+            f"spec.model.maxtextModel: {spec.model.maxtext_model!r} is not a MaxText "
+            f"{keyset.version} model name"
+        )
+    if rules:
+        for k, msg in maxtext_keys.check_rules(keys, keyset):
+            problems.append(f"spec.trainer.maxtext.{k}: {msg}")
+    return dict(sorted(keys.items())), dict(sorted(sources.items()))
+
+
+def parse_manifest(text: str) -> RLJob:
+    """An RLJob from YAML text (one document); PlanError with `path: message` lines when it is not one."""
+    import yaml
+
+    try:
+        docs = [
+            d
+            for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            if d is not None
+        ]
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PlanError([f"(yaml): {where}{problem}"]) from None
+    if len(docs) != 1:
+        raise PlanError([f"(yaml): expected one RLJob document, found {len(docs)}"])
+    doc = docs[0]
+    if not isinstance(doc, dict):
+        raise PlanError([f"(root): expected a mapping (an RLJob), got {type(doc).__name__}"])
+    try:
+        return RLJob.model_validate(doc)
+    except ValidationError as err:
+        raise PlanError(pydantic_problems(err)) from None

@@ -1,0 +1,216 @@
+"""Render an RLJob into Kubernetes objects: the run ConfigMap and the JobSet.
+
+Templates (recipes/templates/*.j2) render YAML whose every value goes through `tojson`; the YAML is
+parsed back into data, and the JobSet is validated against JobSet's CRD schema. What `rljob render`
+prints is what the operator applies: both call `render`.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from rljob.recipes import failure, naming, placement, plan
+from rljob.recipes.api import RLJob
+from rljob.recipes.runconfig import (
+    CONFIG_DIR,
+    CONFIG_ENV,
+    CONFIG_KEY,
+    CONFIG_PATH,
+    COORDINATOR_PORT,
+    SAMPLER_PORT,
+)
+from rljob.recipes.tpu import TPU_RESOURCE
+
+if TYPE_CHECKING:
+    import jinja2
+    from rljob.recipes.runconfig import RunConfig, TpuPlan
+
+TRAINER_COMMAND = ["python", "-m", "rljob.trainer"]
+SAMPLER_COMMAND = ["python", "-m", "rljob.sampler"]
+JOBSET_LABELS = "jobset.sigs.k8s.io"
+
+
+class RenderError(RuntimeError):
+    """A rendered object failed JobSet's schema: a bug in rljob, never the user's input."""
+
+
+@cache
+def _env() -> jinja2.Environment:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("rljob.recipes", "templates"),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+
+
+def _load_yaml(text: str) -> Any:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    return yaml.load(text, Loader=loader)
+
+
+def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "rljob",
+        "app.kubernetes.io/instance": run.name,
+        "app.kubernetes.io/managed-by": "rljob",
+        "rljob.dev/rljob": run.name,
+    }
+    if role:
+        out["app.kubernetes.io/component"] = role
+        out["rljob.dev/role"] = role
+    return out
+
+
+def _field(path: str) -> dict[str, Any]:
+    return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
+    return [
+        {"name": CONFIG_ENV, "value": CONFIG_PATH},
+        {"name": "RLJOB_NAME", "value": run.name},
+        {"name": "RLJOB_ROLE", "value": role},
+        {"name": "POD_NAME", **_field("metadata.name")},
+        {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
+        {"name": "JOBSET_NAME", **_field(f"metadata.labels['{JOBSET_LABELS}/jobset-name']")},
+        {"name": "JOB_INDEX", **_field(f"metadata.labels['{JOBSET_LABELS}/job-index']")},
+        {"name": "POD_INDEX", **_field("metadata.labels['batch.kubernetes.io/job-completion-index']")},
+    ]
+
+
+def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]:
+    out = []
+    n = tpu.containers_per_host
+    for i in range(n):
+        env = _env_common(run, role)
+        env += [
+            {"name": "RLJOB_CONTAINER_INDEX", "value": str(i)},
+            {"name": "RLJOB_CONTAINERS_PER_HOST", "value": str(n)},
+        ]
+        ports: list[dict[str, Any]] = []
+        if role == naming.TRAINER:
+            env.append({"name": "JAX_COORDINATOR_ADDRESS", "value": run.endpoints.coordinator})
+            if run.trainer.slices > 1:
+                annotation = "metadata.annotations['{}/{}']"
+                env += [
+                    {
+                        "name": "MEGASCALE_NUM_SLICES",
+                        **_field(annotation.format(JOBSET_LABELS, "replicatedjob-replicas")),
+                    },
+                    {"name": "MEGASCALE_SLICE_ID", **_field(annotation.format(JOBSET_LABELS, "job-index"))},
+                    {
+                        "name": "MEGASCALE_COORDINATOR_ADDRESS",
+                        **_field(annotation.format(JOBSET_LABELS, "coordinator")),
+                    },
+                ]
+            if i == 0:
+                ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
+        else:
+            ports.append({"name": "http", "containerPort": SAMPLER_PORT, "protocol": "TCP"})
+        out.append(
+            {
+                "name": role if n == 1 else f"{role}-{i}",
+                "env": env,
+                "ports": ports,
+                "chips": tpu.chips_per_container,
+            }
+        )
+    return out
+
+
+def _role(run: RunConfig, role: str) -> dict[str, Any]:
+    spec = run.spec
+    assert spec.trainer and spec.sampler
+    if role == naming.TRAINER:
+        tpu, replicas, image, command = (
+            run.trainer.tpu,
+            run.trainer.slices,
+            spec.trainer.image,
+            TRAINER_COMMAND,
+        )
+    else:
+        tpu, replicas, image, command = (
+            run.sampler.tpu,
+            run.sampler.replicas,
+            spec.sampler.image,
+            SAMPLER_COMMAND,
+        )
+    return {
+        "name": role,
+        "replicas": replicas,
+        "hosts": tpu.hosts,
+        "labels": labels(run, role),
+        "job_annotations": placement.job_annotations(),
+        "node_selector": placement.node_selector(tpu),
+        "host_network": role == naming.TRAINER and run.trainer.slices > 1,
+        "grace_seconds": 120 if role == naming.TRAINER else 30,
+        "image": image,
+        "command": command,
+        "containers": _containers(run, role, tpu),
+    }
+
+
+def jobset(run: RunConfig) -> dict[str, Any]:
+    """The JobSet of a resolved run, validated against JobSet's schema."""
+    from rljob.recipes.schema import validate_jobset
+
+    spec = run.spec
+    assert spec.failure_policy and spec.failure_policy.max_restarts is not None
+    job_labels = labels(run)
+    if spec.queue_name:
+        job_labels["kueue.x-k8s.io/queue-name"] = spec.queue_name
+    text = (
+        _env()
+        .get_template("jobset.yaml.j2")
+        .render(
+            name=run.job_set_name,
+            namespace=run.namespace,
+            labels=job_labels,
+            suspend=bool(spec.suspend),
+            subdomain=naming.subdomain(run.name),
+            coordinator_role=naming.TRAINER,
+            failure_policy=failure.jobset_failure_policy(spec.failure_policy.max_restarts),
+            pod_failure_policy=failure.pod_failure_policy(),
+            roles=[_role(run, naming.TRAINER), _role(run, naming.SAMPLER)],
+            service_account=naming.service_account(run.name),
+            priority_class_name=spec.priority_class_name,
+            tolerations=placement.tolerations(),
+            tpu_resource=TPU_RESOURCE,
+            config_dir=CONFIG_DIR,
+            run_configmap=naming.run_configmap(run.name),
+        )
+    )
+    obj: dict[str, Any] = _load_yaml(text)
+    problems = validate_jobset(obj)
+    if problems:
+        raise RenderError("rendered JobSet fails JobSet's CRD schema:\n" + "\n".join(problems))
+    return obj
+
+
+def configmap(run: RunConfig) -> dict[str, Any]:
+    """The run ConfigMap: RunConfig JSON under key run.json."""
+    text = (
+        _env()
+        .get_template("configmap.yaml.j2")
+        .render(
+            name=naming.run_configmap(run.name),
+            namespace=run.namespace,
+            labels=labels(run),
+            key=CONFIG_KEY,
+            run_json=run.model_dump_json(indent=1, exclude_none=True),
+        )
+    )
+    obj: dict[str, Any] = _load_yaml(text)
+    return obj
+
+
+def render(job: RLJob) -> list[dict[str, Any]]:
+    """Every object of a job, in apply order: the run ConfigMap, then the JobSet. Raises PlanError."""
+    run = plan.resolve(job)
+    return [configmap(run), jobset(run)]

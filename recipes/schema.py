@@ -1,0 +1,43 @@
+"""Validate rendered JobSets against JobSet's own CRD schema (v1alpha2 OpenAPI v3).
+
+The schema is recipes/data/jobset-<version>-schema.json, extracted by hack/extract_jobset_schema.py
+from the Go module sigs.k8s.io/jobset at JOBSET_VERSION (hack/versions.env). OpenAPI v3 schema
+keywords are checked with jsonschema's Draft 7 validator (x-kubernetes-* extensions and CEL rules in
+x-kubernetes-validations are not evaluated here; the API server does that).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+JOBSET_VERSION = "v0.11.0"
+
+
+@cache
+def schema_document() -> dict[str, Any]:
+    res = resources.files("rljob.recipes").joinpath("data", f"jobset-{JOBSET_VERSION}-schema.json")
+    doc: dict[str, Any] = json.loads(res.read_text(encoding="utf-8"))
+    return doc
+
+
+@cache
+def _validator() -> Any:
+    from jsonschema import Draft7Validator  # lazy: keeps `rljob --help` fast
+
+    return Draft7Validator(schema_document()["schema"])
+
+
+def _path(parts: Any) -> str:
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(root)"
+
+
+def validate_jobset(obj: dict[str, Any]) -> list[str]:
+    """Schema violations of a JobSet object, as `path: message` lines (empty when valid)."""
+    errors = sorted(_validator().iter_errors(obj), key=lambda e: [str(p) for p in e.absolute_path])
+    return [f"{_path(e.absolute_path)}: {e.message}" for e in errors]
