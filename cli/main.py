@@ -201,6 +201,9 @@ def parser() -> argparse.ArgumentParser:
     show = rsub.add_parser("show", help="print one recipe")
     show.add_argument("name")
     show.set_defaults(fn=cmd_recipes_show)
+    from rljob.cli import doctor  # light: its checks and the kubernetes client load when it runs
+
+    doctor.register(sub)
     return p
 
 

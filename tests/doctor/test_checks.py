@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rljob.cli import doctor
-from rljob.cli.doctor import Needs, Permission, Probe, RoleNeed, Status
+from rljob.cli import doctor_checks as doctor
+from rljob.cli.doctor_checks import Needs, Permission, Probe, RoleNeed, Status
 from rljob.recipes import tpu as tpu_catalog
 
 REPO = Path(__file__).resolve().parents[2]
