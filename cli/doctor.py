@@ -21,8 +21,10 @@ from typing import Any
 EXIT_OK = 0
 EXIT_PROBLEMS = 1
 EXIT_BAD_INPUT = 2
+# `helm install rljob charts/rljob -n rljob-system`: the chart names the ServiceAccount
+# <release>-rljob-operator. Used when no ServiceAccount carries the chart's label.
 DEFAULT_OPERATOR_NAMESPACE = "rljob-system"
-DEFAULT_OPERATOR_SERVICE_ACCOUNT = "rljob-operator"
+DEFAULT_OPERATOR_SERVICE_ACCOUNT = "rljob-rljob-operator"
 HELP = "check a cluster for what an RLJob needs"
 
 
@@ -40,13 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", help="kubeconfig context")
     parser.add_argument(
         "--operator-namespace",
-        default=DEFAULT_OPERATOR_NAMESPACE,
-        help=f"namespace of the rljob operator (default {DEFAULT_OPERATOR_NAMESPACE})",
+        help="namespace of the rljob operator (default: found by the chart's labels, else "
+        f"{DEFAULT_OPERATOR_NAMESPACE})",
     )
     parser.add_argument(
         "--operator-service-account",
-        default=DEFAULT_OPERATOR_SERVICE_ACCOUNT,
-        help=f"the operator's ServiceAccount (default {DEFAULT_OPERATOR_SERVICE_ACCOUNT})",
+        help="the operator's ServiceAccount (default: found by the chart's labels, else "
+        f"{DEFAULT_OPERATOR_SERVICE_ACCOUNT})",
     )
     parser.add_argument("-o", "--output", choices=("text", "json"), default="text", help="report format")
 
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         findings = [checks.problem("cluster", str(exc), "check KUBECONFIG / --kubeconfig / --context")]
     else:
         server = state.server
-        findings = checks.run_checks(state, needs, args.operator_namespace, args.operator_service_account)
+        findings = checks.run_checks(state, needs)
     code = checks.exit_code(findings)
     if args.output == "json":
         report = {"server": server, "findings": [asdict(f) for f in findings], "exitCode": code}

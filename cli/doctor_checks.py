@@ -101,19 +101,26 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
     return [Permission(v, group, resource, sub, namespaced) for v in verbs.split()]
 
 
-# What the operator does with each kind (operator issue: server-side apply of the JobSet and the run
-# ConfigMap, one status write per reconcile, events, progress ConfigMaps watched; kopf lists CRDs and
-# namespaces when it runs cluster-wide). Pods are not created by the operator: the JobSet controller
-# makes them.
+# What the operator does with each kind: exactly the chart's ClusterRole (charts/rljob/templates/
+# rbac.yaml; tests/doctor/ checks the two agree). RLJobs are watched and only their status written; the
+# JobSet and the run/progress ConfigMaps are server-side applied; failed pods are watched to classify
+# failures (never created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount
+# and a Role/RoleBinding for their progress ConfigMap; events are posted.
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
-    _perms("get list watch patch", GROUP, PLURAL)
-    + _perms("patch", GROUP, PLURAL, "status")
-    + _perms("get list watch create patch delete", JOBSET_GROUP, "jobsets")
+    _perms("get list watch", GROUP, PLURAL)
+    + _perms("get patch", GROUP, PLURAL, "status")
+    + _perms("update", GROUP, PLURAL, "finalizers")
+    + _perms("get list watch create patch", JOBSET_GROUP, "jobsets")
     + _perms("get list watch create patch", "", "configmaps")
-    + _perms("create", "", "events")
-    + _perms("list watch", "apiextensions.k8s.io", "customresourcedefinitions", namespaced=False)
-    + _perms("list watch", "", "namespaces", namespaced=False)
+    + _perms("list watch", "", "pods")
+    + _perms("get create patch", "", "serviceaccounts")
+    + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
+    + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
+    + _perms("create patch", "events.k8s.io", "events")
+    + _perms("create patch", "", "events")
 )
+# The chart labels its ServiceAccount and Deployment with this; doctor finds the operator by it.
+OPERATOR_LABEL = "app.kubernetes.io/name=rljob-operator"
 
 
 # ------------------------------------------------------------------------------------------- findings
@@ -697,14 +704,11 @@ class ClusterState:
     access: dict[Permission, bool | None] = field(default_factory=dict)
     can_create_rljobs: bool | None = None
     jobset_probe: Probe | None = None
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
 
 
-def run_checks(
-    state: ClusterState,
-    needs: Needs | None,
-    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
-    operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT,
-) -> list[Finding]:
+def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
     namespace = needs.namespace if needs else "default"
     return (
         check_jobset_crd(state.crds)
@@ -717,8 +721,8 @@ def run_checks(
             state.webhooks,
             state.access,
             state.can_create_rljobs,
-            operator_namespace,
-            operator_sa,
+            state.operator_namespace,
+            state.operator_sa,
             namespace,
         )
     )
@@ -732,12 +736,28 @@ class _Forbidden(Exception):
     pass
 
 
+def find_operator(
+    service_accounts: Sequence[Obj], namespace: str | None, name: str | None
+) -> tuple[str, str]:
+    """The operator's namespace and ServiceAccount: the flags where given, else the one ServiceAccount
+    the chart labelled (OPERATOR_LABEL), else the chart's defaults for `helm install rljob`."""
+    found = [
+        (sa["metadata"]["namespace"], sa["metadata"]["name"])
+        for sa in service_accounts
+        if (namespace is None or sa["metadata"]["namespace"] == namespace)
+        and (name is None or sa["metadata"]["name"] == name)
+    ]
+    if len(found) == 1:
+        return found[0]
+    return namespace or DEFAULT_OPERATOR_NAMESPACE, name or DEFAULT_OPERATOR_SERVICE_ACCOUNT
+
+
 def gather(
     needs: Needs | None,
     kubeconfig: str | None = None,
     context: str | None = None,
-    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE,
-    operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT,
+    operator_namespace: str | None = None,
+    operator_sa: str | None = None,
 ) -> ClusterState:
     """Read what the checks need with the kubernetes client (imported here, lazily)."""
     from kubernetes import client, config
@@ -816,6 +836,11 @@ def gather(
                 message = json.loads(message).get("message", message)
             state.jobset_probe = Probe(False, False, error=str(message))
 
+    labelled = items(
+        client.CoreV1Api(api).list_service_account_for_all_namespaces, label_selector=OPERATOR_LABEL
+    )
+    operator_namespace, operator_sa = find_operator(labelled or [], operator_namespace, operator_sa)
+    state.operator_namespace, state.operator_sa = operator_namespace, operator_sa
     authz = client.AuthorizationV1Api(api)
     user = f"system:serviceaccount:{operator_namespace}:{operator_sa}"
     for perm in OPERATOR_PERMISSIONS:

@@ -500,7 +500,7 @@ def _denied(*verbs: str) -> dict[Permission, bool | None]:
             id="not-installed",
         ),
         pytest.param(
-            RLJOB_CRDS, [OP_DEP], [webhook_config()], _denied("create jobsets", "patch rljobs"), True,
+            RLJOB_CRDS, [OP_DEP], [webhook_config()], _denied("create jobsets", "patch configmaps"), True,
             {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.PROBLEM,
              "operator.webhook": Status.OK, "user.rbac": Status.OK},
             id="rbac-missing",
@@ -576,8 +576,10 @@ def test_run_checks_on_a_complete_cluster_exits_0() -> None:
         access=dict(ALL_ALLOWED),
         can_create_rljobs=True,
         jobset_probe=SERVING,
+        operator_namespace=OP_NS,
+        operator_sa=OP_SA,
     )
-    findings = doctor.run_checks(state, needs("v5p-16", 2, "v5p-8", 1, queue="lq"), OP_NS, OP_SA)
+    findings = doctor.run_checks(state, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
     assert worst(findings) is Status.OK, doctor.render_text(findings)
     assert doctor.exit_code(findings) == doctor.EXIT_OK
     # Remove one piece at a time: each is reported, and the exit code says so.
@@ -586,11 +588,12 @@ def test_run_checks_on_a_complete_cluster_exits_0() -> None:
         ("nodes", pools(("t0", V5P16), ("s0", V5P8))),
         ("local_queues", []),
         ("webhooks", []),
+        ("operator_sa", "someone-else"),
         ("jobset_probe", Probe(False, False, error="connection refused")),
     ]:
         broken = copy.copy(state)
         setattr(broken, attr, value)
-        got = doctor.run_checks(broken, needs("v5p-16", 2, "v5p-8", 1, queue="lq"), OP_NS, OP_SA)
+        got = doctor.run_checks(broken, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
         assert doctor.exit_code(got) == doctor.EXIT_PROBLEMS, attr
 
 
@@ -618,3 +621,46 @@ def test_render_text_lists_fixes_and_counts() -> None:
 )
 def test_parse_version(text: str, expected: tuple[int, int, int] | None) -> None:
     assert doctor.parse_version(text) == expected
+
+
+# ------------------------------------------------------------------------------ operator discovery
+
+
+def sa(namespace: str, name: str) -> dict[str, Any]:
+    return {"metadata": {"namespace": namespace, "name": name}}
+
+
+@pytest.mark.parametrize(
+    ("accounts", "namespace", "name", "expected"),
+    [
+        ([sa("ops", "x-rljob-operator")], None, None, ("ops", "x-rljob-operator")),
+        ([], None, None, ("rljob-system", "rljob-rljob-operator")),
+        ([sa("a", "o"), sa("b", "o")], None, None, ("rljob-system", "rljob-rljob-operator")),
+        ([sa("a", "o"), sa("b", "o")], "b", None, ("b", "o")),
+        ([sa("a", "o")], "elsewhere", "mine", ("elsewhere", "mine")),
+    ],
+)
+def test_find_operator(
+    accounts: list[Any], namespace: str | None, name: str | None, expected: tuple[str, str]
+) -> None:
+    assert doctor.find_operator(accounts, namespace, name) == expected
+
+
+def test_operator_permissions_are_the_charts_cluster_role() -> None:
+    """doctor checks exactly what the chart grants: a rule added to one and not the other fails here."""
+    import yaml
+
+    rbac = REPO / "charts" / "rljob" / "templates" / "rbac.yaml"
+    if not rbac.is_file():
+        pytest.skip("charts/rljob not there yet")
+    text = "\n".join(ln for ln in rbac.read_text().splitlines() if "{{" not in ln)
+    [role] = [d for d in yaml.safe_load_all(text) if d and d.get("kind") == "ClusterRole"]
+    granted = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                resource, _, sub = res.partition("/")
+                for verb in rule["verbs"]:
+                    granted.add((verb, group, resource, sub))
+    checked = {(p.verb, p.group, p.resource, p.subresource) for p in doctor.OPERATOR_PERMISSIONS}
+    assert checked == granted
