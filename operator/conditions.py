@@ -1,0 +1,110 @@
+"""Condition types, reasons, labels and annotation keys of the RLJob operator, as named constants.
+
+Every string the operator writes into `status.conditions`, `status.lastFailure` or an Event is one of
+these constants, so tests and users can match on them (the JobSet controller's pkg/constants has the
+same habit). Reasons are CamelCase; each is used by the condition named in its comment.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# ------------------------------------------------------------------------------ who we are on the API
+FIELD_MANAGER: Final = "rljob-operator"
+"""Field manager of every write (server-side apply and patches): `kubectl get -o yaml --show-managed-fields`
+shows exactly which fields the operator owns."""
+
+EVENT_COMPONENT: Final = "rljob-operator"
+
+# ----------------------------------------------------------------------------- labels and annotations
+LABEL_NAME: Final = "rljob.dev/rljob"
+"""On every child object and pod template (rljob.recipes.render.labels; the operator adds it to what it
+creates itself): the owning RLJob's name.
+The operator's watches select children by this label (server-side), so it never lists foreign objects."""
+
+LABEL_PROGRESS: Final = "rljob.dev/progress"
+"""On the `<rljob>-progress` ConfigMap only (value "true"): the operator watches these for progress."""
+
+ANNOTATION_PREFIX: Final = "rljob.dev"
+"""Prefix of kopf's own bookkeeping annotations (progress/diffbase storages), never kopf.zalando.org."""
+
+FINALIZER: Final = "rljob.dev/finalizer"
+"""kopf's finalizer name. The operator has no deletion handlers, so kopf never adds it: children are
+garbage-collected through owner references."""
+
+QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
+"""Kueue's LocalQueue label on the JobSet (from spec.queueName)."""
+
+JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
+RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
+
+PROGRESS_KEY: Final = "progress.json"
+"""Key of the trainer's report in the `<rljob>-progress` ConfigMap (contract 4)."""
+
+# ----------------------------------------------------------------------------------- condition types
+ACCEPTED: Final = "Accepted"
+"""True once the spec parsed and planned; False (reason InvalidSpec) names the offending field."""
+READY: Final = "Ready"
+"""True while the phase is Running: every trainer and sampler pod is ready."""
+SUSPENDED: Final = "Suspended"
+"""True while the JobSet is suspended (by spec.suspend or by Kueue waiting for quota)."""
+RESTARTING: Final = "Restarting"
+"""True while the JobSet is being recreated after a failure; the reason is the failure's class."""
+SUCCEEDED: Final = "Succeeded"
+"""True once the trainer finished (terminal, latched)."""
+FAILED: Final = "Failed"
+"""True once the run failed for good (terminal, latched)."""
+
+CONDITION_TYPES: Final = (ACCEPTED, READY, SUSPENDED, RESTARTING, SUCCEEDED, FAILED)
+
+# ---------------------------------------------------------------------------------------- reasons
+# Accepted
+REASON_ACCEPTED: Final = "Rendered"
+REASON_INVALID_SPEC: Final = "InvalidSpec"
+# Ready
+REASON_ALL_ROLES_READY: Final = "AllRolesReady"
+REASON_WAITING_FOR_PODS: Final = "WaitingForPods"
+REASON_NOT_RUNNING: Final = "NotRunning"
+# Suspended
+REASON_SUSPENDED_BY_USER: Final = "SuspendedByUser"
+REASON_QUEUED: Final = "WaitingForQueue"
+REASON_NOT_SUSPENDED: Final = "NotSuspended"
+# Restarting (and lastFailure.reason)
+REASON_PREEMPTED: Final = "Preempted"
+REASON_MAINTENANCE: Final = "Maintenance"
+REASON_CRASHED: Final = "Crashed"
+REASON_BAD_CONFIGURATION: Final = "BadConfiguration"
+REASON_NOT_RESTARTING: Final = "NotRestarting"
+# Succeeded
+REASON_TRAINER_COMPLETED: Final = "TrainerCompleted"
+# Failed
+REASON_RESTARTS_EXHAUSTED: Final = "RestartsExhausted"
+REASON_JOBSET_FAILED: Final = "JobSetFailed"
+REASON_NOT_FINISHED: Final = "NotFinished"
+
+# Events (posted after the status write)
+EVENT_JOBSET_CREATED: Final = "JobSetCreated"
+EVENT_SUSPENDED: Final = "Suspended"
+EVENT_RESUMED: Final = "Resumed"
+EVENT_RESTARTING: Final = "Restarting"
+EVENT_SUCCEEDED: Final = "Succeeded"
+EVENT_FAILED: Final = "Failed"
+EVENT_INVALID_SPEC: Final = "InvalidSpec"
+
+# ------------------------------------------------------------------------------- JobSet vocabulary
+JS_COMPLETED: Final = "Completed"
+JS_FAILED: Final = "Failed"
+JS_SUSPENDED: Final = "Suspended"
+JS_REASON_FAIL_ACTION: Final = "FailJobSetFailurePolicyAction"
+JS_REASON_MAX_RESTARTS: Final = "ReachedMaxRestarts"
+
+# Pod DisruptionTarget reasons (k8s.io/api/core/v1) and the failure class each means for a TPU job.
+# A spot/preemptible TPU VM that goes away shows up as the node deleted (PodGC) or as a graceful node
+# shutdown (kubelet); eviction through the API and NoExecute taints are how maintenance drains a pool.
+DISRUPTION_PREEMPTION: Final = frozenset({"DeletionByPodGC", "PreemptionByScheduler", "TerminationByKubelet"})
+DISRUPTION_MAINTENANCE: Final = frozenset({"EvictionByEvictionAPI", "DeletionByTaintManager"})
+
+# Roles: the replicatedJob names the renderer writes.
+ROLE_TRAINER: Final = "trainer"
+ROLE_SAMPLER: Final = "sampler"

@@ -1,0 +1,45 @@
+"""Operator process configuration, from environment variables (set by the chart's Deployment)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+
+def _bool(value: str | None, default: bool) -> bool:
+    if value is None or value == "":
+        return default
+    return value.strip().lower() in ("1", "true", "yes", "on")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class OperatorConfig:
+    """Every knob of the operator process; `from_env` documents the variable of each."""
+
+    workers: int = 8
+    resync_s: float = 600.0
+    metrics_addr: str = "0.0.0.0"
+    metrics_port: int = 8080
+    webhook_enabled: bool = True
+    webhook_addr: str = "0.0.0.0"
+    webhook_port: int = 9443
+    webhook_host: str | None = None
+    webhook_cert: str | None = "/etc/rljob/webhook/tls.crt"
+    webhook_key: str | None = "/etc/rljob/webhook/tls.key"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+        e = dict(os.environ if env is None else env)
+        d = cls()
+        return cls(
+            workers=int(e.get("RLJOB_WORKERS", d.workers)),
+            resync_s=float(e.get("RLJOB_RESYNC_SECONDS", d.resync_s)),
+            metrics_addr=e.get("RLJOB_METRICS_ADDR", d.metrics_addr),
+            metrics_port=int(e.get("RLJOB_METRICS_PORT", d.metrics_port)),
+            webhook_enabled=_bool(e.get("RLJOB_WEBHOOK_ENABLED"), d.webhook_enabled),
+            webhook_addr=e.get("RLJOB_WEBHOOK_ADDR", d.webhook_addr),
+            webhook_port=int(e.get("RLJOB_WEBHOOK_PORT", d.webhook_port)),
+            webhook_host=e.get("RLJOB_WEBHOOK_HOST") or d.webhook_host,
+            webhook_cert=e.get("RLJOB_WEBHOOK_CERT", d.webhook_cert),
+            webhook_key=e.get("RLJOB_WEBHOOK_KEY", d.webhook_key),
+        )

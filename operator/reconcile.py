@@ -1,0 +1,533 @@
+"""The reconcile service: desired state (the recipe render) vs actual state (caches), then one status write.
+
+Level-based, as kopf's own docs recommend for serious operators (docs/reconciliation.rst): kopf's watch
+streams only feed in-memory caches (`Caches`) and mark the owning RLJob dirty in a de-duplicating work
+queue (`WorkQueue`, client-go's semantics: a key is queued at most once, and a key that changes while
+being reconciled is reconciled again afterwards). A fixed pool of workers then reconciles one RLJob
+at a time per key:
+
+1. read the RLJob, its JobSet, its progress report and the newest pod failure from the caches (no GETs);
+2. if the run is not finished and its JobSet does not exist: render (`rljob.recipes.render`, the same
+   function `rljob render` prints) and server-side apply the ConfigMaps and the JobSet, with owner
+   references, labels and the fixed field manager; if `suspend` differs: patch the JobSet's suspend;
+3. derive the complete new status (`rljob.operator.status.derive_status`, pure);
+4. write it with exactly one server-side apply of `.status` if it differs from what is stored;
+5. post the events of the transitions, after the status write.
+
+Write responses update the caches at once, so a reconcile triggered by our own write's watch event
+finds nothing to do. With no changes, a reconcile makes no API call at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+import pydantic
+from rljob.operator import conditions as c
+from rljob.operator import k8s, metrics
+from rljob.operator.status import (
+    TERMINAL,
+    JobSetView,
+    Observed,
+    PodFailure,
+    classify_pod,
+    derive_status,
+    status_body,
+)
+from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJob, RLJobStatus
+from rljob.recipes.plan import PlanError, pydantic_problems
+
+logger = logging.getLogger(__name__)
+
+Key = tuple[str, str]  # (namespace, RLJob name)
+
+
+def newer(rv_new: str, rv_old: str | None) -> bool:
+    """Whether resourceVersion `rv_new` is at least as new as `rv_old`.
+
+    Kubernetes >= 1.35 documents resourceVersions as comparable integers (KEP-5504); anything that is not
+    an integer is treated as newer, so the cache always moves forward."""
+    if not rv_old:
+        return True
+    try:
+        return int(rv_new) >= int(rv_old)
+    except ValueError:
+        return True
+
+
+# -------------------------------------------------------------------------------------- render/plan
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Plan:
+    """What rendering one generation of an RLJob gives: its objects, or the error naming the field."""
+
+    generation: int
+    error: str | None = None
+    objects: tuple[dict[str, Any], ...] = ()
+    max_restarts: int = 3
+
+    @property
+    def jobset(self) -> dict[str, Any] | None:
+        return next((o for o in self.objects if o.get("kind") == "JobSet"), None)
+
+
+Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
+
+
+def parse(body: Mapping[str, Any]) -> RLJob:
+    """The RLJob model of an API body (server-added metadata is ignored; status is not parsed)."""
+    meta = body.get("metadata") or {}
+    return RLJob.model_validate(
+        {
+            "apiVersion": body.get("apiVersion", API_VERSION),
+            "kind": body.get("kind", KIND),
+            "metadata": {
+                k: meta[k]
+                for k in ("name", "namespace", "labels", "annotations", "uid", "generation")
+                if k in meta
+            },
+            "spec": body.get("spec") or {},
+        }
+    )
+
+
+def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
+    """Parse and render; every failure becomes `Plan.error` (a permanent, user-facing error)."""
+    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    try:
+        rljob = parse(body)
+    except pydantic.ValidationError as exc:
+        return Plan(generation, error="\n".join(pydantic_problems(exc)))
+    try:
+        objects = tuple(render(rljob))
+    except PlanError as exc:
+        return Plan(generation, error="\n".join(exc.problems))
+    plan = Plan(generation, objects=objects)
+    js = plan.jobset
+    if js is None:
+        return Plan(generation, error="render produced no JobSet")
+    max_restarts = int(((js.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts", 0))
+    return dataclasses.replace(plan, max_restarts=max_restarts)
+
+
+def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
+    """`obj` with the RLJob's labels and a controller owner reference (garbage collection on delete)."""
+    out: dict[str, Any] = json.loads(json.dumps(obj))
+    meta = out.setdefault("metadata", {})
+    omd = owner["metadata"]
+    meta["namespace"] = omd["namespace"]
+    meta.setdefault("labels", {})[c.LABEL_NAME] = omd["name"]
+    meta["ownerReferences"] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": omd["name"],
+            "uid": omd["uid"],
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    return out
+
+
+def progress_configmap(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The `<rljob>-progress` ConfigMap (contract 4); the trainer patches key progress.json in it."""
+    name = owner["metadata"]["name"]
+    cm = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{name}-progress", "labels": {c.LABEL_PROGRESS: "true"}},
+    }
+    return owned(cm, owner)
+
+
+# ------------------------------------------------------------------------------------------- caches
+
+
+@dataclasses.dataclass(slots=True)
+class RLJobEntry:
+    body: dict[str, Any]  # apiVersion, kind, metadata (name, namespace, uid, generation, rv), spec, status
+
+    @property
+    def rv(self) -> str:
+        return str(self.body["metadata"].get("resourceVersion", ""))
+
+    @property
+    def generation(self) -> int:
+        return int(self.body["metadata"].get("generation") or 0)
+
+    @property
+    def status(self) -> dict[str, Any] | None:
+        s = self.body.get("status")
+        return s if isinstance(s, dict) else None
+
+
+@dataclasses.dataclass(slots=True)
+class ProgressEntry:
+    rv: str
+    report: dict[str, Any] | None
+
+
+def slim_rljob(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Only what the reconcile reads (no managedFields, annotations or server noise): memory at scale."""
+    meta = body.get("metadata") or {}
+    keep = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp", "labels")
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", KIND),
+        "metadata": {k: meta[k] for k in keep if k in meta},
+        "spec": body.get("spec") or {},
+        "status": body.get("status"),
+    }
+
+
+class Caches:
+    """What the watches told us, keyed by the owning RLJob, newest resourceVersion wins."""
+
+    def __init__(self) -> None:
+        self.rljobs: dict[Key, RLJobEntry] = {}
+        self.jobsets: dict[Key, JobSetView] = {}
+        self.progress: dict[Key, ProgressEntry] = {}
+        self.failures: dict[Key, PodFailure] = {}
+        self.plans: dict[Key, Plan] = {}  # the last plan per RLJob (error text and maxRestarts only)
+
+    def put_rljob(self, body: Mapping[str, Any]) -> bool:
+        """Store; True if the RLJob is new or changed in a way that needs a reconcile."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        old = self.rljobs.get(key)
+        if old is not None and old.body["metadata"].get("uid") == meta.get("uid"):
+            if not newer(str(meta.get("resourceVersion", "")), old.rv):
+                return False
+            changed = old.generation != int(meta.get("generation") or 0) or old.status != body.get("status")
+            changed = changed or ("deletionTimestamp" in meta) != (
+                "deletionTimestamp" in old.body["metadata"]
+            )
+        else:
+            changed = True
+        self.rljobs[key] = RLJobEntry(slim_rljob(body))
+        return changed
+
+    def drop_rljob(self, key: Key) -> None:
+        for store in (self.rljobs, self.jobsets, self.progress, self.failures, self.plans):
+            store.pop(key, None)
+
+    def put_jobset(self, key: Key, body: Mapping[str, Any]) -> bool:
+        view = JobSetView.from_body(body)
+        old = self.jobsets.get(key)
+        if old is not None and old.uid == view.uid and not newer(view.resource_version, old.resource_version):
+            return False
+        self.jobsets[key] = view
+        return old != view
+
+    def drop_jobset(self, key: Key, uid: str) -> None:
+        old = self.jobsets.get(key)
+        if old is not None and (not uid or old.uid == uid):
+            del self.jobsets[key]
+
+    def put_progress(self, key: Key, body: Mapping[str, Any]) -> bool:
+        rv = str((body.get("metadata") or {}).get("resourceVersion", ""))
+        old = self.progress.get(key)
+        if old is not None and not newer(rv, old.rv):
+            return False
+        raw = (body.get("data") or {}).get(c.PROGRESS_KEY)
+        report: dict[str, Any] | None = None
+        if raw:
+            try:
+                loaded = json.loads(raw)
+                report = loaded if isinstance(loaded, dict) else None
+            except ValueError:
+                report = None
+        self.progress[key] = ProgressEntry(rv, report)
+        return old is None or old.report != report
+
+    def put_failure(self, key: Key, failure: PodFailure) -> bool:
+        old = self.failures.get(key)
+        if old is not None and (old.attempt, old.time) >= (failure.attempt, failure.time):
+            return False
+        self.failures[key] = failure
+        return True
+
+    def key_of_child(self, body: Mapping[str, Any]) -> Key | None:
+        meta = body.get("metadata") or {}
+        labels = meta.get("labels") or {}
+        name = labels.get(c.LABEL_NAME)
+        if name is None:
+            jobset = labels.get(c.JOBSET_NAME_LABEL)
+            if jobset is None:
+                return None
+            name = jobset  # JobSet name == RLJob name (rljob.recipes.naming.jobset)
+        return (str(meta.get("namespace", "")), str(name))
+
+
+# ---------------------------------------------------------------------------------------- work queue
+
+
+class WorkQueue:
+    """De-duplicating queue of keys (client-go workqueue semantics, without rate limiting)."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Key] = asyncio.Queue()
+        self._queued: set[Key] = set()
+        self._active: set[Key] = set()
+        self._dirty: set[Key] = set()
+
+    def add(self, key: Key) -> None:
+        if key in self._queued:
+            return
+        if key in self._active:
+            self._dirty.add(key)
+            return
+        self._queued.add(key)
+        self._queue.put_nowait(key)
+        metrics.QUEUE_DEPTH.set(len(self._queued))
+
+    def add_after(self, key: Key, delay: float) -> None:
+        asyncio.get_running_loop().call_later(delay, self.add, key)
+
+    async def get(self) -> Key:
+        key = await self._queue.get()
+        self._queued.discard(key)
+        self._active.add(key)
+        metrics.QUEUE_DEPTH.set(len(self._queued))
+        return key
+
+    def done(self, key: Key) -> None:
+        self._active.discard(key)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    def idle(self) -> bool:
+        return not self._queued and not self._active
+
+
+# ------------------------------------------------------------------------------------------ service
+
+
+class Reconciler:
+    """Caches + work queue + workers; `reconcile(key)` is the one place that decides and writes."""
+
+    def __init__(
+        self, kube: k8s.Kube, render: Renderer, *, workers: int = 8, resync_s: float = 600.0
+    ) -> None:
+        self.kube = kube
+        self.render = render
+        self.caches = Caches()
+        self.queue = WorkQueue()
+        self.workers = workers
+        self.resync_s = resync_s
+        self._tasks: list[asyncio.Task[None]] = []
+        self._retries: dict[Key, int] = {}
+
+    # ----------------------------------------------------------------------------- watch callbacks
+
+    def observe_rljob(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        meta = body.get("metadata") or {}
+        key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        if event_type == "DELETED":
+            self.caches.drop_rljob(key)
+            return
+        if self.caches.put_rljob(body):
+            self.queue.add(key)
+
+    def observe_jobset(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = self.caches.key_of_child(body)
+        if key is None:
+            return
+        if event_type == "DELETED":
+            self.caches.drop_jobset(key, str((body.get("metadata") or {}).get("uid", "")))
+            self.queue.add(key)
+        elif self.caches.put_jobset(key, body):
+            self.queue.add(key)
+
+    def observe_progress(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = self.caches.key_of_child(body)
+        if key is None:
+            return
+        if event_type == "DELETED":
+            self.caches.progress.pop(key, None)
+            self.queue.add(key)
+        elif self.caches.put_progress(key, body):
+            self.queue.add(key)
+
+    def observe_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = self.caches.key_of_child(body)
+        failure = classify_pod(body)
+        if key is not None and failure is not None and self.caches.put_failure(key, failure):
+            self.queue.add(key)
+
+    # ------------------------------------------------------------------------------------ lifecycle
+
+    async def prefill(self) -> None:
+        """List what exists before any worker runs, so a restarted operator never acts on a half-filled
+        cache (e.g. re-applying a JobSet it has not seen yet)."""
+        for body in await self.kube.list(k8s.JOBSET, label_selector=c.LABEL_NAME):
+            self.observe_jobset(None, body)
+        for body in await self.kube.list(k8s.CONFIGMAP, label_selector=c.LABEL_PROGRESS):
+            self.observe_progress(None, body)
+        for body in await self.kube.list(k8s.RLJOB):
+            self.observe_rljob(None, body)
+
+    def start(self) -> None:
+        for i in range(self.workers):
+            self._tasks.append(asyncio.create_task(self._worker(), name=f"rljob-reconcile-{i}"))
+        self._tasks.append(asyncio.create_task(self._resync(), name="rljob-resync"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.resync_s)
+            for key in list(self.caches.rljobs):
+                self.queue.add(key)
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self.queue.get()
+            started = time.perf_counter()
+            try:
+                await self.reconcile(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                tries = self._retries.get(key, 0) + 1
+                self._retries[key] = tries
+                delay = min(60.0, 0.5 * 2**tries)
+                metrics.RECONCILES.labels("error").inc()
+                logger.warning("reconcile %s/%s failed (retry in %.1fs): %s", key[0], key[1], delay, exc)
+                self.queue.add_after(key, delay)
+            else:
+                self._retries.pop(key, None)
+                metrics.RECONCILES.labels("ok").inc()
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+                self.queue.done(key)
+
+    # ------------------------------------------------------------------------------------ reconcile
+
+    def plan_for(self, key: Key, entry: RLJobEntry) -> Plan:
+        plan = self.caches.plans.get(key)
+        if plan is None or plan.generation != entry.generation:
+            plan = make_plan(entry.body, self.render)
+            # Keep only the error and maxRestarts in memory; the objects are rendered again if needed.
+            self.caches.plans[key] = dataclasses.replace(plan, objects=())
+        return plan
+
+    async def reconcile(self, key: Key) -> None:
+        entry = self.caches.rljobs.get(key)
+        if entry is None or "deletionTimestamp" in entry.body["metadata"]:
+            return
+        body = entry.body
+        prior = _prior_status(entry.status)
+        latched = prior is not None and prior.phase in TERMINAL
+        spec = body.get("spec") or {}
+        plan = self.plan_for(key, entry)
+        created = False
+
+        if not latched and plan.error is None:
+            if key not in self.caches.progress:
+                resp = await self.kube.apply(progress_configmap(body))
+                self.caches.put_progress(key, resp)
+            js = self.caches.jobsets.get(key)
+            if js is None and not (prior and prior.job_set_name):
+                if not plan.objects:
+                    plan = make_plan(body, self.render)
+                for obj in plan.objects:  # ConfigMaps first: the pods mount them
+                    if obj.get("kind") != "JobSet":
+                        await self.kube.apply(owned(obj, body))
+                jobset = owned(plan.jobset or {}, body)
+                resp = await self.kube.apply(jobset)
+                self.caches.put_jobset(key, resp)
+                created = True
+            elif js is not None:
+                await self._reconcile_suspend(key, js, spec, prior)
+
+        js = self.caches.jobsets.get(key)
+        progress = self.caches.progress.get(key)
+        report = None
+        if progress is not None and progress.report is not None:
+            report = _parse_progress(progress.report)
+        derived = derive_status(
+            Observed(
+                generation=entry.generation,
+                now=datetime.now(UTC).replace(microsecond=0),
+                prior=prior,
+                spec_error=plan.error,
+                suspend=bool(spec.get("suspend", False)),
+                queue_name=spec.get("queueName"),
+                max_restarts=plan.max_restarts,
+                jobset_name=(plan.jobset or {}).get("metadata", {}).get("name") if plan.objects else None,
+                jobset=js,
+                failure=self.caches.failures.get(key),
+                progress=report,
+            )
+        )
+        new_status = status_body(derived.status)
+        if prior is None or status_body(prior) != new_status:
+            try:
+                resp = await self.kube.apply_status(k8s.RLJOB, key[0], key[1], new_status)
+            except k8s.ApiError as exc:
+                if exc.status == 404:
+                    return  # deleted meanwhile
+                raise
+            self.caches.put_rljob(resp)
+        if created:
+            await self.kube.post_event(
+                body, type_="Normal", reason=c.EVENT_JOBSET_CREATED, note=f"created JobSet {key[1]}"
+            )
+        for ev in derived.events:
+            await self.kube.post_event(body, type_=ev.type, reason=ev.reason, note=ev.message)
+
+    async def _reconcile_suspend(
+        self, key: Key, js: JobSetView, spec: Mapping[str, Any], prior: RLJobStatus | None
+    ) -> None:
+        """spec.suspend → JobSet spec.suspend. With a queue, Kueue owns un-suspending: the operator only
+        suspends (spec.suspend true) and releases its own suspension (back to Kueue) on resume."""
+        want = bool(spec.get("suspend", False))
+        if js.completed or js.failed or js.suspended == want:
+            return
+        if spec.get("queueName") and not want:
+            by_user = prior is not None and any(
+                x.type == c.SUSPENDED and x.status == "True" and x.reason == c.REASON_SUSPENDED_BY_USER
+                for x in prior.conditions
+            )
+            if not by_user:
+                return  # suspended by Kueue: wait for admission
+        resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, {"spec": {"suspend": want}})
+        self.caches.put_jobset(key, resp)
+
+
+def _prior_status(raw: Mapping[str, Any] | None) -> RLJobStatus | None:
+    if not raw:
+        return None
+    try:
+        return RLJobStatus.model_validate(raw)
+    except pydantic.ValidationError:
+        logger.warning("ignoring an unreadable status: %s", raw)
+        return None
+
+
+def _parse_progress(raw: Mapping[str, Any]) -> ProgressReport | None:
+    try:
+        return ProgressReport.model_validate(raw)
+    except pydantic.ValidationError:
+        return None

@@ -1,0 +1,438 @@
+"""Pure status logic: what the RLJob's status is, given what the operator observes.
+
+No I/O here. The reconcile service (rljob.operator.reconcile) gathers the observations (the RLJob, a
+projection of its JobSet, the newest pod failure, the trainer's progress report) into `Observed` and
+calls `derive_status`, which returns the complete new status and the events to post after writing it.
+
+Rules (the tests in tests/operator/test_status.py are the table of cases):
+- Terminal phases are latched: once Succeeded or Failed, the phase and terminal conditions never change
+  and the operator never creates a JobSet again (also when the JobSet is later deleted by its TTL).
+- A spec that does not parse or plan makes the run Failed (reason InvalidSpec, naming the field).
+- A JobSet that disappears before its outcome was observed makes the run Failed (JobSetDeleted): the
+  operator does not guess whether it finished, and never silently starts the run over.
+- Restarts: `used` is the JobSet's restartsCountTowardsMax (crashes); restarts after preemption or
+  maintenance (DisruptionTarget) are not counted. The class of the last failure comes from the failed
+  pod when the operator saw it, otherwise from which JobSet counter moved.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from rljob.operator import conditions as c
+from rljob.recipes.api import (
+    Condition,
+    FailureClass,
+    LastFailure,
+    Phase,
+    ProgressReport,
+    Restarts,
+    RLJobStatus,
+    RolesStatus,
+    RoleStatus,
+)
+
+REASON_JOBSET_DELETED = "JobSetDeleted"
+TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
+
+
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 timestamp from the API (`2026-01-02T03:04:05Z`) as an aware datetime, else None."""
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+# --------------------------------------------------------------------------------- JobSet projection
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RoleShape:
+    """One replicatedJob: `replicas` Jobs of `pods` pods each."""
+
+    replicas: int
+    pods: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class JobSetView:
+    """The few fields of a JobSet the operator needs (kept in memory for every RLJob: keep it small)."""
+
+    name: str
+    uid: str
+    resource_version: str
+    suspended: bool
+    roles: Mapping[str, RoleShape]
+    ready_jobs: Mapping[str, int]
+    restarts: int = 0
+    counted_restarts: int = 0
+    completed: bool = False
+    failed: bool = False
+    failed_reason: str = ""
+    failed_message: str = ""
+    queue_name: str | None = None
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> JobSetView:
+        meta = body.get("metadata") or {}
+        spec = body.get("spec") or {}
+        status = body.get("status") or {}
+        roles: dict[str, RoleShape] = {}
+        for rj in spec.get("replicatedJobs") or []:
+            job_spec = ((rj.get("template") or {}).get("spec")) or {}
+            parallelism = int(job_spec.get("parallelism", 1) or 1)
+            completions = int(job_spec.get("completions", parallelism) or parallelism)
+            roles[str(rj.get("name", ""))] = RoleShape(
+                replicas=int(rj.get("replicas", 1) or 1), pods=min(parallelism, completions)
+            )
+        ready = {
+            str(s.get("name", "")): int(s.get("ready", 0) or 0)
+            for s in status.get("replicatedJobsStatus") or []
+        }
+        conds = {str(x.get("type")): x for x in status.get("conditions") or [] if x.get("status") == "True"}
+        terminal = str(status.get("terminalState") or "")
+        failed = conds.get(c.JS_FAILED)
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            suspended=bool(spec.get("suspend", False)),
+            roles=roles,
+            ready_jobs=ready,
+            restarts=int(status.get("restarts", 0) or 0),
+            counted_restarts=int(status.get("restartsCountTowardsMax", 0) or 0),
+            completed=terminal == c.JS_COMPLETED or c.JS_COMPLETED in conds,
+            failed=terminal == c.JS_FAILED or failed is not None,
+            failed_reason=str((failed or {}).get("reason", "")),
+            failed_message=str((failed or {}).get("message", "")),
+            queue_name=(meta.get("labels") or {}).get(c.QUEUE_LABEL),
+        )
+
+    def role_status(self, role: str) -> RoleStatus:
+        shape = self.roles.get(role)
+        if shape is None:
+            return RoleStatus()
+        ready = min(self.ready_jobs.get(role, 0), shape.replicas) * shape.pods
+        return RoleStatus(ready=ready, total=shape.replicas * shape.pods)
+
+
+# ------------------------------------------------------------------------------------- pod failures
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PodFailure:
+    """What one failed pod says about why its attempt ended."""
+
+    failure_class: FailureClass
+    reason: str
+    message: str
+    time: datetime
+    attempt: int
+    role: str
+
+
+def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFailure | None:
+    """The failure a pod reports, or None if it has not failed.
+
+    DisruptionTarget=True (node deleted, preempted, evicted, drained) is preemption or maintenance
+    whatever the exit code; otherwise a terminated container's non-zero exit code decides: 2 is bad
+    configuration (contract 3), anything else a crash.
+    """
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    labels = meta.get("labels") or {}
+    name = str(meta.get("name", ""))
+    role = str(labels.get(c.REPLICATED_JOB_LABEL, ""))
+    try:
+        attempt = int(labels.get(c.RESTART_ATTEMPT_LABEL, 0))
+    except (TypeError, ValueError):
+        attempt = 0
+    fallback = now or datetime.now(UTC)
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            reason = str(cond.get("reason", ""))
+            if reason in c.DISRUPTION_MAINTENANCE:
+                klass, our_reason = FailureClass.MAINTENANCE, c.REASON_MAINTENANCE
+            else:
+                klass, our_reason = FailureClass.PREEMPTION, c.REASON_PREEMPTED
+            message = f"pod {name}: {reason or 'DisruptionTarget'}"
+            if cond.get("message"):
+                message += f": {cond['message']}"
+            when = parse_time(cond.get("lastTransitionTime")) or fallback
+            return PodFailure(klass, our_reason, message, when, attempt, role)
+    if status.get("phase") != "Failed":
+        return None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        code = term.get("exitCode")
+        if isinstance(code, int) and code != 0:
+            when = parse_time(term.get("finishedAt")) or fallback
+            message = f"container {cs.get('name', '?')} of pod {name} exited with code {code}"
+            if code == 2:
+                return PodFailure(
+                    FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION, message, when, attempt, role
+                )
+            return PodFailure(FailureClass.CRASH, c.REASON_CRASHED, message, when, attempt, role)
+    return None
+
+
+# ------------------------------------------------------------------------------------------- status
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Observed:
+    """Everything the status depends on, gathered by the reconcile service."""
+
+    generation: int
+    now: datetime
+    prior: RLJobStatus | None = None
+    spec_error: str | None = None
+    suspend: bool = False
+    queue_name: str | None = None
+    max_restarts: int = 3
+    jobset_name: str | None = None
+    jobset: JobSetView | None = None
+    failure: PodFailure | None = None
+    progress: ProgressReport | None = None
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Event:
+    type: str  # Normal | Warning
+    reason: str
+    message: str
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Derived:
+    status: RLJobStatus
+    events: Sequence[Event]
+
+
+def _roles(obs: Observed) -> RolesStatus:
+    if obs.jobset is not None:
+        return RolesStatus(
+            trainer=obs.jobset.role_status(c.ROLE_TRAINER), sampler=obs.jobset.role_status(c.ROLE_SAMPLER)
+        )
+    prior = obs.prior.roles if obs.prior and obs.prior.roles else RolesStatus()
+    return RolesStatus(
+        trainer=RoleStatus(ready=0, total=prior.trainer.total),
+        sampler=RoleStatus(ready=0, total=prior.sampler.total),
+    )
+
+
+def _newer(failure: PodFailure, prior: LastFailure | None) -> bool:
+    return prior is None or prior.time is None or failure.time > prior.time
+
+
+def _last_failure(obs: Observed, used: int) -> LastFailure | None:
+    prior = obs.prior.last_failure if obs.prior else None
+    js, seen = obs.jobset, obs.failure
+    if js is None:
+        return prior
+    if js.failed:
+        if js.failed_reason == c.JS_REASON_FAIL_ACTION:
+            klass, reason = FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION
+        elif js.failed_reason == c.JS_REASON_MAX_RESTARTS:
+            klass, reason = FailureClass.CRASH, c.REASON_RESTARTS_EXHAUSTED
+        else:
+            klass, reason = FailureClass.CRASH, c.REASON_JOBSET_FAILED
+        detail = seen.message if seen is not None and seen.failure_class == klass else js.failed_message
+        when = seen.time if seen is not None and seen.failure_class == klass else obs.now
+        if prior is not None and prior.reason == reason and prior.failure_class == klass:
+            return prior
+        return LastFailure(failure_class=klass, reason=reason, message=detail, time=when)
+    # The failure that ended attempt N-1 (the JobSet is now at attempt N = restarts).
+    if seen is not None and seen.attempt == js.restarts - 1 and js.restarts > 0 and _newer(seen, prior):
+        return LastFailure(
+            failure_class=seen.failure_class, reason=seen.reason, message=seen.message, time=seen.time
+        )
+    prior_used = obs.prior.restarts.used if obs.prior and obs.prior.restarts else 0
+    if used > prior_used:
+        message = f"restart {used} of {obs.max_restarts} counted (the failed pod was not observed)"
+        return LastFailure(
+            failure_class=FailureClass.CRASH, reason=c.REASON_CRASHED, message=message, time=obs.now
+        )
+    return prior
+
+
+_FAILURE_REASON = {
+    FailureClass.PREEMPTION: c.REASON_PREEMPTED,
+    FailureClass.MAINTENANCE: c.REASON_MAINTENANCE,
+    FailureClass.CRASH: c.REASON_CRASHED,
+    FailureClass.BAD_CONFIGURATION: c.REASON_BAD_CONFIGURATION,
+}
+
+
+def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | None) -> tuple[Phase, str, str]:
+    """(phase, reason, message) for the non-latched case."""
+    js = obs.jobset
+    if obs.spec_error is not None:
+        return Phase.FAILED, c.REASON_INVALID_SPEC, obs.spec_error
+    if js is None:
+        prior_js = obs.prior.job_set_name if obs.prior else None
+        if prior_js:
+            return (
+                Phase.FAILED,
+                REASON_JOBSET_DELETED,
+                f"JobSet {prior_js} was deleted before its outcome was observed",
+            )
+        if obs.suspend:
+            return Phase.SUSPENDED, c.REASON_SUSPENDED_BY_USER, "spec.suspend is true"
+        return Phase.PENDING, c.REASON_WAITING_FOR_PODS, "creating the JobSet"
+    if js.completed:
+        return Phase.SUCCEEDED, c.REASON_TRAINER_COMPLETED, "the trainer finished"
+    if js.failed:
+        reason = last.reason if last else c.REASON_JOBSET_FAILED
+        message = f"{js.failed_reason}: {js.failed_message}" if js.failed_reason else js.failed_message
+        if last and last.message and last.message not in message:
+            message = f"{message}; {last.message}"
+        return Phase.FAILED, reason, message
+    if js.suspended:
+        if obs.suspend:
+            return Phase.SUSPENDED, c.REASON_SUSPENDED_BY_USER, "spec.suspend is true"
+        if obs.queue_name:
+            return (
+                Phase.SUSPENDED,
+                c.REASON_QUEUED,
+                f"waiting for Kueue to admit it from queue {obs.queue_name}",
+            )
+        return Phase.SUSPENDED, c.REASON_SUSPENDED_BY_USER, "the JobSet is suspended"
+    all_ready = all(r.total > 0 and r.ready >= r.total for r in (roles.trainer, roles.sampler))
+    if all_ready:
+        return Phase.RUNNING, c.REASON_ALL_ROLES_READY, "every trainer and sampler pod is ready"
+    if js.restarts > 0:
+        reason = _FAILURE_REASON[last.failure_class] if last else c.REASON_CRASHED
+        return (
+            Phase.RESTARTING,
+            reason,
+            f"attempt {js.restarts + 1}: waiting for pods ({last.message if last else ''})",
+        )
+    return (
+        Phase.PENDING,
+        c.REASON_WAITING_FOR_PODS,
+        f"trainer {roles.trainer.ready}/{roles.trainer.total}, "
+        f"sampler {roles.sampler.ready}/{roles.sampler.total} ready",
+    )
+
+
+def _conditions(phase: Phase, reason: str, message: str) -> list[tuple[str, bool, str, str]]:
+    """(type, status, reason, message) for every condition type, in CONDITION_TYPES order."""
+    invalid = phase == Phase.FAILED and reason == c.REASON_INVALID_SPEC
+
+    def row(
+        ctype: str, active: bool, inactive_reason: str, inactive_message: str = ""
+    ) -> tuple[str, bool, str, str]:
+        return (ctype, active, reason if active else inactive_reason, message if active else inactive_message)
+
+    waiting = phase in (Phase.PENDING, Phase.RESTARTING)
+    return [
+        (
+            c.ACCEPTED,
+            not invalid,
+            reason if invalid else c.REASON_ACCEPTED,
+            message if invalid else "spec is valid",
+        ),
+        row(
+            c.READY,
+            phase == Phase.RUNNING,
+            c.REASON_WAITING_FOR_PODS if waiting else c.REASON_NOT_RUNNING,
+            message if phase == Phase.PENDING else f"phase {phase.value}",
+        ),
+        row(c.SUSPENDED, phase == Phase.SUSPENDED, c.REASON_NOT_SUSPENDED),
+        row(c.RESTARTING, phase == Phase.RESTARTING, c.REASON_NOT_RESTARTING),
+        row(c.SUCCEEDED, phase == Phase.SUCCEEDED, c.REASON_NOT_FINISHED),
+        row(c.FAILED, phase == Phase.FAILED, c.REASON_NOT_FINISHED),
+    ]
+
+
+def merge_conditions(
+    prior: Sequence[Condition], rows: Sequence[tuple[str, bool, str, str]], generation: int, now: datetime
+) -> list[Condition]:
+    """Conditions with lastTransitionTime kept from `prior` where the status did not change."""
+    old = {x.type: x for x in prior}
+    out: list[Condition] = []
+    for ctype, ok, reason, message in rows:
+        status = "True" if ok else "False"
+        before = old.get(ctype)
+        since = before.last_transition_time if before is not None and before.status == status else None
+        out.append(
+            Condition(
+                type=ctype,
+                status=status,
+                reason=reason,
+                message=message[:1024],
+                last_transition_time=since or now,
+                observed_generation=generation,
+            )
+        )
+    return out
+
+
+_PHASE_EVENT = {
+    Phase.SUSPENDED: ("Normal", c.EVENT_SUSPENDED),
+    Phase.RESTARTING: ("Warning", c.EVENT_RESTARTING),
+    Phase.SUCCEEDED: ("Normal", c.EVENT_SUCCEEDED),
+    Phase.FAILED: ("Warning", c.EVENT_FAILED),
+}
+
+
+def derive_status(obs: Observed) -> Derived:
+    """The complete new status and the events that announce its transitions."""
+    prior = obs.prior
+    roles = _roles(obs)
+    progress = obs.progress or (prior.progress if prior else None)
+    if prior is not None and prior.phase in TERMINAL:
+        # Latched: only the observational parts (roles going to zero, a last progress report) move.
+        status = prior.model_copy(
+            update={"roles": roles, "progress": progress, "observed_generation": obs.generation}
+        )
+        return Derived(status=status, events=())
+    used = (
+        obs.jobset.counted_restarts
+        if obs.jobset is not None
+        else (prior.restarts.used if prior and prior.restarts else 0)
+    )
+    last = _last_failure(obs, used)
+    if obs.spec_error is not None:
+        last = LastFailure(
+            failure_class=FailureClass.BAD_CONFIGURATION,
+            reason=c.REASON_INVALID_SPEC,
+            message=obs.spec_error,
+            time=obs.now,
+        )
+    phase, reason, message = _phase_and_reasons(obs, roles, last)
+    conds = merge_conditions(
+        prior.conditions if prior else [], _conditions(phase, reason, message), obs.generation, obs.now
+    )
+    status = RLJobStatus(
+        phase=phase,
+        conditions=conds,
+        observed_generation=obs.generation,
+        job_set_name=(obs.jobset.name if obs.jobset else None) or (prior.job_set_name if prior else None),
+        restarts=Restarts(used=used, left=max(0, obs.max_restarts - used)),
+        last_failure=last,
+        roles=roles,
+        progress=progress,
+    )
+    events: list[Event] = []
+    prior_phase = prior.phase if prior else None
+    if phase != prior_phase:
+        if phase in _PHASE_EVENT:
+            etype, ereason = _PHASE_EVENT[phase]
+            events.append(Event(etype, ereason, f"{reason}: {message}"[:1024]))
+        elif phase == Phase.RUNNING and prior_phase == Phase.SUSPENDED:
+            events.append(Event("Normal", c.EVENT_RESUMED, message))
+    return Derived(status=status, events=events)
+
+
+def status_body(status: RLJobStatus) -> dict[str, Any]:
+    """The status as the JSON the API stores (camelCase, no nulls)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)

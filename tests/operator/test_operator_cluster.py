@@ -1,0 +1,226 @@
+"""The operator on the local cluster: chart installed by helm, operator running as the chart's ServiceAccount.
+
+Every test gets its own namespace; the operator (tests/fixtures/operator.py) is shared by the session.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+from typing import Any
+
+import pytest
+from fixtures.cluster import Cluster, deleted_node, fail_pod, wait_for
+from fixtures.operator import (
+    GROUP,
+    PLURAL,
+    VERSION,
+    OperatorProcess,
+    create_rljob,
+    get_rljob,
+    manifest,
+    patch_rljob,
+    pods_of,
+    running_pods,
+    wait_phase,
+    wait_rljob,
+)
+from kubernetes.client.exceptions import ApiException
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+
+
+def _running(c: Cluster, ns: str, name: str) -> dict[str, Any]:
+    status = wait_phase(c, ns, name, "Running", timeout=120)["status"]
+    assert status["roles"]["trainer"]["ready"] == status["roles"]["trainer"]["total"] >= 1
+    assert status["roles"]["sampler"]["ready"] == status["roles"]["sampler"]["total"] >= 1
+    return status
+
+
+def _trainer_pod(c: Cluster, ns: str, name: str) -> Any:
+    return wait_for(lambda: (running_pods(c, ns, name, "trainer") or [None])[0], 60, "a Running trainer pod")
+
+
+def test_lifecycle_to_succeeded_and_latched(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    create_rljob(cluster, manifest("life", namespace))
+    js = wait_for(lambda: _get_jobset(cluster, namespace, "life"), 60, "the JobSet")
+    owner = js["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("RLJob", "life", True)
+    managers = {m["manager"] for m in js["metadata"]["managedFields"]}
+    assert "rljob-operator" in managers
+    for cm in ("life-run", "life-progress"):
+        assert (
+            cluster.core.read_namespaced_config_map(cm, namespace).metadata.owner_references[0].name == "life"
+        )
+    status = _running(cluster, namespace, "life")
+    assert status["jobSetName"] == "life" and status["restarts"] == {"used": 0, "left": 3}
+
+    # The trainer reports progress through its ConfigMap (contract 4).
+    report = '{"step": 12, "lastCheckpointStep": 10, "rewardMean": 0.5, "adapterVersion": 2}'
+    cluster.core.patch_namespaced_config_map("life-progress", namespace, {"data": {"progress.json": report}})
+    wait_rljob(
+        cluster,
+        namespace,
+        "life",
+        60,
+        "progress step 12",
+        lambda s: (s.get("progress") or {}).get("step") == 12,
+    )
+
+    fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "life").metadata.name, 0)
+    status = wait_phase(cluster, namespace, "life", "Succeeded", timeout=120)["status"]
+    assert any(x["type"] == "Succeeded" and x["status"] == "True" for x in status["conditions"])
+
+    # Latched: the JobSet going away (TTL) never brings a new one.
+    cluster.custom.delete_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", "life"
+    )
+    wait_for(lambda: _get_jobset(cluster, namespace, "life") is None, 60, "the JobSet to be deleted")
+    time.sleep(5)
+    assert _get_jobset(cluster, namespace, "life") is None
+    assert get_rljob(cluster, namespace, "life")["status"]["phase"] == "Succeeded"
+
+    # Deleting the RLJob garbage-collects its children through owner references.
+    cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "life")
+    wait_for(lambda: not _configmaps(cluster, namespace), 90, "the ConfigMaps to be garbage-collected")
+
+
+def test_exit_2_fails_at_once_as_bad_configuration(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    create_rljob(cluster, manifest("badcfg", namespace))
+    _running(cluster, namespace, "badcfg")
+    fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "badcfg").metadata.name, 2)
+    status = wait_phase(cluster, namespace, "badcfg", "Failed", timeout=90)["status"]
+    assert status["lastFailure"]["class"] == "badConfiguration"
+    assert status["restarts"]["used"] == 0
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "BadConfiguration" and "exited with code 2" in failed["message"]
+
+
+def test_crash_is_a_counted_restart_then_exhausted(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    create_rljob(cluster, manifest("crash", namespace, failurePolicy={"maxRestarts": 1}))
+    _running(cluster, namespace, "crash")
+    fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "crash").metadata.name, 1)
+    wait_rljob(
+        cluster,
+        namespace,
+        "crash",
+        120,
+        "one counted restart",
+        lambda s: (s.get("restarts") or {}).get("used") == 1,
+    )
+    status = _running(cluster, namespace, "crash")
+    assert status["lastFailure"]["class"] == "crash" and status["restarts"] == {"used": 1, "left": 0}
+
+    fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "crash").metadata.name, 1)
+    status = wait_phase(cluster, namespace, "crash", "Failed", timeout=120)["status"]
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert failed["reason"] == "RestartsExhausted"
+
+
+def test_preemption_drill_node_deleted_restart_not_counted(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    create_rljob(cluster, manifest("preempt", namespace))
+    _running(cluster, namespace, "preempt")
+    node = _trainer_pod(cluster, namespace, "preempt").spec.node_name
+    with deleted_node(cluster, node):
+        status = wait_rljob(
+            cluster,
+            namespace,
+            "preempt",
+            180,
+            "a preemption recorded",
+            lambda s: (s.get("lastFailure") or {}).get("class") == "preemption",
+        )["status"]
+    assert status["restarts"]["used"] == 0
+    status = _running(cluster, namespace, "preempt")
+    assert status["restarts"] == {"used": 0, "left": 3}
+    assert status["lastFailure"]["reason"] == "Preempted"
+
+
+def test_suspend_and_resume(cluster: Cluster, namespace: str, rljob_operator: OperatorProcess) -> None:
+    create_rljob(cluster, manifest("susp", namespace))
+    _running(cluster, namespace, "susp")
+    patch_rljob(cluster, namespace, "susp", {"spec": {"suspend": True}})
+    status = wait_phase(cluster, namespace, "susp", "Suspended", timeout=90)["status"]
+    assert _get_jobset(cluster, namespace, "susp")["spec"]["suspend"] is True
+    assert status["observedGeneration"] == 2
+    wait_for(lambda: not pods_of(cluster, namespace, "susp"), 90, "the pods to go away")
+    patch_rljob(cluster, namespace, "susp", {"spec": {"suspend": False}})
+    _running(cluster, namespace, "susp")
+    assert _get_jobset(cluster, namespace, "susp")["spec"]["suspend"] is False
+
+
+def test_admission_refuses_bad_manifests_naming_the_field(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    bad = [
+        (manifest("bad1", namespace, trainer={"tpu": "v5p-8", "mesh": {"fsdp": 3}}), "spec.trainer.mesh"),
+        (manifest("bad2", namespace, lora={"rank": 7}), "spec.lora.rank"),
+        (manifest("bad3", namespace, trainer={"tpu": "v9-8"}), "spec.trainer.tpu"),
+    ]
+    for body, field in bad:
+        with pytest.raises(ApiException) as err:
+            create_rljob(cluster, body)
+        assert err.value.status in (400, 422), err.value.body
+        assert field in err.value.body, err.value.body
+    # Immutable fields are refused by the CRD's CEL rules; suspend may change.
+    create_rljob(cluster, manifest("immut", namespace, suspend=True))
+    with pytest.raises(ApiException) as err:
+        patch_rljob(cluster, namespace, "immut", {"spec": {"algorithm": {"steps": 7}}})
+    assert "spec.algorithm is immutable" in err.value.body
+    patch_rljob(cluster, namespace, "immut", {"spec": {"suspend": False}})
+
+
+@pytest.mark.slow
+def test_operator_sigkilled_while_50_rljobs_are_created(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    rng = random.Random(4)
+    names = [f"k{i:02d}" for i in range(50)]
+    for i, name in enumerate(names):
+        create_rljob(cluster, manifest(name, namespace, suspend=True))
+        if i % 10 == rng.randrange(10):
+            time.sleep(rng.random() * 0.5)
+            rljob_operator.kill(signal.SIGKILL)
+            rljob_operator.start()
+    if not rljob_operator.alive():
+        rljob_operator.start()
+
+    def converged() -> bool:
+        items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        return len(items) == 50 and all(
+            (x.get("status") or {}).get("phase") == "Suspended"
+            and x["status"].get("observedGeneration") == x["metadata"]["generation"]
+            for x in items
+        )
+
+    wait_for(converged, 240, "every RLJob status to converge to Suspended")
+    jobsets = cluster.custom.list_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets"
+    )["items"]
+    assert sorted(j["metadata"]["name"] for j in jobsets) == names
+    assert all(len(j["metadata"]["ownerReferences"]) == 1 for j in jobsets)
+
+
+# ------------------------------------------------------------------------------------------ helpers
+
+
+def _get_jobset(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:
+    try:
+        return c.get_jobset(ns, name)
+    except ApiException as e:
+        if e.status == 404:
+            return None
+        raise
+
+
+def _configmaps(c: Cluster, ns: str) -> list[Any]:
+    return [x for x in c.core.list_namespaced_config_map(ns).items if x.metadata.name.startswith("life-")]
