@@ -13,4 +13,6 @@ if _TESTS not in sys.path:
 
 pytest_plugins = [
     "fixtures.gcs",
+    "fixtures.cluster",
+    "fixtures.operator",
 ]
