@@ -80,8 +80,13 @@ def _tile_inputs(
 
 
 def _forward(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array,
-    tile: int, chunk: int, temperature: float,
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    tile: int,
+    chunk: int,
+    temperature: float,
 ) -> tuple[jax.Array, jax.Array]:
     t, v = hidden.shape[0], w.shape[1]
     n_tiles, n_chunks = -(-t // tile), -(-v // chunk)
@@ -118,12 +123,21 @@ def _forward(
         return out, lse_out
 
     zeros = jnp.zeros((t,), _F32)
-    return lax.fori_loop(0, n_tiles, tile_body, (zeros, zeros))
+    lp, lse = lax.fori_loop(0, n_tiles, tile_body, (zeros, zeros))
+    return lp, lse
 
 
 def _backward(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array, lse: jax.Array,
-    g: jax.Array, tile: int, chunk: int, temperature: float, grad_w: bool,
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    lse: jax.Array,
+    g: jax.Array,
+    tile: int,
+    chunk: int,
+    temperature: float,
+    grad_w: bool,
 ) -> tuple[jax.Array, jax.Array | None]:
     t, v = hidden.shape[0], w.shape[1]
     n_tiles, n_chunks = -(-t // tile), -(-v // chunk)
@@ -166,23 +180,39 @@ def _backward(
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
 def _fused(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array,
-    tile: int, chunk: int, temperature: float, grad_w: bool,
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    tile: int,
+    chunk: int,
+    temperature: float,
+    grad_w: bool,
 ) -> jax.Array:
     return _forward(hidden, w, targets, mask, tile, chunk, temperature)[0]
 
 
 def _fused_fwd(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array,
-    tile: int, chunk: int, temperature: float, grad_w: bool,
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    tile: int,
+    chunk: int,
+    temperature: float,
+    grad_w: bool,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
     lp, lse = _forward(hidden, w, targets, mask, tile, chunk, temperature)
     return lp, (hidden, w, targets, mask, lse)
 
 
 def _fused_bwd(
-    tile: int, chunk: int, temperature: float, grad_w: bool,
-    res: tuple[jax.Array, ...], g: jax.Array,
+    tile: int,
+    chunk: int,
+    temperature: float,
+    grad_w: bool,
+    res: tuple[jax.Array, ...],
+    g: jax.Array,
 ) -> tuple[jax.Array | None, ...]:
     hidden, w, targets, mask, lse = res
     dh, dw = _backward(hidden, w, targets, mask, lse, g, tile, chunk, temperature, grad_w)
@@ -227,12 +257,17 @@ def token_logprobs(
 
 
 def naive_token_logprobs(
-    hidden: jax.Array, w: jax.Array, targets: jax.Array, mask: jax.Array | None = None,
-    *, temperature: float = 1.0,
+    hidden: jax.Array,
+    w: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array | None = None,
+    *,
+    temperature: float = 1.0,
 ) -> jax.Array:
     """Reference: ``log_softmax(hidden @ w / temperature)`` then take the target (materializes [T, V])."""
     z = jnp.dot(hidden, w, preferred_element_type=_F32) / temperature
-    lp = jnp.take_along_axis(jax.nn.log_softmax(z, axis=-1), targets[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    logp_all = jax.nn.log_softmax(z, axis=-1)
+    lp = jnp.take_along_axis(logp_all, targets[:, None].astype(jnp.int32), axis=-1)[:, 0]
     return lp if mask is None else jnp.where(mask, lp, 0.0)
 
 
@@ -269,12 +304,15 @@ def sharded_token_logprobs(
 ) -> Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]:
     """:func:`token_logprobs` under ``shard_map``: hidden/targets/mask split over ``token_axes``
     (T must divide by their size), w replicated; the w gradient is summed over ``token_axes``."""
-    spec = P(token_axes)
+    spec, rows, whole = P(token_axes), P(token_axes, None), P()  # type: ignore[no-untyped-call]
 
     def local(h: jax.Array, w: jax.Array, t: jax.Array, m: jax.Array) -> jax.Array:
         return token_logprobs(h, w, t, m, **kwargs)  # type: ignore[arg-type]
 
-    return jax.shard_map(  # type: ignore[no-any-return]
-        local, mesh=mesh, in_specs=(P(token_axes, None), P(), spec, spec), out_specs=spec,
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(rows, whole, spec, spec),
+        out_specs=spec,
         check_vma=False,  # the tile loops' carries start replicated; every output is per-device
     )

@@ -167,8 +167,8 @@ class PackedBatch:
 
     def rollout_slice(self, index: int, name: str) -> np.ndarray:
         """The values of per-token array ``name`` on rollout ``index``'s tokens, in token order."""
-        sel = self.rollout_index == index
-        return self.per_token_arrays()[name][sel]
+        out: np.ndarray = self.per_token_arrays()[name][self.rollout_index == index]
+        return out
 
 
 def align_up(offset: int, multiple: int) -> int:
@@ -218,7 +218,7 @@ def first_fit_decreasing(
 
 
 def _as_1d(x: npt.ArrayLike, name: str, dtype: type) -> np.ndarray:
-    a = np.asarray(x, dtype=dtype)
+    a: np.ndarray = np.asarray(x, dtype=dtype)
     if a.ndim != 1:
         raise PackingError(f"{name}: must be one-dimensional, got shape {a.shape}")
     return a
@@ -241,16 +241,12 @@ def _validated(rollouts: Sequence[Rollout]) -> tuple[list[tuple[np.ndarray, ...]
         if names is None:
             names = keys
         elif keys != names:
-            raise PackingError(
-                f"rollouts[{i}].perToken: fields {keys} differ from rollouts[0]'s {names}"
-            )
+            raise PackingError(f"rollouts[{i}].perToken: fields {keys} differ from rollouts[0]'s {names}")
         vals = []
         for k in keys:
             v = _as_1d(r.per_token[k], f"rollouts[{i}].perToken.{k}", np.float32)
             if v.shape != c.shape:
-                raise PackingError(
-                    f"rollouts[{i}].perToken.{k}: length {v.size}, completion has {c.size}"
-                )
+                raise PackingError(f"rollouts[{i}].perToken.{k}: length {v.size}, completion has {c.size}")
             vals.append(v)
         out.append((p, c, m, *vals))
     return out, names or []

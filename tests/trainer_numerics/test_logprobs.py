@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
 from rljob.trainer.logprobs import (
     naive_token_logprobs,
     next_token_logprobs,
@@ -44,7 +43,9 @@ def _compare(t: int, h: int, v: int, tile: int, chunk: int, temperature: float, 
     safe_t = jnp.where(mask, targets, 0)
 
     def fused(hh: jax.Array, ww: jax.Array) -> jax.Array:
-        return token_logprobs(hh, ww, targets, mask, token_tile=tile, vocab_chunk=chunk, temperature=temperature)
+        return token_logprobs(
+            hh, ww, targets, mask, token_tile=tile, vocab_chunk=chunk, temperature=temperature
+        )
 
     def naive(hh: jax.Array, ww: jax.Array) -> jax.Array:
         return naive_token_logprobs(hh, ww, safe_t, mask, temperature=temperature)
@@ -58,7 +59,9 @@ def _compare(t: int, h: int, v: int, tile: int, chunk: int, temperature: float, 
     lp, ref, grads, ref_grads = both(hidden, clean, w, g)
     lp_np, ref_np = np.asarray(lp), np.asarray(ref)
     # 1e-6 absolute; where |log p| > 1 the float32 result itself is only good to its ulp, so 1e-6 relative
-    assert np.all(np.abs(lp_np - ref_np) <= 1e-6 * np.maximum(1.0, np.abs(ref_np))), np.abs(lp_np - ref_np).max()
+    assert np.all(np.abs(lp_np - ref_np) <= 1e-6 * np.maximum(1.0, np.abs(ref_np))), np.abs(
+        lp_np - ref_np
+    ).max()
     assert (lp_np[~np.asarray(mask)] == 0).all()
     for got, want, name in zip(grads, ref_grads, ("hidden", "w"), strict=True):
         got_np, want_np = np.asarray(got), np.asarray(want)
@@ -103,7 +106,9 @@ def test_all_rows_masked_gives_zero_and_finite_gradients() -> None:
     hidden, w, targets, _, g = _case(0, 9, 4, 30, poison=False)
     mask = jnp.zeros(9, bool)
     hidden = hidden.at[:].set(jnp.nan)
-    lp, vjp = jax.vjp(lambda hh, ww: token_logprobs(hh, ww, targets, mask, token_tile=4, vocab_chunk=8), hidden, w)
+    lp, vjp = jax.vjp(
+        lambda hh, ww: token_logprobs(hh, ww, targets, mask, token_tile=4, vocab_chunk=8), hidden, w
+    )
     dh, dw = vjp(g)
     assert (np.asarray(lp) == 0).all() and (np.asarray(dh) == 0).all() and (np.asarray(dw) == 0).all()
 
@@ -112,7 +117,9 @@ def test_frozen_head_skips_w_gradient() -> None:
     hidden, w, targets, mask, g = _case(1, 20, 8, 50)
     kw = {"token_tile": 8, "vocab_chunk": 16}
     _, vjp_full = jax.vjp(lambda hh, ww: token_logprobs(hh, ww, targets, mask, **kw), hidden, w)
-    _, vjp_frozen = jax.vjp(lambda hh, ww: token_logprobs(hh, ww, targets, mask, grad_w=False, **kw), hidden, w)
+    _, vjp_frozen = jax.vjp(
+        lambda hh, ww: token_logprobs(hh, ww, targets, mask, grad_w=False, **kw), hidden, w
+    )
     (dh1, dw1), (dh2, dw2) = vjp_full(g), vjp_frozen(g)
     np.testing.assert_array_equal(np.asarray(dh1), np.asarray(dh2))
     assert (np.asarray(dw2) == 0).all() and np.abs(np.asarray(dw1)).max() > 0
@@ -120,7 +127,9 @@ def test_frozen_head_skips_w_gradient() -> None:
 
 def test_bf16_inputs_close_to_float32() -> None:
     hidden, w, targets, _, _ = _case(2, 40, 16, 200, poison=False)
-    lp16 = token_logprobs(hidden.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets, token_tile=16, vocab_chunk=64)
+    lp16 = token_logprobs(
+        hidden.astype(jnp.bfloat16), w.astype(jnp.bfloat16), targets, token_tile=16, vocab_chunk=64
+    )
     ref = naive_token_logprobs(hidden, w, targets)
     assert lp16.dtype == jnp.float32
     np.testing.assert_allclose(np.asarray(lp16), np.asarray(ref), atol=0.1)
@@ -152,7 +161,9 @@ def test_fused_temporaries_are_one_block_not_the_logits() -> None:
         grad = jax.grad(lambda hh, ww, tt: f(hh, ww, tt).sum())
         return jax.jit(grad).lower(*sd, tg).compile().memory_analysis().temp_size_in_bytes
 
-    fused = temp(lambda hh, ww, tt: token_logprobs(hh, ww, tt, token_tile=128, vocab_chunk=1024, grad_w=False))
+    fused = temp(
+        lambda hh, ww, tt: token_logprobs(hh, ww, tt, token_tile=128, vocab_chunk=1024, grad_w=False)
+    )
     naive = temp(naive_token_logprobs)
     logits_bytes = t * v * 4
     assert naive >= logits_bytes
@@ -195,7 +206,13 @@ _SHARDED = textwrap.dedent(
 
 
 def test_sharded_over_four_cpu_devices() -> None:
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu",
-           "PYTHONSAFEPATH": "1"}
-    out = subprocess.run([sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONSAFEPATH": "1",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from rljob.trainer.packing import (
     PackConfig,
     PackedBatch,
@@ -46,8 +45,12 @@ def rollout_sets(draw: st.DrawFn) -> tuple[list[Rollout], PackConfig, PackConfig
     if pad_align >= budget:
         return rollouts, end, end
     start = PackConfig(
-        budget=budget, rows=rows, segment_align=seg_align, max_segments=max_seg,
-        pad_position="start", pad_align=pad_align,
+        budget=budget,
+        rows=rows,
+        segment_align=seg_align,
+        max_segments=max_seg,
+        pad_position="start",
+        pad_align=pad_align,
     )
     return rollouts, end, start
 
@@ -105,7 +108,9 @@ def check_invariants(rollouts: list[Rollout], cfg: PackConfig, batches: list[Pac
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(rollout_sets())
-def test_pack_invariants_and_pad_first_is_rotation(case: tuple[list[Rollout], PackConfig, PackConfig]) -> None:
+def test_pack_invariants_and_pad_first_is_rotation(
+    case: tuple[list[Rollout], PackConfig, PackConfig],
+) -> None:
     rollouts, end_cfg, start_cfg = case
     end = pack_rollouts(rollouts, end_cfg)
     check_invariants(rollouts, end_cfg, end)
@@ -145,13 +150,15 @@ def test_hand_written_end_and_start_rows() -> None:
     assert end.advantages[0, :11].tolist() == [0, 0, 0.5, 0.5, 0.5, 0, 0, 0, 0, -1, -1]
     assert end.fields["old_logprobs"][0, :11].tolist() == [0, 0, -1, -2, -3, 0, 0, 0, 0, -4, -5]
     # 9 tokens of trailing padding: pad_align 8 moves the row by 8 (rounded down, not 9, not 12)
-    start = pack_rollouts(_hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start",
-                                                       pad_align=8))[0]
+    start = pack_rollouts(
+        _hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start", pad_align=8)
+    )[0]
     assert start.tokens[0].tolist() == [0] * 8 + [1, 2, 3, 4, 5, 0, 0, 0, 6, 7, 8, 0]
     assert start.segment_ids[0].tolist() == [0] * 8 + [1] * 5 + [0] * 3 + [2] * 3 + [0]
     # pad_align 12 > 9 trailing: the row does not move
-    same = pack_rollouts(_hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start",
-                                                      pad_align=12))[0]
+    same = pack_rollouts(
+        _hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start", pad_align=12)
+    )[0]
     np.testing.assert_array_equal(same.tokens, end.tokens)
 
 
@@ -227,7 +234,7 @@ def _broken_variants(b: PackedBatch) -> list[PackedBatch]:
 
 
 def test_invariant_checker_catches_broken_packings() -> None:
-    rs = _hand_rollouts() + [Rollout([9, 9], [9, 9, 9], per_token={"old_logprobs": [1.0, 2.0, 3.0]})]
+    rs = [*_hand_rollouts(), Rollout([9, 9], [9, 9, 9], per_token={"old_logprobs": [1.0, 2.0, 3.0]})]
     cfg = PackConfig(budget=20, segment_align=4)
     (b,) = pack_rollouts(rs, cfg)
     check_invariants(rs, cfg, [b])

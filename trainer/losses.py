@@ -1,0 +1,215 @@
+"""GRPO losses in JAX: group advantages, importance-sampling / PPO-clipped policy losses, k3 KL
+penalty, NaN-sentinel containment and non-finite-update detection.
+
+Every per-token function takes arrays of any shape (``[B, T]`` packed rows or ``[T]`` single
+sequences) with a per-token ``weight`` that is both the mask and the normalization: the loss is
+``sum(weight * per_token_loss)``. Build weights with :func:`token_weights` on the host per rollout
+(before packing, so the weight moves with its token) or in-graph from a packed batch's
+``loss_mask`` and ``rollout_index``; because every weight is fixed per token, the loss and its
+gradients do not depend on the layout (packed or not, how many micro-batches), which is what makes
+packed == unpacked testable. Gradient accumulation over micro-batches is then a plain sum.
+
+Sampler log-probs may carry NaN / -inf / <= ``sentinel`` values (vLLM marks unscored tokens that
+way): :func:`sanitize_logprobs` zeroes their weight and replaces the value by 0 with ``where`` (not
+by multiplying), so no NaN enters the graph; :func:`policy_loss` applies it to ``old_logprobs`` and
+``ref_logprobs`` itself.
+
+  group_advantages(rewards[N], group_size) -> GroupAdvantages(advantages, valid, groups_skipped)
+  token_weights(mask, rollout_index, num_rollouts, mode) -> weights            (in-graph)
+  rollout_loss_weights(completion_masks, mode) -> per-rollout weight arrays     (host, numpy)
+  policy_loss(logprobs, old_logprobs, advantages, weight, cfg, ref_logprobs=None) -> (loss, metrics)
+  all_finite(tree) -> bool array; guard_update(ok, new, old) -> new if ok else old
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpy.typing as npt
+
+__all__ = [
+    "NAN_SENTINEL",
+    "GroupAdvantages",
+    "LossConfig",
+    "all_finite",
+    "group_advantages",
+    "guard_update",
+    "k3_kl",
+    "policy_loss",
+    "rollout_loss_weights",
+    "sanitize_logprobs",
+    "token_weights",
+]
+
+NAN_SENTINEL = -9000.0
+"""Log-probs at or below this are sampler sentinels (vLLM's NaN marker is about -9999)."""
+
+_LOG_RATIO_CLAMP = 20.0
+
+
+class GroupAdvantages(NamedTuple):
+    advantages: jax.Array  # [N] float32, 0 for rollouts of skipped groups
+    valid: jax.Array  # [N] bool, False for rollouts of groups with no signal
+    groups_skipped: jax.Array  # int32 scalar: groups whose rewards are all equal
+
+
+def group_advantages(
+    rewards: jax.Array, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+) -> GroupAdvantages:
+    """GRPO advantages: reward minus its group's mean (over ``group_size`` consecutive rollouts of one
+    prompt), divided by the group's std when ``normalize_std``. A group whose rewards are all equal
+    carries no signal: its advantages are 0, ``valid`` is False and it is counted in ``groups_skipped``."""
+    r = jnp.asarray(rewards, jnp.float32)
+    if r.ndim != 1 or group_size <= 0 or r.shape[0] % group_size:
+        raise ValueError(
+            f"algorithm.groupSize: {r.shape[0]} rewards do not split into groups of {group_size}"
+        )
+    g = r.reshape(-1, group_size)
+    mean = g.mean(axis=1, keepdims=True)
+    centered = g - mean
+    flat = (g.max(axis=1) == g.min(axis=1))[:, None]
+    if normalize_std:
+        centered = centered / (g.std(axis=1, keepdims=True) + eps)
+    adv = jnp.where(flat, 0.0, centered)
+    return GroupAdvantages(
+        adv.reshape(-1), jnp.broadcast_to(~flat, g.shape).reshape(-1), flat.sum().astype(jnp.int32)
+    )
+
+
+def sanitize_logprobs(
+    logprobs: jax.Array, weight: jax.Array, sentinel: float = NAN_SENTINEL
+) -> tuple[jax.Array, jax.Array]:
+    """(values, weight) with sentinel / non-finite entries set to 0 in both."""
+    bad = ~jnp.isfinite(logprobs) | (logprobs <= sentinel)
+    return jnp.where(bad, 0.0, logprobs), jnp.where(bad, 0.0, weight)
+
+
+Mode = Literal["token", "sequence"]
+
+
+def token_weights(
+    mask: jax.Array, rollout_index: jax.Array, num_rollouts: int, mode: Mode = "token"
+) -> jax.Array:
+    """Per-token weights from a mask and each token's rollout index (-1 = padding).
+
+    ``token``: ``mask / sum(mask)`` over everything given (one global token mean).
+    ``sequence``: each rollout's tokens share ``1 / num_rollouts_with_tokens`` (mean over a sequence's
+    tokens, then over sequences). Pass ALL of a step's tokens (e.g. stacked micro-batches) so the
+    normalization is global; or compute per rollout on the host and pack as a per-token field.
+    """
+    m = jnp.asarray(mask, jnp.float32)
+    if mode == "token":
+        return m / jnp.maximum(m.sum(), 1.0)
+    if mode != "sequence":
+        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+    idx = jnp.where(rollout_index >= 0, rollout_index, num_rollouts).reshape(-1)
+    counts = jax.ops.segment_sum(m.reshape(-1), idx, num_segments=num_rollouts + 1)[:num_rollouts]
+    n_seq = jnp.maximum((counts > 0).sum(), 1)
+    per_tok = jnp.where(idx < num_rollouts, 1.0 / jnp.maximum(jnp.append(counts, 1.0)[idx], 1.0), 0.0)
+    return (m.reshape(-1) * per_tok / n_seq).reshape(m.shape)
+
+
+def rollout_loss_weights(
+    completion_masks: list[npt.ArrayLike], mode: Mode = "token"
+) -> list[npt.NDArray[np.float32]]:
+    """Host-side :func:`token_weights` per rollout (one array per completion), to be packed as a
+    per-token field (e.g. ``per_token["loss_weight"]``) so each weight travels with its token."""
+    masks = [np.asarray(m, np.float32) for m in completion_masks]
+    if mode == "token":
+        total = max(float(sum(m.sum() for m in masks)), 1.0)
+        return [m / np.float32(total) for m in masks]
+    if mode != "sequence":
+        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+    n_seq = max(sum(1 for m in masks if m.sum() > 0), 1)
+    return [m / np.float32(max(float(m.sum()), 1.0) * n_seq) for m in masks]
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """``kind``: importance_sampling (ratio * A, unclipped) or ppo (clipped surrogate);
+    ``clip_low``/``clip_high``: PPO ratio bounds 1 - low, 1 + high; ``kl_coef``: k3 KL weight."""
+
+    kind: Literal["importance_sampling", "ppo"] = "importance_sampling"
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    kl_coef: float = 0.0
+    sentinel: float = NAN_SENTINEL
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("importance_sampling", "ppo"):
+            raise ValueError(f"algorithm.loss: 'importance_sampling' or 'ppo', got {self.kind!r}")
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError("algorithm.clip: bounds must be >= 0")
+        if self.kl_coef < 0:
+            raise ValueError(f"algorithm.klPenaltyCoef: must be >= 0, got {self.kl_coef}")
+
+
+def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
+    """k3 estimator of KL(pi || ref) per token: exp(ref - logp) - (ref - logp) - 1 (>= 0)."""
+    d = jnp.clip(ref_logprobs - logprobs, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    return jnp.exp(d) - d - 1.0
+
+
+def policy_loss(
+    logprobs: jax.Array,
+    old_logprobs: jax.Array,
+    advantages: jax.Array,
+    weight: jax.Array,
+    cfg: LossConfig,
+    ref_logprobs: jax.Array | None = None,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Weighted sum of the per-token policy loss (+ kl_coef * k3 KL when ``ref_logprobs`` given).
+
+    ratio = exp(logprobs - old_logprobs), the log-ratio clamped to +-20 before the exp.
+    importance_sampling: -ratio * A. ppo: -min(ratio * A, clip(ratio, 1-low, 1+high) * A).
+    Tokens whose old (or ref) log-prob is a sentinel get weight 0; zero-weight tokens never pass a
+    NaN to the gradient (``where``, not multiplication). Metrics are weight-averaged.
+    """
+    old, w = sanitize_logprobs(old_logprobs, weight, cfg.sentinel)
+    live = w != 0
+    lp = jnp.where(live, logprobs, 0.0)
+    old = jnp.where(live, old, 0.0)
+    log_ratio = jnp.clip(lp - old, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    ratio = jnp.exp(log_ratio)
+    adv = jnp.where(live, advantages, 0.0)
+    if cfg.kind == "ppo":
+        clipped = jnp.clip(ratio, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high)
+        per_tok = -jnp.minimum(ratio * adv, clipped * adv)
+        clip_frac = jnp.where(live, (ratio * adv > clipped * adv).astype(jnp.float32), 0.0)
+    else:
+        per_tok = -ratio * adv
+        clip_frac = jnp.zeros_like(per_tok)
+    metrics: dict[str, Any] = {}
+    if ref_logprobs is not None and cfg.kl_coef > 0:
+        ref, w = sanitize_logprobs(ref_logprobs, w, cfg.sentinel)
+        live = w != 0
+        kl = jnp.where(live, k3_kl(jnp.where(live, lp, 0.0), ref), 0.0)
+        per_tok = per_tok + cfg.kl_coef * kl
+        metrics["kl"] = (w * kl).sum()
+    per_tok = jnp.where(live, per_tok, 0.0)
+    loss = (w * per_tok).sum()
+    metrics.update(
+        loss=loss,
+        ratio=(w * jnp.where(live, ratio, 0.0)).sum(),
+        clip_fraction=(w * clip_frac).sum(),
+        tokens=live.sum().astype(jnp.int32),
+        weight=w.sum(),
+    )
+    return loss, metrics
+
+
+def all_finite(tree: Any) -> jax.Array:
+    """True when every leaf of ``tree`` (gradients, updates, loss) is finite everywhere."""
+    leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]
+    return jnp.stack(leaves).all() if leaves else jnp.asarray(True)
+
+
+def guard_update(ok: jax.Array, new: Any, old: Any) -> Any:
+    """``new`` where ``ok`` else ``old``, leaf by leaf (params, optimizer state, step counters), so a
+    step with a non-finite update is skipped inside the compiled step; count skips with
+    ``skipped + (~ok).astype(int32)``."""
+    return jax.tree.map(lambda n, o: jnp.where(ok, n, o), new, old)
