@@ -1,0 +1,135 @@
+"""The Helm chart charts/rljob: `helm lint` clean, and what `helm template` renders for each set of values.
+
+helm is hack/bin/helm (built from its Go module by hack/build.sh, pinned in hack/versions.env).
+"""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "rljob"
+HELM = REPO / "hack" / "bin" / "helm"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    if not HELM.exists():
+        if shutil.which("go") is None:
+            pytest.skip("helm is not built and Go is missing (hack/build.sh helm)")
+        subprocess.run(["bash", str(REPO / "hack" / "build.sh"), "helm"], check=True, timeout=1800)
+    return HELM
+
+
+def template(helm: Path, *sets: str) -> list[dict[str, Any]]:
+    args = [str(helm), "template", "rljob", str(CHART), "--namespace", "rljob-system", "--include-crds"]
+    for s in sets:
+        args += ["--set", s]
+    proc = subprocess.run(args, capture_output=True, text=True, check=True)
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def by_kind(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def test_helm_lint_strict(helm: Path) -> None:
+    proc = subprocess.run([str(helm), "lint", "--strict", str(CHART)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 chart(s) failed" in proc.stdout
+
+
+def test_default_install(helm: Path) -> None:
+    docs = template(helm)
+    kinds = sorted(d["kind"] for d in docs)
+    assert kinds == sorted(
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Secret",
+            "Service",
+            "ServiceAccount",
+            "ValidatingWebhookConfiguration",
+        ]
+    )
+    (dep,) = by_kind(docs, "Deployment")
+    assert dep["spec"]["replicas"] == 1 and dep["spec"]["strategy"] == {"type": "Recreate"}
+    pod = dep["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "rljob-rljob-operator"
+    (container,) = pod["containers"]
+    assert container["command"][0] == "rljob-operator"
+    assert {p["name"] for p in container["ports"]} == {"metrics", "liveness", "webhook"}
+    (secret,) = by_kind(docs, "Secret")
+    assert secret["type"] == "kubernetes.io/tls"
+    (hook,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    (wh,) = hook["webhooks"]
+    assert wh["clientConfig"]["service"] == {
+        "name": "rljob-rljob-operator",
+        "namespace": "rljob-system",
+        "path": "/validate-rljob",
+        "port": 443,
+    }
+    assert base64.b64decode(wh["clientConfig"]["caBundle"]) == base64.b64decode(secret["data"]["ca.crt"])
+    assert wh["rules"][0]["resources"] == ["rljobs"] and wh["failurePolicy"] == "Fail"
+    (crd,) = by_kind(docs, "CustomResourceDefinition")
+    assert crd == yaml.safe_load((REPO / "crds" / "rljob.dev_rljobs.yaml").read_text())
+
+
+def test_rbac_is_least_privilege(helm: Path) -> None:
+    (role,) = by_kind(template(helm), "ClusterRole")
+    rules = role["rules"]
+    for rule in rules:
+        assert "secrets" not in rule["resources"], rule
+        assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
+        assert "delete" not in rule["verbs"], rule
+    pods = [r for r in rules if "pods" in r["resources"]]
+    assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
+    rljobs = next(r for r in rules if r["resources"] == ["rljobs"])
+    assert rljobs["verbs"] == ["get", "list", "watch"]
+
+
+def test_local_operator_values(helm: Path) -> None:
+    ca = base64.b64encode(b"-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n").decode()
+    docs = template(
+        helm, "deployment.enabled=false", "webhook.url=https://127.0.0.1:9443", f"webhook.caBundle={ca}"
+    )
+    assert not by_kind(docs, "Deployment") and not by_kind(docs, "Secret") and not by_kind(docs, "Service")
+    (hook,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert hook["webhooks"][0]["clientConfig"] == {
+        "url": "https://127.0.0.1:9443/validate-rljob",
+        "caBundle": ca,
+    }
+    assert by_kind(docs, "ServiceAccount") and by_kind(docs, "ClusterRole")
+
+
+def test_webhook_disabled(helm: Path) -> None:
+    docs = template(helm, "webhook.enabled=false")
+    assert not by_kind(docs, "ValidatingWebhookConfiguration") and not by_kind(docs, "Secret")
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_WEBHOOK_ENABLED"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("value", "complaint"),
+    [
+        ("webhook.failurePolicy=Maybe", "failurePolicy"),
+        ("workers=0", "workers"),
+        ("webhook.url=http://insecure", "url"),
+        ("nosuchkey=1", "nosuchkey"),
+    ],
+)
+def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:
+    args = [str(helm), "template", "rljob", str(CHART), "--set", value]
+    proc = subprocess.run(args, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert complaint in proc.stderr, proc.stderr
