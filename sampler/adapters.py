@@ -1,0 +1,246 @@
+"""Adapter hot-swap: follow the trainer's published LoRA versions and keep the sampler serving the newest.
+
+The trainer publishes each adapter version as a PEFT directory `{adapters}/v{N}/` and then rewrites the
+pointer object `{adapters}/LATEST` (its text is the version: `N` or `vN`). The watcher polls LATEST,
+downloads a new version to local disk, loads it into the server under a versioned name
+(`POST /v1/load_lora_adapter`), and only then unloads the previous version
+(`POST /v1/unload_lora_adapter`), so a request never finds no adapter. The same two endpoints exist in
+vLLM (with VLLM_ALLOW_RUNTIME_LORA_UPDATING=True) and in the CPU backend (rljob.sampler.cpu_server).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import storage  # type: ignore[attr-defined]
+from google.cloud.storage import transfer_manager
+
+log = logging.getLogger("rljob.sampler.adapters")
+
+LATEST = "LATEST"
+_NAME_RE = re.compile(r"^(?P<prefix>.+)-v(?P<version>\d+)$")
+
+
+def adapter_name(prefix: str, version: int) -> str:
+    """The name an adapter version is served under; requests select it as `model`."""
+    return f"{prefix}-v{version}"
+
+
+def version_of(name: str) -> int | None:
+    m = _NAME_RE.match(name)
+    return int(m.group("version")) if m else None
+
+
+def parse_latest(text: str) -> int:
+    """LATEST holds `N` or `vN` (optionally JSON {"version": N})."""
+    t = text.strip()
+    if t.startswith("{"):
+        return int(json.loads(t)["version"])
+    return int(t[1:] if t.startswith("v") else t)
+
+
+def split_gs(uri: str) -> tuple[str, str]:
+    if not uri.startswith("gs://"):
+        raise ValueError(f"not a gs:// URI: {uri!r}")
+    bucket, _, prefix = uri[len("gs://") :].partition("/")
+    return bucket, prefix.strip("/")
+
+
+def storage_client() -> storage.Client:
+    """A GCS client; against the emulator (STORAGE_EMULATOR_HOST) with anonymous credentials."""
+    if os.environ.get("STORAGE_EMULATOR_HOST"):
+        return storage.Client(
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"), credentials=AnonymousCredentials()
+        )
+    return storage.Client()
+
+
+class AdapterStore:
+    """Read access to `{adapters}`: the LATEST pointer and the version directories."""
+
+    def __init__(self, adapters_uri: str, client: storage.Client | None = None) -> None:
+        self.uri = adapters_uri.rstrip("/")
+        bucket, self.prefix = split_gs(self.uri)
+        self.client = client or storage_client()
+        self.bucket = self.client.bucket(bucket)
+
+    def _key(self, rel: str) -> str:
+        return f"{self.prefix}/{rel}" if self.prefix else rel
+
+    def latest(self) -> int | None:
+        try:
+            text = self.bucket.blob(self._key(LATEST)).download_as_text()
+        except gexc.NotFound:
+            return None
+        return parse_latest(text)
+
+    def download(self, version: int, dest: Path, *, workers: int = 8) -> Path:
+        """Copy `v{version}/` to `dest` (atomically: a staging dir renamed at the end)."""
+        prefix = self._key(f"v{version}/")
+        blobs = [b for b in self.client.list_blobs(self.bucket, prefix=prefix) if not b.name.endswith("/")]
+        if not blobs:
+            raise FileNotFoundError(f"{self.uri}/v{version}/ is empty")
+        staging = dest.with_name(dest.name + ".partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+        for blob in blobs:
+            target = staging / blob.name[len(prefix) :]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if (blob.size or 0) > 32 * 1024 * 1024:
+                # Big tensors: parallel ranged reads.
+                transfer_manager.download_chunks_concurrently(
+                    blob,
+                    str(target),
+                    chunk_size=16 * 1024 * 1024,
+                    max_workers=workers,
+                    worker_type=transfer_manager.THREAD,
+                )
+            else:
+                blob.download_to_filename(str(target))
+        shutil.rmtree(dest, ignore_errors=True)
+        staging.rename(dest)
+        return dest
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return int(resp.status), resp.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return int(e.code), e.read().decode(errors="replace")
+
+
+class LoraEndpoint:
+    """The runtime-LoRA endpoints of one server (vLLM or the CPU backend)."""
+
+    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
+
+    def load(self, name: str, path: str) -> None:
+        code, text = _post_json(
+            f"{self.base_url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, self.timeout
+        )
+        if code != 200 and "already" not in text:
+            raise ServerError(f"load_lora_adapter {name}: HTTP {code}: {text[:300]}")
+
+    def unload(self, name: str) -> None:
+        code, text = _post_json(f"{self.base_url}/v1/unload_lora_adapter", {"lora_name": name}, self.timeout)
+        if code not in (200, 404):
+            raise ServerError(f"unload_lora_adapter {name}: HTTP {code}: {text[:300]}")
+
+
+@dataclass
+class SwapRecord:
+    version: int
+    name: str
+    download_s: float
+    load_s: float
+    unload_s: float
+    swapped_at: float
+
+
+class AdapterWatcher:
+    """Polls LATEST and hot-swaps the server to each new version (load new, then unload old)."""
+
+    def __init__(
+        self,
+        store: AdapterStore,
+        endpoint: LoraEndpoint,
+        local_dir: Path,
+        name_prefix: str,
+        poll_s: float = 0.5,
+    ) -> None:
+        self.store = store
+        self.endpoint = endpoint
+        self.local_dir = local_dir
+        self.name_prefix = name_prefix
+        self.poll_s = poll_s
+        self.served: SwapRecord | None = None
+        self.lock = threading.Lock()
+
+    @property
+    def served_version(self) -> int | None:
+        return self.served.version if self.served else None
+
+    def status(self) -> dict[str, Any]:
+        s = self.served
+        return {
+            "version": s.version if s else None,
+            "name": s.name if s else None,
+            "swapped_at": s.swapped_at if s else None,
+            "download_s": s.download_s if s else None,
+            "load_s": s.load_s if s else None,
+        }
+
+    def poll_once(self) -> SwapRecord | None:
+        """Swap to LATEST if it is newer than the served version; returns the new record, if any."""
+        latest = self.store.latest()
+        if latest is None or (self.served is not None and latest <= self.served.version):
+            return None
+        with self.lock:
+            t0 = time.monotonic()
+            path = self.store.download(latest, self.local_dir / f"v{latest}")
+            t1 = time.monotonic()
+            name = adapter_name(self.name_prefix, latest)
+            self.endpoint.load(name, str(path))
+            t2 = time.monotonic()
+            prev = self.served
+            unload_s = 0.0
+            if prev is not None:
+                self.endpoint.unload(prev.name)
+                unload_s = time.monotonic() - t2
+                shutil.rmtree(self.local_dir / f"v{prev.version}", ignore_errors=True)
+            self.served = SwapRecord(latest, name, t1 - t0, t2 - t1, unload_s, time.time())
+            log.info("serving %s (download %.2fs, load %.2fs)", name, t1 - t0, t2 - t1)
+            return self.served
+
+    def run(self, stop: threading.Event) -> None:
+        """Poll until `stop`; storage or server errors are logged and retried, never fatal."""
+        while not stop.is_set():
+            try:
+                self.poll_once()
+            except (OSError, ServerError, gexc.GoogleAPIError, ValueError) as e:
+                log.warning("adapter swap failed, retrying: %s", e)
+            stop.wait(self.poll_s)
+
+    def start(self) -> tuple[threading.Thread, threading.Event]:
+        stop = threading.Event()
+        t = threading.Thread(target=self.run, args=(stop,), name="adapter-watcher", daemon=True)
+        t.start()
+        return t, stop
+
+
+__all__ = [
+    "LATEST",
+    "AdapterStore",
+    "AdapterWatcher",
+    "LoraEndpoint",
+    "ServerError",
+    "SwapRecord",
+    "adapter_name",
+    "parse_latest",
+    "split_gs",
+    "storage_client",
+    "version_of",
+]

@@ -1,0 +1,193 @@
+"""The CPU sampler backend: the subset of vLLM's OpenAI server the RL loop uses, over the tiny JAX policy.
+
+Endpoints (same paths, bodies and response shapes as vLLM):
+- `GET /health`, `GET /v1/models` (the base model and every loaded adapter, `parent` = base);
+- `POST /v1/completions`: `prompt` as token ids (or a list of them), `n`, `max_tokens`, `temperature`,
+  `seed`, `logprobs` (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids`;
+  `model` selects the adapter by name (or the base model);
+- `POST /v1/load_lora_adapter {lora_name, lora_path}`, `POST /v1/unload_lora_adapter {lora_name}`
+  (PEFT directories);
+- `GET /rljob/v1/adapter`: the adapter version the watcher serves (also `adapter_version` in every
+  completion response).
+
+The model is the trainer's tiny policy (rljob.trainer.tinypolicy) built from the same seed, so the two
+processes share base weights and the step-0 parity gate can compare their log-probs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from rljob.sampler.adapters import version_of
+from rljob.trainer.tinypolicy import TinyPolicy
+
+LoraState = Any
+
+
+class CpuSampler:
+    """Adapters by name over one TinyPolicy; generation runs in a worker thread, one batch at a time."""
+
+    def __init__(
+        self, policy: TinyPolicy, max_loras: int, status: Callable[[], dict[str, Any]] | None = None
+    ) -> None:
+        self.policy = policy
+        self.base_name = policy.spec.base_model
+        self.max_loras = max_loras
+        self.adapters: dict[str, tuple[LoraState, str]] = {}
+        self.lock = asyncio.Lock()
+        self.status = status
+
+    # ------------------------------------------------------------------ handlers
+    async def health(self, _req: web.Request) -> web.Response:
+        return web.Response(text="")
+
+    async def models(self, _req: web.Request) -> web.Response:
+        now = int(time.time())
+        data = [
+            {
+                "id": self.base_name,
+                "object": "model",
+                "created": now,
+                "owned_by": "rljob",
+                "root": self.base_name,
+                "parent": None,
+            }
+        ]
+        data += [
+            {
+                "id": n,
+                "object": "model",
+                "created": now,
+                "owned_by": "rljob",
+                "root": p,
+                "parent": self.base_name,
+            }
+            for n, (_, p) in self.adapters.items()
+        ]
+        return web.json_response({"object": "list", "data": data})
+
+    async def load(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        name, path = body.get("lora_name"), body.get("lora_path")
+        if not name or not path:
+            return web.Response(status=400, text="lora_name and lora_path are required")
+        if name in self.adapters:
+            return web.Response(status=400, text=f"The lora adapter '{name}' has already been loaded.")
+        if len(self.adapters) >= self.max_loras:
+            return web.Response(status=400, text=f"max_loras={self.max_loras} adapters are loaded already")
+        try:
+            state = await asyncio.to_thread(self.policy.load_peft, Path(path))
+        except (OSError, ValueError, KeyError) as e:
+            return web.Response(status=400, text=f"cannot load LoRA adapter {name} from {path}: {e}")
+        self.adapters[name] = (state, str(path))
+        return web.Response(text=f"Success: LoRA adapter '{name}' added successfully.")
+
+    async def unload(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        name = body.get("lora_name")
+        if name not in self.adapters:
+            return web.Response(status=404, text=f"The lora adapter '{name}' cannot be found.")
+        del self.adapters[name]
+        return web.Response(text=f"Success: LoRA adapter '{name}' removed successfully.")
+
+    async def adapter_status(self, _req: web.Request) -> web.Response:
+        return web.json_response(self.status() if self.status else {"version": None})
+
+    async def completions(self, req: web.Request) -> web.Response:
+        body = await req.json()
+        model = body.get("model") or self.base_name
+        if model == self.base_name:
+            lora = self.policy.lora0
+        elif model in self.adapters:
+            lora = self.adapters[model][0]
+        else:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": f"The model `{model}` does not exist.",
+                        "type": "NotFoundError",
+                        "code": 404,
+                    }
+                },
+                status=404,
+            )
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompts = [prompt]
+        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
+            prompts = prompt
+        else:
+            return web.json_response(
+                {
+                    "error": {
+                        "message": "the CPU sampler takes token-id prompts only",
+                        "type": "BadRequestError",
+                        "code": 400,
+                    }
+                },
+                status=400,
+            )
+        n = int(body.get("n", 1))
+        max_tokens = int(body.get("max_tokens", 16))
+        temperature = float(body.get("temperature", 1.0))
+        seed = int(body.get("seed") or 0)
+        want_lp = body.get("logprobs") is not None
+        rows = [list(map(int, p)) for p in prompts for _ in range(n)]
+        async with self.lock:
+            toks, lps = await asyncio.to_thread(
+                self.policy.generate, lora, rows, max_tokens, temperature, seed
+            )
+        choices = []
+        for i in range(len(rows)):
+            ids = [int(t) for t in toks[i]]
+            choice: dict[str, Any] = {
+                "index": i,
+                "text": " ".join(str(t) for t in ids),
+                "finish_reason": "length",
+                "stop_reason": None,
+                "token_ids": ids if body.get("return_token_ids") else None,
+                "prompt_token_ids": rows[i] if body.get("return_token_ids") else None,
+                "logprobs": {
+                    "tokens": [f"token_id:{t}" for t in ids],
+                    "token_logprobs": [float(x) for x in lps[i]],
+                    "text_offset": [],
+                    "top_logprobs": [],
+                }
+                if want_lp
+                else None,
+            }
+            choices.append(choice)
+        return web.json_response(
+            {
+                "id": f"cmpl-{uuid.uuid4().hex}",
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model,
+                "adapter_version": version_of(model),
+                "choices": choices,
+                "usage": {
+                    "prompt_tokens": sum(map(len, rows)),
+                    "completion_tokens": len(rows) * max_tokens,
+                    "total_tokens": sum(map(len, rows)) + len(rows) * max_tokens,
+                },
+            }
+        )
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_post("/v1/completions", self.completions)
+        app.router.add_post("/v1/load_lora_adapter", self.load)
+        app.router.add_post("/v1/unload_lora_adapter", self.unload)
+        app.router.add_get("/rljob/v1/adapter", self.adapter_status)
+        return app
+
+
+__all__ = ["CpuSampler"]

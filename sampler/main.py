@@ -1,0 +1,204 @@
+"""`rljob-sampler --config PATH`: serve rollouts to the trainer and follow its adapter versions.
+
+Backends:
+- `vllm` (TPU, the default in a pod): preflight the installed vLLM for runtime LoRA on TPU (exit 2 with
+  the reason if it cannot), run `vllm serve` built from the sampler plan, and hot-swap adapters into it;
+- `cpu` (laptop, tests, `make rl-cpu`): the same HTTP API served by rljob.sampler.cpu_server.
+
+Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
+(`<rljob>-v<N>`), then unloads the previous one. Exit codes follow contract 3 (2 = bad configuration).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from urllib.parse import urlparse
+
+from pydantic import ValidationError
+from rljob.recipes.failure import EXIT_BAD_CONFIG
+from rljob.recipes.runconfig import CONFIG_ENV, SAMPLER_PORT, RunConfig
+from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
+from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
+
+log = logging.getLogger("rljob.sampler")
+
+
+def _port_for(rc: RunConfig, replica: int) -> int:
+    urls = rc.endpoints.samplers
+    if 0 <= replica < len(urls):
+        port = urlparse(urls[replica]).port
+        if port:
+            return port
+    return SAMPLER_PORT
+
+
+def _wait_healthy(base: str, proc: subprocess.Popen[bytes] | None, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            return False
+        try:
+            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+                if r.status == 200:
+                    return True
+        except OSError:
+            pass
+        time.sleep(1.0)
+    return False
+
+
+def _status_server(port: int, watcher: AdapterWatcher) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(watcher.status()).encode()
+            self.send_response(200 if self.path == "/rljob/v1/adapter" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return
+
+    srv = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True, name="adapter-status").start()
+    return srv
+
+
+def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port: int) -> int:
+    reason = preflight()
+    if reason:
+        print(f"sampler preflight: {reason}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        cmd = build_command(rc, port=port)
+    except SamplerConfigError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    env = {**os.environ, **cmd.env}
+    log.warning("exec: %s", " ".join(cmd.argv))
+    proc = subprocess.Popen(cmd.argv, env=env)
+
+    def forward(sig: int, _f: FrameType | None) -> None:
+        proc.send_signal(sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    base = f"http://127.0.0.1:{port}"
+    if _wait_healthy(base, proc, timeout=3600):
+        watcher = watcher_for(base)
+        _status_server(status_port, watcher)
+        watcher.start()
+    return proc.wait()
+
+
+class WatcherFactory:
+    def __init__(self, rc: RunConfig, adapter_dir: Path, poll_s: float) -> None:
+        self.rc, self.adapter_dir, self.poll_s = rc, adapter_dir, poll_s
+
+    def __call__(self, base_url: str) -> AdapterWatcher:
+        return AdapterWatcher(
+            AdapterStore(self.rc.storage.adapters),
+            LoraEndpoint(base_url),
+            self.adapter_dir,
+            self.rc.name,
+            poll_s=self.poll_s,
+        )
+
+
+def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) -> int:
+    from rljob.sampler.cpu_server import CpuSampler
+    from rljob.trainer.tinypolicy import TinyPolicy, TinySpec
+
+    lora = rc.spec.lora
+    rank = lora.rank if lora and lora.rank else 8
+    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
+    policy = TinyPolicy(TinySpec(lora_rank=rank, lora_alpha=alpha))
+    base = f"http://127.0.0.1:{port}"
+    watcher = watcher_for(base)
+    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)
+
+    async def serve() -> None:
+        runner = web_runner(server)
+        await runner.setup()
+        from aiohttp import web
+
+        site = web.TCPSite(runner, host, port)
+        await site.start()
+        log.warning("CPU sampler serving on %s:%d", host, port)
+        watcher.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        await runner.cleanup()
+
+    asyncio.run(serve())
+    return 0
+
+
+def web_runner(server: object) -> web.AppRunner:  # noqa: F821
+    from aiohttp import web
+    from rljob.sampler.cpu_server import CpuSampler
+
+    assert isinstance(server, CpuSampler)
+    return web.AppRunner(server.app(), access_log=None)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rljob-sampler", description=__doc__.splitlines()[0])
+    p.add_argument(
+        "--config", default=os.environ.get(CONFIG_ENV), help="RunConfig JSON (default $RLJOB_CONFIG)"
+    )
+    p.add_argument(
+        "--backend", choices=("vllm", "cpu"), default=os.environ.get("RLJOB_SAMPLER_BACKEND", "vllm")
+    )
+    p.add_argument(
+        "--replica",
+        type=int,
+        default=int(os.environ.get("JOB_INDEX", "0")),
+        help="sampler replica index (JobSet job index); picks the port from endpoints.samplers",
+    )
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=None)
+    p.add_argument("--status-port", type=int, default=None, help="vllm backend: adapter status port (port+1)")
+    p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
+    p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    args = parser().parse_args(argv)
+    if not args.config:
+        print("--config: no run config (pass --config or set RLJOB_CONFIG)", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    try:
+        rc = RunConfig.load(args.config)
+    except (OSError, ValidationError) as e:
+        print(f"--config {args.config}: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    port = args.port or _port_for(rc, args.replica)
+    adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
+    factory = WatcherFactory(rc, adapter_dir, args.poll_s)
+    if args.backend == "cpu":
+        return run_cpu(rc, factory, args.host, port)
+    return run_vllm(rc, factory, port, args.status_port or port + 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,159 @@
+"""The production sampler backend: vLLM on TPU (vllm-tpu + tpu-inference), built from the run plan.
+
+`build_command` turns the sampler plan of a RunConfig into the `vllm serve` argv and environment;
+`preflight` checks, before serving, that the installed build can load and unload LoRA adapters at
+runtime on TPU. The TPU worker of tpu-inference forwards `add_lora`, `remove_lora`, `list_loras` and
+`pin_lora` to its model runner only since tpu-inference PR #2707 (0.23.0 lacks them, 0.32.0 has them);
+without them `/v1/load_lora_adapter` fails on TPU, so the sampler would serve the base model forever.
+The check reads the installed sources with `ast` instead of importing them (importing tpu_inference
+initialises JAX on the TPU, which the serving process must own).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rljob.recipes.runconfig import SAMPLER_PORT, RunConfig
+
+# The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
+VLLM_TPU_VERSION = "0.32.0"
+# vLLM's allowed --max-lora-rank values (vllm/config/lora.py MaxLoRARanks at the pinned version).
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Model families whose LoRA punica buffers must match a power-of-two --max-num-batched-tokens
+# (multimodal-architecture checkpoints; see reference/seed-code-facts.md §5, limitation 4).
+POW2_BATCHED_TOKENS_FAMILIES: tuple[str, ...] = ("qwen3.5", "qwen3_5", "gemma4", "gemma-4")
+POW2_BATCHED_TOKENS_MIN = 4096
+TPU_WORKER_LORA_METHODS: tuple[str, ...] = ("add_lora", "remove_lora", "list_loras", "pin_lora")
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+
+
+class SamplerConfigError(ValueError):
+    """The run config cannot be served; the message names the field."""
+
+
+@dataclass(frozen=True)
+class VllmCommand:
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def needs_pow2_batched_tokens(model_names: list[str]) -> bool:
+    names = [n.lower() for n in model_names]
+    return any(fam in n for n in names for fam in POW2_BATCHED_TOKENS_FAMILIES)
+
+
+def pow2_at_least(n: int) -> int:
+    return 1 << max(0, math.ceil(math.log2(max(1, n))))
+
+
+def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str | None = None) -> VllmCommand:
+    """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field."""
+    spec = rc.spec
+    model = spec.model.name if spec.model else None
+    if not model:
+        raise SamplerConfigError("spec.model.name: the Hugging Face model id vLLM serves is required")
+    plan = rc.sampler
+    if plan.lora_max_rank not in VLLM_LORA_RANKS:
+        raise SamplerConfigError(
+            f"spec.lora.rank: {plan.lora_max_rank} is not a vLLM LoRA rank (one of {list(VLLM_LORA_RANKS)})"
+        )
+    if plan.max_loras < 2:
+        raise SamplerConfigError(
+            f"spec.sampler.maxLoras: {plan.max_loras} < 2; the hot-swap loads the new version before "
+            "unloading the one being served"
+        )
+    if plan.tensor_parallel < 1 or plan.tensor_parallel > plan.tpu.devices:
+        raise SamplerConfigError(
+            f"spec.sampler.tensorParallel: {plan.tensor_parallel} is not within 1..{plan.tpu.devices} "
+            "(the devices of one sampler slice)"
+        )
+    argv = [
+        "vllm",
+        "serve",
+        model,
+        "--host",
+        "0.0.0.0",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(plan.tensor_parallel),
+        "--max-model-len",
+        str(plan.max_model_len),
+        "--enable-lora",
+        "--max-loras",
+        str(plan.max_loras),
+        "--max-lora-rank",
+        str(plan.lora_max_rank),
+    ]
+    maxtext_model = spec.model.maxtext_model if spec.model else None
+    if needs_pow2_batched_tokens([model, maxtext_model or ""]):
+        tokens = pow2_at_least(max(POW2_BATCHED_TOKENS_MIN, plan.max_model_len))
+        argv += ["--max-num-batched-tokens", str(tokens)]
+    if download_dir:
+        argv += ["--download-dir", download_dir]
+    env = {
+        RUNTIME_LORA_ENV: "True",
+        # LoRA is served on tpu-inference's torch (vLLM model) path only.
+        "MODEL_IMPL_TYPE": "vllm",
+    }
+    return VllmCommand(argv=argv, env=env)
+
+
+def _package_dir(name: str) -> Path | None:
+    # find_spec on a top-level name locates the package without executing it.
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _class_methods(source: str, cls: str) -> set[str] | None:
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == cls:
+            return {n.name for n in node.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+    return None
+
+
+def preflight() -> str | None:
+    """None if the installed vLLM can hot-swap LoRA adapters on TPU, else the reason it cannot."""
+    vllm_dir = _package_dir("vllm")
+    if vllm_dir is None:
+        return f"vllm is not installed (the sampler image must install vllm-tpu=={VLLM_TPU_VERSION})"
+    envs = vllm_dir / "envs.py"
+    if not envs.is_file() or RUNTIME_LORA_ENV not in envs.read_text(encoding="utf-8"):
+        return f"the installed vllm ({vllm_dir}) does not know {RUNTIME_LORA_ENV}: no runtime LoRA updating"
+    tpu_dir = _package_dir("tpu_inference")
+    if tpu_dir is None:
+        return "tpu_inference is not installed: this vllm build has no TPU backend"
+    worker = tpu_dir / "worker" / "tpu_worker.py"
+    if not worker.is_file():
+        return f"{worker} not found: cannot check the TPU worker's LoRA methods"
+    methods = _class_methods(worker.read_text(encoding="utf-8"), "TPUWorker")
+    if methods is None:
+        return f"{worker} defines no TPUWorker class"
+    missing = [m for m in TPU_WORKER_LORA_METHODS if m not in methods]
+    if missing:
+        return (
+            f"tpu_inference TPUWorker lacks {', '.join(missing)} ({worker}): runtime LoRA load/unload "
+            "fails on TPU (fixed by tpu-inference PR #2707; install "
+            f"vllm-tpu=={VLLM_TPU_VERSION})"
+        )
+    return None
+
+
+__all__ = [
+    "POW2_BATCHED_TOKENS_MIN",
+    "RUNTIME_LORA_ENV",
+    "TPU_WORKER_LORA_METHODS",
+    "VLLM_LORA_RANKS",
+    "VLLM_TPU_VERSION",
+    "SamplerConfigError",
+    "VllmCommand",
+    "build_command",
+    "needs_pow2_batched_tokens",
+    "preflight",
+]

@@ -1,0 +1,209 @@
+"""`make rl-cpu`: the whole RL loop on this machine, trainer and sampler as separate processes over HTTP.
+
+Starts the GCS emulator (fake-gcs-server, built by hack/build-fake-gcs-server.sh), resolves a local RLJob
+manifest into the same RunConfig the renderer writes for a cluster (rljob.recipes.plan), pointed at a
+local sampler port, a gs:// root on the emulator and a local progress file; then runs
+`rljob-sampler --backend cpu` and the trainer loop as two processes and relays the trainer's JSON lines.
+A final JSON line summarizes the run (first step with reward_mean >= 0.9 and the seconds it took).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import yaml
+from rljob.recipes.plan import parse_manifest, resolve
+from rljob.recipes.runconfig import RunConfig
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "hack" / "build-fake-gcs-server.sh"
+
+LOCAL_MANIFEST: dict[str, Any] = {
+    "apiVersion": "rljob.dev/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "rl-cpu", "namespace": "local"},
+    "spec": {
+        "model": {"name": "rljob/tiny-qwen3", "maxtextModel": "qwen3-0.6b"},
+        "trainer": {"tpu": "v5p-8"},
+        "sampler": {"tpu": "v5p-8", "maxLoras": 2, "maxModelLen": 128},
+        "lora": {"rank": 8, "alpha": 16},
+        "algorithm": {
+            "groupSize": 16,
+            "groupsPerBatch": 8,
+            "maxTokens": 1,
+            "maxPromptTokens": 8,
+            "learningRate": 0.003,
+            "steps": 80,
+        },
+        "storage": {"root": "gs://rljob-local"},
+    },
+}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    binary = (
+        os.environ.get("RLJOB_FAKE_GCS_SERVER")
+        or subprocess.run([str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    port = free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen(
+        [
+            binary,
+            "-scheme",
+            "http",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-backend",
+            "memory",
+            "-public-host",
+            f"127.0.0.1:{port}",
+            "-external-url",
+            endpoint,
+            "-log-level",
+            "warn",
+        ],
+        stdout=(workdir / "gcs.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    for _ in range(300):
+        try:
+            with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=2):
+                return proc, endpoint
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError(f"fake-gcs-server did not start (see {workdir / 'gcs.log'})")
+
+
+def local_run_config(
+    root: str,
+    sampler_port: int,
+    progress_file: Path,
+    overrides: dict[str, Any] | None = None,
+    name: str = "rl-cpu",
+) -> RunConfig:
+    """The RunConfig of a local run: the renderer's resolution, then local endpoints, storage and progress."""
+    manifest = json.loads(json.dumps(LOCAL_MANIFEST))
+    manifest["metadata"]["name"] = name
+    manifest["spec"]["storage"]["root"] = root
+    for k, v in (overrides or {}).items():
+        manifest["spec"]["algorithm"][k] = v
+    rc = resolve(parse_manifest(yaml.safe_dump(manifest)))
+    return rc.model_copy(
+        update={
+            "endpoints": rc.endpoints.model_copy(update={"samplers": [f"http://127.0.0.1:{sampler_port}"]}),
+            "progress": rc.progress.model_copy(update={"config_map": None, "file": str(progress_file)}),
+        }
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="rl-cpu", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--target", type=float, default=0.9, help="report when a step's reward_mean reaches this")
+    p.add_argument("--stop-at-target", action="store_true", help="stop the run at the target")
+    p.add_argument("--workdir", default=None)
+    args = p.parse_args(argv)
+    workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rl-cpu-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    gcs, endpoint = start_gcs(workdir)
+    env = {
+        **os.environ,
+        "STORAGE_EMULATOR_HOST": endpoint,
+        "TENSORSTORE_GCS_HTTP_URL": endpoint,
+        "GOOGLE_CLOUD_PROJECT": "rljob-local",
+        "PYTHONSAFEPATH": "1",
+    }
+    os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
+    from rljob.trainer.loop import gcs_client
+
+    bucket = f"rljob-{uuid.uuid4().hex[:10]}"
+    gcs_client().create_bucket(bucket)
+    port = free_port()
+    rc = local_run_config(f"gs://{bucket}", port, workdir / "progress.json", {"steps": args.steps})
+    cfg = workdir / "run.json"
+    cfg.write_text(rc.model_dump_json(indent=1))
+    sampler = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rljob.sampler.main",
+            "--config",
+            str(cfg),
+            "--backend",
+            "cpu",
+            "--host",
+            "127.0.0.1",
+        ],
+        env=env,
+        stdout=(workdir / "sampler.log").open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    t0 = time.monotonic()
+    trainer_cmd = [
+        sys.executable,
+        "-m",
+        "rljob.trainer.loop",
+        "--config",
+        str(cfg),
+        "--metrics",
+        str(workdir / "metrics.jsonl"),
+    ]
+    if args.stop_at_target:
+        trainer_cmd += ["--stop-at-reward", str(args.target)]
+    trainer = subprocess.Popen(trainer_cmd, env=env, stdout=subprocess.PIPE, text=True)
+    first_hit: dict[str, Any] | None = None
+    assert trainer.stdout is not None
+    for line in trainer.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if first_hit is None and rec.get("reward_mean", 0) >= args.target:
+            first_hit = {"step": rec["step"], "seconds": round(time.monotonic() - t0, 1)}
+    rc_code = trainer.wait()
+    sampler.terminate()
+    sampler.wait(timeout=30)
+    gcs.terminate()
+    print(
+        json.dumps(
+            {
+                "summary": "rl-cpu",
+                "exit": rc_code,
+                "target": args.target,
+                "first_at_target": first_hit,
+                "wall_s": round(time.monotonic() - t0, 1),
+                "workdir": str(workdir),
+            }
+        ),
+        flush=True,
+    )
+    return rc_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
