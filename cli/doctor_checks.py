@@ -528,7 +528,7 @@ def check_queue(
     check = "kueue.localqueue"
     q, ns = needs.queue_name, needs.namespace
     create = (
-        f"kubectl apply -f - <<EOF\napiVersion: {KUEUE_GROUP}/v1beta1\nkind: LocalQueue\n"
+        f"kubectl apply -f - <<EOF\napiVersion: {KUEUE_GROUP}/v1beta2\nkind: LocalQueue\n"
         f"metadata: {{name: {q}, namespace: {ns}}}\nspec: {{clusterQueue: CLUSTER_QUEUE}}\nEOF"
     )
     if LOCALQUEUE_CRD not in crds:
