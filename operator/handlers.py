@@ -31,7 +31,7 @@ from typing import Any
 
 import kopf
 from rljob.operator import conditions as c
-from rljob.operator import k8s
+from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
 from rljob.operator.reconcile import Reconciler, make_plan
 from rljob.operator.render import render
@@ -94,15 +94,11 @@ async def on_login(**_: Any) -> kopf.ConnectionInfo:
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
     configure(settings, config)
-    from rljob.operator import metrics
-
     memo.metrics_runner = await metrics.start_server(config.metrics_addr, config.metrics_port)
-    kube = k8s.Kube(login)
-    reconciler = Reconciler(kube, render, workers=config.workers, resync_s=config.resync_s)
+    reconciler = Reconciler(k8s.Kube(login), render, workers=config.workers, resync_s=config.resync_s)
+    memo.reconciler = reconciler  # before the first await that may be cancelled: cleanup closes it
     await reconciler.prefill()
     reconciler.start()
-    memo.reconciler = reconciler
-    memo.kube = kube
     logger.info(
         "rljob operator started: %d workers, %d RLJobs known", config.workers, len(reconciler.caches.rljobs)
     )
