@@ -5,9 +5,12 @@ Every test gets its own namespace; the operator (tests/fixtures/operator.py) is 
 
 from __future__ import annotations
 
+import os
 import random
 import signal
+import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -224,3 +227,59 @@ def _get_jobset(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:
 
 def _configmaps(c: Cluster, ns: str) -> list[Any]:
     return [x for x in c.core.list_namespaced_config_map(ns).items if x.metadata.name.startswith("life-")]
+
+
+def _kwokctl(*args: str) -> None:
+    """kwokctl of the local cluster: `stop cluster` / `start cluster` stop and start the control plane."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "KWOK_WORKDIR": str(repo / ".cache" / "cluster" / "kwok")}
+    subprocess.run(
+        [str(repo / "hack" / "bin" / "kwokctl"), "--name", "rljob", *args], env=env, check=True, timeout=180
+    )
+
+
+@pytest.mark.slow
+def test_operator_recovers_after_the_api_server_restarts(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    create_rljob(cluster, manifest("before", namespace, suspend=True))
+    wait_phase(cluster, namespace, "before", "Suspended", timeout=60)
+    _kwokctl("stop", "cluster")
+    time.sleep(5)
+    _kwokctl("start", "cluster")
+    wait_for(lambda: _api_up(cluster), 120, "the API server to answer again")
+    assert rljob_operator.alive(), rljob_operator.log_tail()
+    create_rljob(cluster, manifest("after", namespace, suspend=True))
+    wait_phase(cluster, namespace, "after", "Suspended", timeout=120)
+    patch_rljob(cluster, namespace, "before", {"spec": {"suspend": False}})
+    wait_rljob(
+        cluster, namespace, "before", 120, "resumed", lambda s: s.get("phase") in ("Pending", "Running")
+    )
+    assert rljob_operator.alive()
+
+
+def _api_up(c: Cluster) -> bool:
+    try:
+        c.core.list_namespace(limit=1)
+    except Exception:
+        return False
+    return True
+
+
+def test_queue_name_and_priority_class_reach_the_jobset(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    body = manifest("queued", namespace, suspend=True, queueName="team-a", priorityClassName="rl-high")
+    create_rljob(cluster, body)
+    js = wait_for(lambda: _get_jobset(cluster, namespace, "queued"), 60, "the JobSet")
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    for rj in js["spec"]["replicatedJobs"]:
+        assert rj["template"]["spec"]["template"]["spec"]["priorityClassName"] == "rl-high"
+    status = wait_phase(cluster, namespace, "queued", "Suspended", timeout=60)["status"]
+    suspended = next(x for x in status["conditions"] if x["type"] == "Suspended")
+    assert suspended["reason"] == "SuspendedByUser"
+    # queueName may change while suspended, not once running.
+    patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-b"}})
+    with pytest.raises(ApiException) as err:
+        patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-c", "suspend": False}})
+    assert "queueName may only change while spec.suspend is true" in err.value.body
