@@ -9,7 +9,7 @@ at a time per key:
 1. read the RLJob, its JobSet, its progress report and the newest pod failure from the caches (no GETs);
 2. if the run is not finished and its JobSet does not exist: render (`rljob.recipes.render`, the same
    function `rljob render` prints) and server-side apply the ConfigMaps and the JobSet, with owner
-   references, labels and the fixed field manager; if `suspend` differs: patch the JobSet's suspend;
+   references, labels and the fixed field manager; if `suspend` or `queueName` differ: patch the JobSet;
 3. derive the complete new status (`rljob.operator.status.derive_status`, pure);
 4. write it with exactly one server-side apply of `.status` if it differs from what is stored;
 5. post the events of the transitions, after the status write.
@@ -459,7 +459,7 @@ class Reconciler:
                 self.caches.put_jobset(key, resp)
                 created = True
             elif js is not None:
-                await self._reconcile_suspend(key, js, spec, prior)
+                await self._reconcile_mutable(key, js, spec, prior)
 
         js = self.caches.jobsets.get(key)
         progress = self.caches.progress.get(key)
@@ -497,23 +497,32 @@ class Reconciler:
         for ev in derived.events:
             await self.kube.post_event(body, type_=ev.type, reason=ev.reason, note=ev.message)
 
-    async def _reconcile_suspend(
+    async def _reconcile_mutable(
         self, key: Key, js: JobSetView, spec: Mapping[str, Any], prior: RLJobStatus | None
     ) -> None:
-        """spec.suspend → JobSet spec.suspend. With a queue, Kueue owns un-suspending: the operator only
-        suspends (spec.suspend true) and releases its own suspension (back to Kueue) on resume."""
-        want = bool(spec.get("suspend", False))
-        if js.completed or js.failed or js.suspended == want:
+        """The two mutable spec fields, in one merge patch of the JobSet when either differs.
+
+        spec.suspend → JobSet spec.suspend. With a queue, Kueue owns un-suspending: the operator only
+        suspends (spec.suspend true) and releases its own suspension (back to Kueue) on resume.
+        spec.queueName → label kueue.x-k8s.io/queue-name (the CRD allows changing it only while suspended).
+        """
+        if js.completed or js.failed:
             return
-        if spec.get("queueName") and not want:
+        patch: dict[str, Any] = {}
+        queue = spec.get("queueName") or None
+        if queue != js.queue_name:
+            patch["metadata"] = {"labels": {c.QUEUE_LABEL: queue}}
+        want = bool(spec.get("suspend", False))
+        if js.suspended != want:
             by_user = prior is not None and any(
                 x.type == c.SUSPENDED and x.status == "True" and x.reason == c.REASON_SUSPENDED_BY_USER
                 for x in prior.conditions
             )
-            if not by_user:
-                return  # suspended by Kueue: wait for admission
-        resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, {"spec": {"suspend": want}})
-        self.caches.put_jobset(key, resp)
+            if want or not queue or by_user:  # never un-suspend what Kueue suspended
+                patch["spec"] = {"suspend": want}
+        if patch:
+            resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, patch)
+            self.caches.put_jobset(key, resp)
 
 
 def _prior_status(raw: Mapping[str, Any] | None) -> RLJobStatus | None:

@@ -280,6 +280,14 @@ def test_queue_name_and_priority_class_reach_the_jobset(
     assert suspended["reason"] == "SuspendedByUser"
     # queueName may change while suspended, not once running.
     patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-b"}})
+    wait_for(
+        lambda: (
+            _get_jobset(cluster, namespace, "queued")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+            == "team-b"
+        ),
+        60,
+        "the JobSet's queue label to follow",
+    )
     with pytest.raises(ApiException) as err:
         patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-c", "suspend": False}})
     assert "queueName may only change while spec.suspend is true" in err.value.body
