@@ -72,19 +72,12 @@ def _resolve(job: RLJob) -> RunConfig:
         raise _BadInput(e.problems) from None
 
 
-def _dump_yaml(objs: list[dict[str, Any]]) -> str:
-    import yaml
-
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    return yaml.dump_all(objs, Dumper=dumper, sort_keys=False, explicit_start=True, width=1 << 16)
-
-
 def cmd_render(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
     run = _resolve(_job(args.file))
     objs = [render.configmap(run), render.jobset(run)]
-    sys.stdout.write(_dump_yaml(objs))
+    sys.stdout.write(render.to_yaml(objs))
     return EXIT_OK
 
 

@@ -159,7 +159,7 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
             problems.append(
                 (
                     "num_vocab_tiling",
-                    f"per_device_batch_size x max_target_length = {tokens:g} is not divisible by "
+                    f"per_device_batch_size x max_target_length = {tokens} is not divisible by "
                     f"num_vocab_tiling {tiles}",
                 )
             )

@@ -7,6 +7,8 @@ each a line `spec.path: message`. Nothing here does I/O beyond the package's own
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +70,8 @@ DERIVED_KEYS: dict[str, str] = {
     },
 }
 
+_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
 # Where each maxtext key came from, lowest precedence first.
 SOURCES = ("rljob", "recipe", "profile", "manifest")
 
@@ -88,15 +92,20 @@ def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
         if e["type"] == "string_type" and isinstance(e.get("input"), dict) and "str" in e["loc"]:
             continue  # the shorthand branch of a `str | object` union, given an object
         parts = [prefix] if prefix else []
-        for p in e["loc"]:
-            if isinstance(p, int):
-                parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"[{p}]"]
-            elif p in ("str", "TpuSlice", "function-after[...]") or str(p).startswith("function-"):
+        loc = list(e["loc"])
+        for i, p in enumerate(loc):
+            odd_key = e["type"] == "invalid_key" and i == len(loc) - 1
+            if type(p) is int and not odd_key:
+                parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"(root)[{p}]"]
+            elif p == "[key]" or p in ("str", "TpuSlice") or str(p).startswith("function-"):
                 continue
-            else:
+            elif isinstance(p, str) and _PLAIN_KEY.match(p) and not odd_key:
                 parts.append(str(p))
+            else:  # an odd key, quoted so the line stays `path: message`
+                quoted = f"[{json.dumps(str(p))}]"
+                parts[-1:] = [f"{parts[-1]}{quoted}"] if parts else [f"(root){quoted}"]
         path = ".".join(parts) or "(root)"
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = " ".join(e["msg"].removeprefix("Value error, ").split())
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
         out.append(f"{path}: {msg}")
@@ -420,7 +429,7 @@ def _maxtext(
         )
     if rules:
         for k, msg in maxtext_keys.check_rules(keys, keyset):
-            problems.append(f"spec.trainer.maxtext.{k}: {msg}")
+            problems.append(f"spec.trainer.maxtext.{k}: {msg}{where.get(sources.get(k, ''), '')}")
     return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 

@@ -210,6 +210,32 @@ def configmap(run: RunConfig) -> dict[str, Any]:
     return obj
 
 
+def to_yaml(objs: list[dict[str, Any]]) -> str:
+    """A YAML stream of objects, as `rljob render` prints it (key order kept)."""
+    return _yaml_dump(objs)
+
+
+@cache
+def _dumper() -> type:
+    import yaml
+
+    base = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+    def text(dumper: Any, value: str) -> Any:
+        style = "|" if "\n" in value else None  # multi-line values (run.json) as literal blocks
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    dumper: type = type("RljobDumper", (base,), {})
+    dumper.add_representer(str, text)  # type: ignore[attr-defined]
+    return dumper
+
+
+def _yaml_dump(objs: list[dict[str, Any]]) -> str:
+    import yaml
+
+    return yaml.dump_all(objs, Dumper=_dumper(), sort_keys=False, explicit_start=True, width=1 << 16)
+
+
 def render(job: RLJob) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the run ConfigMap, then the JobSet. Raises PlanError."""
     run = plan.resolve(job)

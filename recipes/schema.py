@@ -4,6 +4,10 @@ The schema is recipes/data/jobset-<version>-schema.json, extracted by hack/extra
 from the Go module sigs.k8s.io/jobset at JOBSET_VERSION (hack/versions.env). OpenAPI v3 schema
 keywords are checked with jsonschema's Draft 7 validator (x-kubernetes-* extensions and CEL rules in
 x-kubernetes-validations are not evaluated here; the API server does that).
+
+The API server prunes fields a structural schema does not declare, silently. A renderer that emits
+such a field has a bug (a typo, a field of another version), so here every object schema with
+`properties` is closed (additionalProperties: false) unless it preserves unknown fields.
 """
 
 from __future__ import annotations
@@ -23,11 +27,29 @@ def schema_document() -> dict[str, Any]:
     return doc
 
 
+def _closed(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_closed(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {
+        k: (_closed(v) if k != "properties" else {n: _closed(s) for n, s in v.items()})
+        for k, v in node.items()
+    }
+    if (
+        "properties" in node
+        and "additionalProperties" not in node
+        and not node.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        out["additionalProperties"] = False
+    return out
+
+
 @cache
 def _validator() -> Any:
     from jsonschema import Draft7Validator  # lazy: keeps `rljob --help` fast
 
-    return Draft7Validator(schema_document()["schema"])
+    return Draft7Validator(_closed(schema_document()["schema"]))
 
 
 def _path(parts: Any) -> str:

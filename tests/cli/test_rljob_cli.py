@@ -1,0 +1,129 @@
+"""The `rljob` command line: render/validate/plan/recipes, exit codes, one line per problem."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from rljob.cli.main import main
+from rljob.recipes import recipe_catalog
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+DEMO = REPO / "examples" / "qwen3-8b-v5p.yaml"
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.name for p in EXAMPLES])
+def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path: Path) -> None:
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, err) == (0, "")
+    docs = list(yaml.safe_load_all(out))
+    assert [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 0 and out.startswith(f"{path}: valid: JobSet ")
+    code, out, err = run(capsys, "plan", "-f", str(path))
+    assert code == 0 and "mesh ici:" in out and "MaxText 0.2.5 keys" in out
+
+
+def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "-f", str(DEMO))
+    assert code == 0
+    lines = out.splitlines()
+    assert "  tpu: v5p-8 = tpu-v5p-slice 2x2x1, machine ct5p-hightpu-4t" in lines
+    assert (
+        "  per slice: 4 chips, 1 hosts, 4 JAX devices (1 per chip), 1 container(s) x 4 chips per host"
+        in lines
+    )
+    assert "  mesh ici: fsdp 4" in lines
+    assert "  replicas: 1, tensor parallel 4, max model len 5120" in lines
+    keys = {
+        ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith("  ") and ln.rstrip().endswith("]")
+    }
+    assert keys["remat_policy"] == "[manifest]"
+    assert keys["attention"] == "[recipe]"
+    assert keys["ici_fsdp_parallelism"] == "[rljob]"
+
+
+def test_plan_json_is_a_runconfig(capsys: pytest.CaptureFixture[str]) -> None:
+    from rljob.recipes.runconfig import RunConfig
+
+    code, out, _ = run(capsys, "plan", "-f", str(DEMO), "-o", "json")
+    assert code == 0
+    assert RunConfig.model_validate(json.loads(out)).trainer.devices == 4
+
+
+def test_recipes(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "recipes", "list")
+    assert code == 0 and [ln.split(":")[0] for ln in out.splitlines()] == recipe_catalog.names()
+    code, out, _ = run(capsys, "recipes", "show", "qwen3-8b-v5p")
+    assert code == 0 and yaml.safe_load(out)["name"] == "qwen3-8b-v5p"
+    code, out, err = run(capsys, "recipes", "show", "nope")
+    assert code == 2 and out == "" and err.startswith("nope: unknown recipe; known: gemma4-31b-v5p")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("a: [b\n", ["(yaml): line 2, column 1: did not find expected ',' or ']'"]),
+        ("", ["(yaml): expected one RLJob document, found 0"]),
+        ("- 1\n", ["(root): expected a mapping (an RLJob), got list"]),
+        ("kind: RLJob\n", ["metadata: Field required", "spec: Field required"]),
+        (
+            "apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
+            "spec: {model: {name: Qwen/Qwen3-8B}, trainer: {tpu: v5p-8, mesh: {fsdp: 3}}, sampler: {tpu: "
+            "v5p-9},"
+            " storage: {root: gs://bkt}, lora: {rank: 7}}\n",
+            [
+                "spec.sampler.tpu: 'v5p-9': N counts TensorCores (2 per chip) and must be even",
+                "spec.lora.rank: 7 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
+                "spec.trainer.mesh: the axes multiply to 3 (fsdp 3) but must equal the 4 devices of one "
+                "slice",
+            ],
+        ),
+    ],
+)
+@pytest.mark.parametrize("command", ["render", "validate", "plan"])
+def test_bad_input_exits_2(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, command: str, content: str, expected: list[str]
+) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(content, encoding="utf-8")
+    code, out, err = run(capsys, command, "-f", str(path))
+    assert (code, out, err.splitlines()) == (2, "", expected)
+
+
+def test_missing_file_and_usage(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, err = run(capsys, "render", "-f", str(tmp_path / "nope.yaml"))
+    assert (code, err) == (2, f"{tmp_path / 'nope.yaml'}: no such file\n")
+    code, _, err = run(capsys, "render", "-f", str(tmp_path))
+    assert (code, err) == (2, f"{tmp_path}: is a directory\n")
+    with pytest.raises(SystemExit) as exit_:
+        main(["render"])
+    assert exit_.value.code == 2
+    with pytest.raises(SystemExit) as exit_:
+        main(["frobnicate"])
+    assert exit_.value.code == 2
+
+
+def test_console_script_cold(tmp_path: Path) -> None:
+    """The installed `rljob` from another directory: stdin input, exit codes, no traceback."""
+    exe = Path(sys.executable).parent / "rljob"
+    ok = subprocess.run(
+        [str(exe), "render", "-f", "-"], input=DEMO.read_text(), capture_output=True, text=True, cwd=tmp_path
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout == (REPO / "tests" / "recipes" / "golden" / "example-qwen3-8b-v5p.yaml").read_text()
+    bad = subprocess.run(
+        [str(exe), "plan", "-f", "-"], input="kind: [", capture_output=True, text=True, cwd=REPO
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stdout == ""

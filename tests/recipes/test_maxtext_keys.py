@@ -1,0 +1,206 @@
+"""MaxText key sets and inter-key rules.
+
+The committed key list must equal what hack/gen_maxtext_keys.py produces from the installed maxtext
+(regenerate: `.venv/bin/python hack/gen_maxtext_keys.py`)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rljob.recipes import maxtext_keys
+
+REPO = Path(__file__).resolve().parents[2]
+
+# The seed's tuned 397B v7x block keys that maxtext 0.2.5 does not define (seed-code-facts §1.5).
+MISSING_AT_025 = [
+    "use_gdn_kernel",
+    "gdn_cp_mode",
+    "gdn",
+    "gdn_conv",
+    "gdn_states",
+    "ring_of_experts_local_routing",
+    "moe_expert_weight_prefetch",
+    "moe_chunk_pipeline",
+    "ring_of_experts_row_major_reduce_scatter",
+    "context_parallel_attention_load_balance",
+]
+
+
+def test_committed_list_matches_installed_maxtext() -> None:
+    pytest.importorskip("maxtext")
+    spec = importlib.util.spec_from_file_location("gen_maxtext_keys", REPO / "hack" / "gen_maxtext_keys.py")
+    assert spec and spec.loader
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    version, doc = gen.build()
+    committed = (REPO / "recipes" / "data" / f"maxtext-{version}-keys.json").read_text(encoding="utf-8")
+    assert gen.render(doc) == committed, "run .venv/bin/python hack/gen_maxtext_keys.py"
+
+
+def test_key_set_025() -> None:
+    ks = maxtext_keys.load("0.2.5")
+    assert maxtext_keys.versions() == ["0.2.5"]
+    assert len(ks.defaults) == 865
+    for k in (
+        "ici_fsdp_parallelism",
+        "num_moe_token_chunks",
+        "use_ring_of_experts",
+        "num_vocab_tiling",
+        "wi_tile_fwd_batch_seq",
+        "sa_block_q",
+        "custom_mesh_and_rule",
+    ):
+        assert k in ks
+    assert [k for k in MISSING_AT_025 if k in ks] == []
+    assert ks.defaults["ici_fsdp_parallelism"] == -1 and ks.defaults["dcn_data_parallelism"] == -1
+    assert "qwen3.5-397b-a17b" in ks.models and ks.models["qwen3-8b"]["base_num_kv_heads"] == 8
+    assert ks.suggest("use_ring_of_expert") == ["use_ring_of_experts"]
+    with pytest.raises(KeyError):
+        maxtext_keys.load("9.9.9")
+
+
+# A key set of a newer MaxText that defines the chunk-pipeline keys (e95312a3 / #5758 style).
+NEWER = maxtext_keys.KeySet(
+    version="newer",
+    defaults={
+        **maxtext_keys.load("0.2.5").defaults,
+        "moe_chunk_pipeline": False,
+        "moe_roe_packed_routing_gather": False,
+        "ring_of_experts_local_routing": False,
+        "ring_of_experts_row_major_reduce_scatter": False,
+        "moe_expert_weight_prefetch": None,
+    },
+    models=maxtext_keys.load("0.2.5").models,
+)
+OK_BASE: dict[str, Any] = {"max_target_length": 65536, "per_device_batch_size": 0.25}
+ROE: dict[str, Any] = {"use_ring_of_experts": True, "use_ragged_sort": True}
+
+RULES = [
+    ({}, []),
+    ({"num_moe_token_chunks": 2}, [("num_moe_token_chunks", "2 chunks require use_ring_of_experts=true")]),
+    ({**ROE, "num_moe_token_chunks": 2}, []),
+    (
+        {**ROE, "num_moe_token_chunks": 3},
+        [
+            (
+                "num_moe_token_chunks",
+                "max_target_length 65536 (the packing token budget) is not divisible by "
+                "num_moe_token_chunks 3",
+            )
+        ],
+    ),
+    ({**ROE, "num_moe_token_chunks": 2, "moe_chunk_pipeline": True}, []),
+    (
+        {**ROE, "num_moe_token_chunks": 1, "moe_chunk_pipeline": True},
+        [("moe_chunk_pipeline", "requires num_moe_token_chunks > 1 (set it false at one chunk)")],
+    ),
+    (
+        {**ROE, "num_moe_token_chunks": 2, "moe_chunk_pipeline": True, "moe_chunk_barrier": True},
+        [("moe_chunk_pipeline", "requires moe_chunk_barrier=false")],
+    ),
+    (
+        {**ROE, "num_moe_token_chunks": 2, "moe_chunk_pipeline": True, "num_moe_emb_chunks": 2},
+        [("moe_chunk_pipeline", "requires num_moe_emb_chunks=0")],
+    ),
+    (
+        {"moe_chunk_pipeline": True},
+        [
+            ("moe_chunk_pipeline", "requires num_moe_token_chunks > 1 (set it false at one chunk)"),
+            ("moe_chunk_pipeline", "requires use_ring_of_experts=true"),
+        ],
+    ),
+    # at one chunk the pipeline is off, and the packed routing gather must be off with it
+    (
+        {
+            **ROE,
+            "num_moe_token_chunks": 1,
+            "moe_chunk_pipeline": False,
+            "moe_roe_packed_routing_gather": True,
+        },
+        [("moe_roe_packed_routing_gather", "requires moe_chunk_pipeline=true")],
+    ),
+    (
+        {
+            **ROE,
+            "num_moe_token_chunks": 1,
+            "moe_chunk_pipeline": False,
+            "moe_roe_packed_routing_gather": False,
+        },
+        [],
+    ),
+    (
+        {"ring_of_experts_local_routing": True},
+        [("ring_of_experts_local_routing", "requires use_ring_of_experts=true")],
+    ),
+    (
+        {"ring_of_experts_row_major_reduce_scatter": "true"},
+        [("ring_of_experts_row_major_reduce_scatter", "requires use_ring_of_experts=true")],
+    ),
+    (
+        {"use_ring_of_experts": True, "ragged_buffer_factor": 2.0},
+        [("ragged_buffer_factor", "> 0 with use_ring_of_experts requires use_ragged_sort=true")],
+    ),
+    ({"use_ring_of_experts": True, "ragged_buffer_factor": -1}, []),
+    ({"moe_expert_weight_prefetch": "forward"}, []),
+    ({"moe_expert_weight_prefetch": "none"}, []),
+    (
+        {"moe_expert_weight_prefetch": "backward"},
+        [("moe_expert_weight_prefetch", "must be none, forward or forward_backward, not 'backward'")],
+    ),
+    (
+        {"moe_expert_weight_prefetch": "forward", "sparse_matmul": False},
+        [("moe_expert_weight_prefetch", "requires sparse_matmul=true")],
+    ),
+    (
+        {"use_tokamax_splash": True, "use_jax_splash": True},
+        [("use_jax_splash", "at most one of use_tokamax_splash and use_jax_splash can be true")],
+    ),
+    ({"num_vocab_tiling": 16}, []),
+    (
+        {"num_vocab_tiling": 16, "per_device_batch_size": 0.125, "max_target_length": 100},
+        [
+            (
+                "num_vocab_tiling",
+                "per_device_batch_size x max_target_length = 12.5 is not divisible by num_vocab_tiling 16",
+            )
+        ],
+    ),
+    (
+        {"ici_context_parallelism": 8, "context_parallel_strategy": "ring", "max_target_length": 65536 + 32},
+        [
+            (
+                "context_parallel_strategy",
+                "ring context parallelism 8 needs max_target_length % 64 == 0, max_target_length is 65568",
+            )
+        ],
+    ),
+    (
+        {"ici_context_parallelism": 8, "context_parallel_strategy": "all_gather", "max_target_length": 65568},
+        [],
+    ),
+    (
+        {"model_name": "qwen3-8b", "base_num_kv_heads": 4},
+        [
+            (
+                "base_num_kv_heads",
+                "the qwen3-8b model config sets base_num_kv_heads=8; MaxText refuses another value unless "
+                "override_model_config=true",
+            )
+        ],
+    ),
+    ({"model_name": "qwen3-8b", "base_num_kv_heads": 4, "override_model_config": True}, []),
+    ({"model_name": "qwen3-8b", "base_num_kv_heads": 8}, []),
+]
+
+
+@pytest.mark.parametrize(("keys", "problems"), RULES)
+def test_rules(keys: dict[str, Any], problems: list[tuple[str, str]]) -> None:
+    assert maxtext_keys.check_rules({**OK_BASE, **keys}, NEWER) == problems
+
+
+def test_rules_about_undefined_keys_never_fire_at_025() -> None:
+    ks = maxtext_keys.load("0.2.5")
+    assert maxtext_keys.check_rules({**OK_BASE, "moe_roe_packed_routing_gather": True}, ks) == []

@@ -1,0 +1,414 @@
+"""The plan: recipe < profile < manifest, defaults, checks; every problem as `spec.path: message`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.recipes import MINIMAL, manifest, problems, recipe_manifest, resolve
+from rljob.recipes import recipe_catalog
+from rljob.recipes.runconfig import RunConfig
+
+# ------------------------------------------------------------------ resolved values, table-driven
+
+# spec overrides, then (dotted attribute path on RunConfig, expected value) pairs
+GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "minimal defaults",
+        {},
+        {
+            "trainer.tpu.type_name": "v5p-8",
+            "trainer.hosts": 1,
+            "trainer.devices": 4,
+            "trainer.ici.fsdp": 4,
+            "trainer.dcn.data": 1,
+            "trainer.micro_batch_size": 4,
+            "sampler.tensor_parallel": 4,
+            "sampler.max_model_len": 3072,
+            "sampler.lora_max_rank": 16,
+            "sampler.max_loras": 2,
+            "spec.model.maxtext_model": "qwen3-8b",
+            "spec.packing.token_budget": 3072,
+            "spec.lora.alpha": 32.0,
+            "spec.failure_policy.max_restarts": 3,
+            "trainer.maxtext_version": "0.2.5",
+            "storage.checkpoints": "gs://bucket/runs/ns/t/checkpoints",
+            "storage.adapters": "gs://bucket/runs/ns/t/adapters",
+            "storage.rollouts": "gs://bucket/runs/ns/t/rollouts",
+            "storage.cache": "gs://bucket/runs/ns/t/cache",
+            "endpoints.samplers": ["http://t-sampler-0-0.t:8000"],
+            "endpoints.coordinator": "t-trainer-0-0.t:8476",
+            "progress.config_map": "t-progress",
+            "job_set_name": "t",
+        },
+    ),
+    (
+        "two v5p-16 slices",
+        {"trainer": {"tpu": "v5p-16", "slices": 2}},
+        {
+            "trainer.hosts": 4,
+            "trainer.chips": 16,
+            "trainer.devices": 16,
+            "trainer.ici.fsdp": 8,
+            "trainer.dcn.data": 2,
+            "trainer.micro_batch_size": 16,
+        },
+    ),
+    (
+        "tpu7x trainer: 2 devices per chip, 2 containers",
+        {"trainer": {"tpu": "tpu7x-16"}},
+        {
+            "trainer.devices": 16,
+            "trainer.hosts": 2,
+            "trainer.tpu.containers_per_host": 2,
+            "trainer.tpu.chips_per_container": 2,
+            "trainer.ici.fsdp": 16,
+            "spec.trainer.containers_per_host": 2,
+        },
+    ),
+    (
+        "tpu7x trainer with 1 container",
+        {"trainer": {"tpu": "tpu7x-16", "containersPerHost": 1}},
+        {
+            "trainer.tpu.containers_per_host": 1,
+            "trainer.tpu.chips_per_container": 4,
+        },
+    ),
+    (
+        "tpu7x sampler: TP = devices of one host",
+        {"sampler": {"tpu": "tpu7x-8", "replicas": 3}},
+        {
+            "sampler.tensor_parallel": 8,
+            "sampler.replicas": 3,
+            "endpoints.samplers": [f"http://t-sampler-{i}-0.t:8000" for i in range(3)],
+        },
+    ),
+    (
+        "object form",
+        {"trainer": {"tpu": {"accelerator": "tpu7x", "topology": "2x2x2"}}},
+        {
+            "trainer.tpu.type_name": "tpu7x-16",
+        },
+    ),
+    (
+        "explicit mesh and micro-batch",
+        {"trainer": {"tpu": "v5p-32", "mesh": {"fsdp": 4, "tensor": -1}, "microBatchSize": 8}},
+        {
+            "trainer.ici.tensor": 4,
+            "trainer.micro_batch_size": 8,
+            "trainer.maxtext.per_device_batch_size": 0.5,
+            "trainer.maxtext.ici_tensor_parallelism": 4,
+        },
+    ),
+    (
+        "model checkpoint -> load_parameters_path",
+        {"model": {"checkpoint": "gs://ckpt/qwen3-8b/0/items"}},
+        {
+            "trainer.maxtext.load_parameters_path": "gs://ckpt/qwen3-8b/0/items",
+            "trainer.maxtext_sources.load_parameters_path": "rljob",
+        },
+    ),
+    (
+        "packing budget rounds up to 128",
+        {"algorithm": {"maxPromptTokens": 1000, "maxTokens": 1000}},
+        {
+            "spec.packing.token_budget": 2048,
+            "trainer.maxtext.max_target_length": 2048,
+            "sampler.max_model_len": 2000,
+        },
+    ),
+]
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+@pytest.mark.parametrize(("name", "spec", "expected"), GOOD, ids=[g[0] for g in GOOD])
+def test_resolves(name: str, spec: dict[str, Any], expected: dict[str, Any]) -> None:
+    run = resolve(manifest(spec))
+    assert {k: _get(run, k) for k in expected} == expected
+
+
+# ------------------------------------------------------------------ refused manifests, exact lines
+
+BAD: list[tuple[str, dict[str, Any], list[str]]] = [
+    (
+        "nothing",
+        {"model": None, "trainer": None, "sampler": None, "storage": None},
+        [
+            "spec.model.name: required (set it, or name a spec.recipe that does)",
+            "spec.trainer.tpu: required (set it, or name a spec.recipe that does)",
+            "spec.sampler.tpu: required (set it, or name a spec.recipe that does)",
+            "spec.storage.root: required (set it, or name a spec.recipe that does)",
+        ],
+    ),
+    (
+        "unknown recipe",
+        {"recipe": "llama-9000"},
+        [
+            "spec.recipe: unknown recipe 'llama-9000'; known: gemma4-31b-v5p, gpt-oss-20b-v5p, qwen3-8b-v5p, "
+            "qwen3.5-397b-a17b-tpu7x",
+        ],
+    ),
+    (
+        "profile without recipe",
+        {"trainer": {"profile": "fast"}},
+        [
+            "spec.trainer.profile: a profile belongs to a recipe; set spec.recipe",
+        ],
+    ),
+    (
+        "unknown profile",
+        {"recipe": "qwen3-8b-v5p", "trainer": {"profile": "fast"}},
+        [
+            "spec.trainer.profile: recipe qwen3-8b-v5p has no profile 'fast'; profiles: long-context",
+        ],
+    ),
+    (
+        "bad tpu",
+        {"trainer": {"tpu": "v5p-12"}, "sampler": {"tpu": "v4-8"}},
+        [
+            "spec.trainer.tpu: 'v5p-12': no v5p slice has 6 chips; valid sizes start v5p-8, v5p-16, "
+            "v5p-32, v5p-64, "
+            "v5p-128, v5p-256, v5p-384, v5p-512, ...",
+            "spec.sampler.tpu: unknown TPU type 'v4-8'; expected v5p-N or tpu7x-N (N = TensorCores = 2 x "
+            "chips), "
+            "or {accelerator, topology}",
+        ],
+    ),
+    (
+        "mesh does not fit",
+        {"trainer": {"mesh": {"fsdp": 8}}},
+        [
+            "spec.trainer.mesh: the axes multiply to 8 (fsdp 8) but must equal the 4 devices of one slice",
+        ],
+    ),
+    (
+        "micro-batch",
+        {"trainer": {"tpu": "v5p-16", "microBatchSize": 12}},
+        [
+            "spec.trainer.microBatchSize: 12 rows do not split evenly over data x fsdp = 8 shards",
+        ],
+    ),
+    (
+        "sampler tp",
+        {"sampler": {"tensorParallel": 3}},
+        [
+            "spec.sampler.tensorParallel: 3 does not divide the 4 devices of a v5p-8 slice",
+        ],
+    ),
+    (
+        "sampler len",
+        {"sampler": {"maxModelLen": 2048}},
+        [
+            "spec.sampler.maxModelLen: 2048 is below maxPromptTokens + maxTokens = 3072",
+        ],
+    ),
+    (
+        "lora rank",
+        {"lora": {"rank": 24}},
+        [
+            "spec.lora.rank: 24 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
+        ],
+    ),
+    (
+        "packing",
+        {"packing": {"tokenBudget": 2048, "padAlign": 4096}},
+        [
+            "spec.packing.tokenBudget: 2048 is below maxPromptTokens + maxTokens = 3072: a full-length "
+            "sequence would "
+            "not fit a packed row",
+            "spec.packing.padAlign: 4096 exceeds the token budget 2048",
+        ],
+    ),
+    (
+        "maxtext keys",
+        {
+            "trainer": {
+                "maxtext": {
+                    "use_ring_of_expert": True,
+                    "ici_fsdp_parallelism": 2,
+                    "moe_chunk_pipeline": True,
+                    "num_moe_token_chunks": 2,
+                }
+            }
+        },
+        [
+            "spec.trainer.maxtext.use_ring_of_expert: not a MaxText 0.2.5 config key (did you mean "
+            "use_ring_of_experts?)",
+            "spec.trainer.maxtext.ici_fsdp_parallelism: set by rljob from spec.trainer.mesh; set that "
+            "instead",
+            "spec.trainer.maxtext.moe_chunk_pipeline: not a MaxText 0.2.5 config key",
+            "spec.trainer.maxtext.num_moe_token_chunks: 2 chunks require use_ring_of_experts=true",
+        ],
+    ),
+    (
+        "maxtext version",
+        {"trainer": {"maxtextVersion": "0.3.0"}},
+        [
+            "spec.trainer.maxtextVersion: no MaxText key list for '0.3.0'; known: 0.2.5",
+        ],
+    ),
+    (
+        "maxtext model",
+        {"model": {"name": "acme/Foo-7B"}},
+        [
+            "spec.model.maxtextModel: 'foo-7b' is not a MaxText 0.2.5 model name",
+        ],
+    ),
+    (
+        "model yml override",
+        {"trainer": {"maxtext": {"base_num_kv_heads": 2}}},
+        [
+            "spec.trainer.maxtext.base_num_kv_heads: the qwen3-8b model config sets base_num_kv_heads=8; "
+            "MaxText "
+            "refuses another value unless override_model_config=true",
+        ],
+    ),
+    (
+        "schema",
+        {
+            "trainer": {"slices": 0, "bogus": 1, "tpu": {"accelerator": "tpu-v6e", "topology": "2x2x1"}},
+            "storage": {"root": "s3://x"},
+            "algorithm": {"loss": "dpo"},
+        },
+        [
+            "spec.trainer.tpu.accelerator: Input should be 'tpu-v5p-slice' or 'tpu7x'",
+            "spec.trainer.slices: Input should be greater than or equal to 1",
+            "spec.trainer.bogus: unknown field",
+            "spec.algorithm.loss: Input should be 'importance_sampling' or 'ppo'",
+            "spec.storage.root: must be gs://BUCKET or gs://BUCKET/PREFIX (bucket: 3-63 lowercase "
+            "letters, digits, "
+            "'-', '_', '.')",
+        ],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "expected"), BAD, ids=[b[0] for b in BAD])
+def test_refused(name: str, spec: dict[str, Any], expected: list[str]) -> None:
+    assert problems(manifest(spec)) == expected
+
+
+def test_name_too_long() -> None:
+    got = problems(manifest({}, name="a" * 26))
+    assert got == [
+        "metadata.name: too long: the coordinator label "
+        f"'{'a' * 26}-trainer-0-0.{'a' * 26}' has 65 characters (max 63); use a name of at most 25 characters"
+    ]
+
+
+def test_all_problems_at_once() -> None:
+    got = problems(
+        manifest(
+            {
+                "lora": {"rank": 3},
+                "sampler": {"tensorParallel": 5},
+                "trainer": {"mesh": {"tensor": 3}, "maxtext": {"nope": 1}},
+            },
+            name="x" * 30,
+        )
+    )
+    assert [p.split(":")[0] for p in got] == [
+        "spec.lora.rank",
+        "spec.sampler.tensorParallel",
+        "spec.trainer.mesh",
+        "spec.trainer.maxtext.nope",
+        "metadata.name",
+    ]
+
+
+# ------------------------------------------------------------------ precedence and sources
+
+
+def test_precedence_recipe_profile_manifest() -> None:
+    doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x", "256-chips-ep1")
+    doc["spec"]["trainer"]["maxtext"] = {"sa_block_q": 2048, "num_vocab_tiling": None}
+    run = resolve(doc)
+    t = run.trainer
+    assert (t.tpu.type_name, t.ici.fsdp, t.ici.expert, t.ici.context) == ("tpu7x-512", 64, 1, 8)
+    assert (t.maxtext["num_moe_token_chunks"], t.maxtext_sources["num_moe_token_chunks"]) == (1, "profile")
+    assert (t.maxtext["sa_block_q"], t.maxtext_sources["sa_block_q"]) == (2048, "manifest")
+    assert (t.maxtext["use_ring_of_experts"], t.maxtext_sources["use_ring_of_experts"]) == (True, "recipe")
+    assert t.maxtext_sources["ici_fsdp_parallelism"] == "rljob"
+    assert "num_vocab_tiling" not in t.maxtext  # a manifest null removes a recipe key
+    assert set(t.maxtext_sources) == set(t.maxtext)
+
+
+def test_recipe_key_errors_name_their_source() -> None:
+    doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
+    doc["spec"]["packing"] = {"tokenBudget": 65537}
+    src = " (from recipe qwen3.5-397b-a17b-tpu7x)"
+    assert problems(doc) == [
+        "spec.trainer.maxtext.num_moe_token_chunks: max_target_length 65537 (the packing token budget) "
+        "is not "
+        f"divisible by num_moe_token_chunks 2{src}",
+        "spec.trainer.maxtext.num_vocab_tiling: per_device_batch_size x max_target_length = 16384.25 is not "
+        f"divisible by num_vocab_tiling 16{src}",
+        "spec.trainer.maxtext.context_parallel_strategy: ring context parallelism 4 needs "
+        "max_target_length % 16 == "
+        f"0, max_target_length is 65537{src}",
+    ]
+
+
+def test_seed_block_keys_missing_at_025_are_refused() -> None:
+    """The seed's tuned 397B keys that MaxText 0.2.5 lacks are refused with the key named."""
+    missing = [
+        "use_gdn_kernel",
+        "gdn_cp_mode",
+        "gdn",
+        "gdn_conv",
+        "gdn_states",
+        "ring_of_experts_local_routing",
+        "moe_expert_weight_prefetch",
+        "moe_chunk_pipeline",
+        "ring_of_experts_row_major_reduce_scatter",
+        "context_parallel_attention_load_balance",
+    ]
+    doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
+    doc["spec"]["trainer"] = {"maxtext": dict.fromkeys(missing, True)}
+    got = problems(doc)
+    assert [p.split(" (did you mean")[0] for p in got] == [
+        f"spec.trainer.maxtext.{k}: not a MaxText 0.2.5 config key" for k in missing
+    ]
+
+
+# ------------------------------------------------------------------ catalog
+
+
+@pytest.mark.parametrize("name", recipe_catalog.names())
+def test_every_recipe_and_profile_resolves(name: str) -> None:
+    recipe = recipe_catalog.load(name)
+    for profile in [None, *recipe.profiles]:
+        run = resolve(recipe_manifest(name, profile))
+        assert run.trainer.ici.product() == run.trainer.tpu.devices
+
+
+def test_catalog_397b_meshes() -> None:
+    shapes = {}
+    for profile in (None, "256-chips-ep2", "256-chips-ep1"):
+        t = resolve(recipe_manifest("qwen3.5-397b-a17b-tpu7x", profile)).trainer
+        shapes[profile] = (
+            t.tpu.chips,
+            t.devices,
+            t.ici.fsdp,
+            t.ici.expert,
+            t.ici.context,
+            t.maxtext["num_moe_token_chunks"],
+        )
+    assert shapes == {
+        None: (128, 256, 32, 2, 4, 2),
+        "256-chips-ep2": (256, 512, 32, 2, 8, 2),
+        "256-chips-ep1": (256, 512, 64, 1, 8, 1),
+    }
+
+
+def test_runconfig_roundtrip(tmp_path: Path) -> None:
+    run = resolve(MINIMAL)
+    path = tmp_path / "run.json"
+    path.write_text(run.model_dump_json(), encoding="utf-8")
+    assert RunConfig.load(path) == run
