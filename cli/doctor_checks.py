@@ -42,6 +42,7 @@ from rljob.cli.doctor import (
     EXIT_PROBLEMS,
 )
 from rljob.recipes.api import GROUP, PLURAL
+from rljob.recipes.api import VERSION as RLJOB_VERSION
 from rljob.recipes.placement import NODEPOOL_LABEL
 from rljob.recipes.runconfig import TpuPlan
 from rljob.recipes.tpu import ACCELERATOR_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
@@ -174,6 +175,8 @@ class Needs:
     namespace: str
     roles: tuple[RoleNeed, ...]
     queue_name: str | None = None
+    # The manifest as parsed (camelCase JSON): doctor dry-runs it through the operator's webhook.
+    manifest: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 class BadInput(Exception):
@@ -189,7 +192,8 @@ def needs_from_manifest(path: Path) -> Needs:
     except (OSError, UnicodeDecodeError) as exc:
         raise BadInput(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
-        run = resolve(parse_manifest(text))
+        job = parse_manifest(text)
+        run = resolve(job)
     except PlanError as exc:
         raise BadInput("\n".join(exc.problems)) from None
     return Needs(
@@ -200,6 +204,7 @@ def needs_from_manifest(path: Path) -> Needs:
             RoleNeed("sampler", run.sampler.tpu, run.sampler.replicas),
         ),
         run.spec.queue_name,
+        job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),
     )
 
 
@@ -318,6 +323,26 @@ def probe_object(namespace: str) -> dict[str, Any]:
             ],
         },
     }
+
+
+def probe_rljob(namespace: str) -> dict[str, Any]:
+    """The RLJob doctor dry-runs when no manifest is given: the smallest complete one."""
+    return {
+        "apiVersion": f"{GROUP}/{RLJOB_VERSION}",
+        "kind": "RLJob",
+        "metadata": {"name": "rljob-doctor-probe", "namespace": namespace},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-4B"},
+            "trainer": {"tpu": "v5p-8"},
+            "sampler": {"tpu": "v5p-8"},
+            "storage": {"root": "gs://rljob-doctor-probe"},
+        },
+    }
+
+
+def _webhook_unreachable(error: str) -> bool:
+    """The API server's message when it could not call a webhook (as opposed to the webhook denying)."""
+    return "failed calling webhook" in error or "connection refused" in error
 
 
 def probe_result(response: Obj) -> Probe:
@@ -581,8 +606,14 @@ def check_operator(
     operator_namespace: str,
     operator_sa: str,
     namespace: str,
+    admission: Probe | None = None,
+    for_manifest: bool = False,
 ) -> list[Finding]:
+    """`admission` is a server-side dry-run create of an RLJob (the manifest, or doctor's own probe):
+    it passes through the operator's webhook, so it shows whether the operator answers wherever it runs."""
     out: list[Finding] = []
+    unreachable = admission is not None and not admission.allowed and _webhook_unreachable(admission.error)
+    answered = admission is not None and not admission.forbidden and (admission.allowed or not unreachable)
     install = f"helm install rljob charts/rljob --namespace {operator_namespace} --create-namespace"
     if RLJOB_CRD not in crds:
         out.append(problem("operator.crd", f"the RLJob CRD {RLJOB_CRD} is not installed", install))
@@ -595,7 +626,15 @@ def check_operator(
         if d.get("metadata", {}).get("namespace") == operator_namespace
         and d.get("spec", {}).get("template", {}).get("spec", {}).get("serviceAccountName") == operator_sa
     ]
-    if not ours:
+    if not ours and answered:
+        out.append(
+            warning(
+                "operator.deployment",
+                f"no Deployment in {operator_namespace} runs as ServiceAccount {operator_sa}, but the "
+                "operator's webhook answers: the operator runs outside the cluster?",
+            )
+        )
+    elif not ours:
         out.append(
             problem(
                 "operator.deployment",
@@ -675,6 +714,22 @@ def check_operator(
                 ok("operator.webhook", f"webhook {cfg_name}/{hook.get('name')} covers rljobs ({where})")
             )
 
+    what = "this manifest" if for_manifest else "doctor's probe RLJob"
+    if admission is not None and not admission.forbidden and hooks:
+        if unreachable:
+            out.append(
+                problem(
+                    "operator.admission",
+                    f"a dry-run of {what} could not reach the operator's webhook: {admission.error}",
+                    f"the operator is down or unreachable: kubectl -n {operator_namespace} get pods; "
+                    f"kubectl -n {operator_namespace} logs deployment/<operator>",
+                )
+            )
+        elif not admission.allowed:
+            out.append(problem("operator.admission", f"the operator refuses {what}: {admission.error}"))
+        else:
+            out.append(ok("operator.admission", f"the operator's webhook admitted a dry-run of {what}"))
+
     if can_create_rljobs is False:
         out.append(
             problem(
@@ -704,6 +759,7 @@ class ClusterState:
     access: dict[Permission, bool | None] = field(default_factory=dict)
     can_create_rljobs: bool | None = None
     jobset_probe: Probe | None = None
+    rljob_probe: Probe | None = None
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
 
@@ -724,6 +780,8 @@ def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
             state.operator_namespace,
             state.operator_sa,
             namespace,
+            state.rljob_probe,
+            needs is not None and needs.manifest is not None,
         )
     )
 
@@ -734,6 +792,14 @@ class ClusterError(Exception):
 
 class _Forbidden(Exception):
     pass
+
+
+def _api_message(exc: Any) -> str:
+    """The `message` of a Kubernetes Status in an ApiException's body, else the exception's text."""
+    message = exc.body if isinstance(exc.body, str | bytes) else str(exc)
+    with contextlib.suppress(ValueError, AttributeError):
+        message = json.loads(message).get("message", message)
+    return str(message.decode() if isinstance(message, bytes) else message)
 
 
 def find_operator(
@@ -831,10 +897,29 @@ def gather(
         except _Forbidden:
             state.jobset_probe = Probe(False, False, forbidden=True)
         except ApiException as exc:
-            message = exc.body if isinstance(exc.body, str) else str(exc)
-            with contextlib.suppress(ValueError, AttributeError):
-                message = json.loads(message).get("message", message)
-            state.jobset_probe = Probe(False, False, error=str(message))
+            state.jobset_probe = Probe(False, False, error=_api_message(exc))
+
+    if RLJOB_CRD in state.crds:
+        rljob = (
+            dict(needs.manifest)
+            if needs is not None and needs.manifest is not None
+            else probe_rljob(namespace)
+        )
+        try:
+            raw(
+                custom.create_namespaced_custom_object,
+                GROUP,
+                RLJOB_VERSION,
+                namespace,
+                PLURAL,
+                rljob,
+                dry_run="All",
+            )
+            state.rljob_probe = Probe(True, False)
+        except _Forbidden:
+            state.rljob_probe = Probe(False, False, forbidden=True)
+        except ApiException as exc:
+            state.rljob_probe = Probe(False, False, error=_api_message(exc))
 
     labelled = items(
         client.CoreV1Api(api).list_service_account_for_all_namespaces, label_selector=OPERATOR_LABEL

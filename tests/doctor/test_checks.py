@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from rljob.cli import doctor_checks as doctor
 from rljob.cli.doctor_checks import Needs, Permission, Probe, RoleNeed, Status
 from rljob.recipes import tpu as tpu_catalog
@@ -664,3 +665,68 @@ def test_operator_permissions_are_the_charts_cluster_role() -> None:
                     granted.add((verb, group, resource, sub))
     checked = {(p.verb, p.group, p.resource, p.subresource) for p in doctor.OPERATOR_PERMISSIONS}
     assert checked == granted
+
+
+# -------------------------------------------------------------------------- the operator's admission
+
+UNREACHABLE = Probe(
+    False,
+    False,
+    error='Internal error occurred: failed calling webhook "validate-rljob.rljob.dev": failed to call '
+    'webhook: Post "https://127.0.0.1:9443/validate": dial tcp 127.0.0.1:9443: connect: connection refused',
+)
+DENIED = Probe(
+    False,
+    False,
+    error='admission webhook "validate-rljob.rljob.dev" denied the request: '
+    "spec.trainer.mesh: 3 does not divide 4",
+)
+
+
+@pytest.mark.parametrize(
+    ("deps", "admission", "for_manifest", "expected"),
+    [
+        ([], Probe(True, False), False,
+         {"operator.deployment": Status.WARNING, "operator.admission": Status.OK}),
+        ([OP_DEP], UNREACHABLE, False,
+         {"operator.deployment": Status.OK, "operator.admission": Status.PROBLEM}),
+        ([], UNREACHABLE, True,
+         {"operator.deployment": Status.PROBLEM, "operator.admission": Status.PROBLEM}),
+        ([OP_DEP], DENIED, True,
+         {"operator.deployment": Status.OK, "operator.admission": Status.PROBLEM}),
+        ([], DENIED, True,
+         {"operator.deployment": Status.WARNING, "operator.admission": Status.PROBLEM}),
+        ([OP_DEP], Probe(False, False, forbidden=True), True, {"operator.deployment": Status.OK}),
+    ],
+    ids=["outside-cluster", "down", "down-no-deployment", "manifest-refused", "outside-refused", "forbidden"],
+)  # fmt: skip
+def test_operator_admission(
+    deps: list[Any], admission: Probe, for_manifest: bool, expected: dict[str, Status]
+) -> None:
+    findings = doctor.check_operator(
+        RLJOB_CRDS,
+        deps,
+        [webhook_config()],
+        ALL_ALLOWED,
+        True,
+        OP_NS,
+        OP_SA,
+        "team-a",
+        admission,
+        for_manifest,
+    )
+    got = {f.check: f.status for f in findings if f.check in ("operator.deployment", "operator.admission")}
+    assert got == expected
+    if admission is DENIED:
+        [refused] = [f for f in findings if f.check == "operator.admission"]
+        assert (
+            "refuses this manifest: admission webhook" in refused.message
+            and "spec.trainer.mesh" in refused.message
+        )
+
+
+def test_probe_rljob_is_a_valid_manifest() -> None:
+    from rljob.recipes.plan import parse_manifest, resolve
+
+    run = resolve(parse_manifest(yaml.safe_dump(doctor.probe_rljob("ns1"))))
+    assert run.namespace == "ns1"
