@@ -1,0 +1,222 @@
+"""``rljob-trainer --config PATH``: the trainer entrypoint (exit codes per contract 3).
+
+Contexts:
+- Kubernetes (a JobSet pod; ``KUBERNETES_SERVICE_HOST`` set): process id from the Job completion index
+  (``JOB_COMPLETION_INDEX``), process count = RunConfig.trainer.hosts, coordinator = RunConfig.endpoints.
+  coordinator; jax.distributed is initialized when there is more than one process; progress goes to
+  the ``<rljob>-progress`` ConfigMap.
+- Local (laptop, tests): one process unless ``RLJOB_NUM_PROCESSES`` / ``RLJOB_PROCESS_ID`` /
+  ``RLJOB_COORDINATOR`` say otherwise (the two-process CPU test uses them); progress goes to
+  RunConfig.progress.file.
+
+``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
+the packed shape for a small one, keeping everything else of the run config. ``--rollouts synthetic``
+trains on fixed synthetic rollouts (a function of seed and step); the RL loop with the samplers drives
+:func:`rljob.trainer.runtime.run` with its own rollout source.
+
+Exit codes: 0 done; 2 bad configuration (one line ``field: message`` on stderr, no traceback); 1 any
+other failure (a restart counted against spec.failurePolicy.maxRestarts).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
+
+__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "main"]
+
+log = logging.getLogger("rljob.trainer")
+
+
+class BadConfig(Exception):
+    """A configuration problem: exit 2 with ``field: message``."""
+
+
+class DistributedEnv:
+    def __init__(self, coordinator: str, num_processes: int, process_id: int, in_cluster: bool) -> None:
+        self.coordinator = coordinator
+        self.num_processes = num_processes
+        self.process_id = process_id
+        self.in_cluster = in_cluster
+
+
+def distributed_env(rc: RunConfig | None, env: dict[str, str] | None = None) -> DistributedEnv:
+    """Process topology from the JobSet environment (in a pod) or RLJOB_* overrides (locally)."""
+    env = dict(os.environ if env is None else env)
+    in_cluster = "KUBERNETES_SERVICE_HOST" in env
+    if in_cluster:
+        idx = env.get("JOB_COMPLETION_INDEX", "0")
+        count = rc.trainer.hosts if rc is not None else 1
+        coord = rc.endpoints.coordinator if rc is not None else ""
+    else:
+        idx = env.get("RLJOB_PROCESS_ID", "0")
+        count = int(env.get("RLJOB_NUM_PROCESSES", "1"))
+        coord = env.get("RLJOB_COORDINATOR", rc.endpoints.coordinator if rc is not None else "")
+    try:
+        pid = int(idx)
+    except ValueError as e:
+        raise BadConfig(f"env JOB_COMPLETION_INDEX: not an integer: {idx!r}") from e
+    if count > 1 and not coord:
+        raise BadConfig("endpoints.coordinator: required with more than one trainer process")
+    if not 0 <= pid < max(count, 1):
+        raise BadConfig(f"env JOB_COMPLETION_INDEX: {pid} is outside 0..{count - 1}")
+    return DistributedEnv(coord, count, pid, in_cluster)
+
+
+def initialize_distributed(denv: DistributedEnv) -> None:
+    import jax
+
+    if denv.num_processes > 1:
+        jax.distributed.initialize(
+            coordinator_address=denv.coordinator,
+            num_processes=denv.num_processes,
+            process_id=denv.process_id,
+        )
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rljob-trainer", description=__doc__.split("\n")[0])
+    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
+    p.add_argument("--model", choices=["config", "tiny"], default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
+                   help="MaxText model: the run config's keys, or the tiny CPU model")
+    p.add_argument("--rollouts", choices=["synthetic"], default="synthetic",
+                   help="rollout source of this entrypoint (the sampler loop drives runtime.run itself)")
+    p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic rollouts")
+    p.add_argument("--checkpoint-every", type=int, default=1)
+    p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
+    p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
+    p.add_argument("--distributed-check", action="store_true",
+                   help="initialize jax.distributed, print the process topology as JSON and exit")
+    return p
+
+
+def load_config(path: str) -> RunConfig:
+    try:
+        return RunConfig.load(path)
+    except FileNotFoundError as e:
+        raise BadConfig(f"--config: no such file: {path}") from e
+    except ValidationError as e:
+        from rljob.recipes.plan import pydantic_problems
+
+        problems = pydantic_problems(e) or [str(e).splitlines()[0]]
+        raise BadConfig(problems[0]) from e
+    except ValueError as e:  # JSON syntax
+        raise BadConfig(f"--config: {path}: {str(e).splitlines()[0]}") from e
+
+
+def _settings(rc: RunConfig, args: argparse.Namespace) -> dict[str, Any]:
+    spec = rc.spec
+    alg, lora, pack = spec.algorithm, spec.lora, spec.packing
+    steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    if steps <= 0:
+        raise BadConfig(f"--steps: must be > 0, got {steps}")
+    return {
+        "steps": steps,
+        "lr": (alg.learning_rate if alg and alg.learning_rate else 1e-5),
+        "loss": (alg.loss if alg and alg.loss else "importance_sampling"),
+        "kl": (alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0),
+        "group_size": (alg.group_size if alg and alg.group_size else 8),
+        "groups": (alg.groups_per_batch if alg and alg.groups_per_batch else 16),
+        "rank": (lora.rank if lora and lora.rank else 16),
+        "alpha": (lora.alpha if lora and lora.alpha else None),
+        "targets": (tuple(lora.targets) if lora and lora.targets else None),
+        "budget": (pack.token_budget if pack and pack.token_budget else rc.trainer.maxtext.get("max_target_length")),
+        "pad_position": (pack.pad_position if pack and pack.pad_position else "end"),
+    }
+
+
+def run_main(args: argparse.Namespace) -> int:
+    rc = load_config(args.config)
+    denv = distributed_env(rc)
+    initialize_distributed(denv)
+    import jax
+
+    if args.distributed_check:
+        print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count(),
+                          "devices": jax.device_count(), "local_devices": jax.local_device_count()}),
+              flush=True)
+        return EXIT_OK
+
+    from rljob.trainer.losses import LossConfig
+    from rljob.trainer.model import DEFAULT_TARGETS, ModelSpec, Policy, tiny_keys
+    from rljob.trainer.progress import Reporter, StepLog, sink_for
+    from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
+    from rljob.trainer.train_step import StepConfig, Trainer
+
+    st = _settings(rc, args)
+    if args.model == "tiny":
+        keys = tiny_keys()
+        budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
+        groups, group_size = 4, 4
+    else:
+        keys = dict(rc.trainer.maxtext)
+        budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
+        base_model = (rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", ""))
+        groups, group_size = st["groups"], st["group_size"]
+    try:
+        spec = ModelSpec(
+            maxtext=keys, lora_rank=st["rank"], lora_alpha=st["alpha"] or 2.0 * st["rank"],
+            lora_targets=st["targets"] or DEFAULT_TARGETS, base_model=str(base_model),
+        )
+        step_cfg = StepConfig(
+            budget=budget, rows=rows, micro_batches=4, learning_rate=st["lr"],
+            loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]), pad_position=st["pad_position"],
+            token_tile=min(2048, budget), vocab_chunk=16384,
+        )
+        step_cfg.pack_config()
+    except ValueError as e:
+        raise BadConfig(str(e).splitlines()[0]) from e
+    policy = Policy(spec)
+    trainer = Trainer(policy, step_cfg)
+    steplog = StepLog(args.tensorboard_dir if jax.process_index() == 0 else None, args.log_jsonl)
+    reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
+    steplog.event("start", model=args.model, steps=st["steps"], processes=denv.num_processes,
+                  budget=budget, rows=rows, lora_rank=spec.lora_rank)
+
+    def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
+        return synthetic_rollouts(step, seed=args.seed, vocab_size=policy.vocab_size, groups=groups,
+                                  group_size=group_size, max_prompt=budget // 4, max_completion=budget // 2)
+
+    run(
+        trainer,
+        RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
+        RunSettings(steps=st["steps"], checkpoint_every=args.checkpoint_every,
+                    export_adapters=jax.process_index() == 0),
+        source,
+        steplog=steplog,
+        reporter=reporter,
+        to_peft=policy.to_peft,
+        peft_config=policy.peft_config(),
+    )
+    steplog.event("done", step=st["steps"])
+    steplog.close()
+    return EXIT_OK
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # argparse: usage errors are bad configuration
+        return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
+    try:
+        return run_main(args)
+    except BadConfig as e:
+        print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,367 @@
+"""The trainer's model: a MaxText NNX Transformer with a qwix LoRA on the attention and MLP projections.
+
+The same code path runs a production MaxText model on TPU (keys from RunConfig.trainer.maxtext) and
+the tiny float32 model every CPU test and the CPU sampler use (:func:`tiny_keys`). MaxText runs in its
+decoupled mode (``DECOUPLE_GCLOUD=TRUE``: no Google Cloud services at import).
+
+The model is split into a graph, the frozen base parameters and the trainable LoRA parameters; only
+the LoRA parameters reach the optimizer. The forward pass returns the final hidden states (after the
+final norm), never the ``[B, T, V]`` logits: MaxText's vocabulary-tiling mode (``num_vocab_tiling > 1``)
+skips its output head and sows the hidden states, which :meth:`Policy.hidden_states` reads and then
+drops (no sown intermediate leaves the function). The fused log-prob head
+(:mod:`rljob.trainer.logprobs`) then applies :meth:`Policy.head_weight` tile by tile.
+
+Packed rows carry per-token segment ids (0 = padding) and per-segment positions; MaxText's attention
+masks by segment id and causality, and RoPE uses the positions, so a packed row computes what its
+segments compute alone (tests/trainer/test_model.py checks it).
+
+  spec = ModelSpec.tiny()                 # or ModelSpec.from_run_config(rc)
+  policy = Policy(spec)                   # builds MaxText + qwix LoRA; policy.lora0 is the initial adapter
+  h = policy.hidden_states(lora, tokens, positions, segment_ids)     # [B, T, H]
+  lp = policy.next_token_logprobs(lora, tokens, positions, segment_ids)  # [B, T], fused head
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import qwix
+from flax import nnx
+
+from rljob.trainer import logprobs as lp_head
+
+__all__ = [
+    "HF_PROJ",
+    "LoraState",
+    "ModelSpec",
+    "Policy",
+    "build_model",
+    "maxtext_config",
+    "tiny_keys",
+]
+
+LoraState = Any  # a nested dict of arrays (nnx.to_pure_dict of the LoRAParam state)
+
+# MaxText module name -> (Hugging Face parent, Hugging Face projection) for llama/qwen3-style models.
+HF_PROJ: dict[str, tuple[str, str]] = {
+    "query": ("self_attn", "q_proj"),
+    "key": ("self_attn", "k_proj"),
+    "value": ("self_attn", "v_proj"),
+    "out": ("self_attn", "o_proj"),
+    "wi_0": ("mlp", "gate_proj"),
+    "wi_1": ("mlp", "up_proj"),
+    "wo": ("mlp", "down_proj"),
+}
+_HF_TO_MT = {hf: mt for mt, (_, hf) in HF_PROJ.items()}
+DEFAULT_TARGETS = tuple(HF_PROJ)
+
+
+def tiny_keys(**overrides: Any) -> dict[str, Any]:
+    """MaxText keys of the tiny float32 qwen3-architecture model the CPU tests and the CPU sampler use.
+
+    Two scanned layers, 64-wide, vocabulary 256: a forward pass compiles and runs in seconds on CPU.
+    bf16 with scanned layers hits a carry dtype mismatch under qwix, hence float32 throughout.
+    """
+    keys: dict[str, Any] = {
+        "model_name": "default",
+        "decoder_block": "qwen3",
+        "base_emb_dim": 64,
+        "base_num_query_heads": 4,
+        "base_num_kv_heads": 2,
+        "head_dim": 16,
+        "base_mlp_dim": 128,
+        "base_num_decoder_layers": 2,
+        "vocab_size": 256,
+        "mlp_activations": ["silu", "linear"],
+        "use_qk_norm": True,
+        "logits_via_embedding": False,
+        "normalization_layer_epsilon": 1e-6,
+        "rope_max_timescale": 10000,
+        "max_target_length": 128,
+    }
+    keys.update(overrides)
+    return keys
+
+
+# Keys the trainer always sets: CPU-safe numerics, the hidden-state-returning head, no MaxText I/O.
+_RUNTIME_KEYS: dict[str, Any] = {
+    "run_name": "rljob",
+    "enable_checkpointing": False,
+    "per_device_batch_size": 1,
+    "dtype": "float32",
+    "weight_dtype": "float32",
+    "matmul_precision": "highest",
+    "attention": "dot_product",
+    "scan_layers": True,
+    "skip_jax_distributed_system": True,
+    "enable_dropout": False,
+    # > 1: MaxText skips its output head in train mode and sows the hidden states instead.
+    "num_vocab_tiling": 2,
+    "base_output_directory": "",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What to build: MaxText keys, the adapter, the seed of the base weights (when not loaded)."""
+
+    maxtext: Mapping[str, Any]
+    lora_rank: int = 8
+    lora_alpha: float = 16.0
+    lora_targets: tuple[str, ...] = DEFAULT_TARGETS
+    seed: int = 0
+    base_model: str = "rljob/tiny-qwen3"
+    hf_layers_prefix: str = "base_model.model.model.layers"
+
+    @classmethod
+    def tiny(cls, **kw: Any) -> ModelSpec:
+        return cls(maxtext=tiny_keys(), **kw)
+
+    def __post_init__(self) -> None:
+        bad = [t for t in self.lora_targets if t not in HF_PROJ and t not in _HF_TO_MT]
+        if bad:
+            raise ValueError(
+                f"spec.lora.targets: unknown module(s) {bad}; known: {sorted(HF_PROJ)} or "
+                f"{sorted(_HF_TO_MT)}"
+            )
+        if self.lora_rank <= 0:
+            raise ValueError(f"spec.lora.rank: must be > 0, got {self.lora_rank}")
+
+    @property
+    def maxtext_targets(self) -> tuple[str, ...]:
+        return tuple(sorted({_HF_TO_MT.get(t, t) for t in self.lora_targets}))
+
+
+def maxtext_config(keys: Mapping[str, Any]) -> Any:
+    """A MaxText HyperParameters from ``keys`` plus the trainer's runtime keys (which win)."""
+    import maxtext
+    from maxtext.configs import pyconfig
+
+    base = str(Path(maxtext.__file__).parent / "configs" / "base.yml")
+    merged = {**dict(keys), **_RUNTIME_KEYS}
+    return pyconfig.initialize(["", base], **merged)
+
+
+def build_model(cfg: Any, seed: int = 0) -> nnx.Module:
+    """The MaxText NNX Transformer for ``cfg``, base weights initialized from ``seed``."""
+    from maxtext.models import models
+    from maxtext.utils import maxtext_utils
+
+    mesh = maxtext_utils.get_mesh_from_config(cfg)
+    return models.Transformer(
+        cfg, mesh, quant=None, rngs=nnx.Rngs(params=seed, dropout=seed + 1, aqt=seed + 2), model_mode="train"
+    )
+
+
+def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:
+    toks = jnp.ones((1, t), jnp.int32)
+    pos = jnp.arange(t, dtype=jnp.int32)[None]
+    return toks, pos, jnp.ones((1, t), jnp.int32)
+
+
+class Policy:
+    """The model split into graph, frozen base parameters and trainable LoRA parameters.
+
+    Pure functions of ``lora`` (the trainable state) so they jit, grad and checkpoint as pytrees.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        self.spec = spec
+        self.cfg = maxtext_config(spec.maxtext)
+        if self.cfg.final_logits_soft_cap or (
+            self.cfg.logits_via_embedding and self.cfg.normalize_embedding_logits
+        ):
+            raise ValueError(
+                "spec.trainer.maxtext: the fused log-prob head needs a linear output head "
+                "(final_logits_soft_cap and normalize_embedding_logits unset)"
+            )
+        model = build_model(self.cfg, spec.seed)
+        provider = qwix.LoraProvider(
+            module_path=rf".*/({'|'.join(spec.maxtext_targets)})",
+            rank=spec.lora_rank,
+            alpha=spec.lora_alpha,
+        )
+        toks, pos, seg = _sample_inputs()
+        lora_model = qwix.apply_lora_to_model(
+            model, provider, toks, pos, decoder_segment_ids=seg, enable_dropout=False,
+            rngs=nnx.Rngs(spec.seed + 1000),
+        )
+        nnx.pop(lora_model, nnx.Intermediate)
+        self.graphdef, lora0, self.base = nnx.split(lora_model, nnx.LoRAParam, ...)
+        self._lora_template = jax.tree.map(
+            _lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        )
+        # The trainable state is a plain nested dict of arrays (optax and orbax see ordinary pytrees).
+        self.lora0: dict[str, Any] = nnx.to_pure_dict(self._lora_template)
+        self.num_layers = int(self.cfg.num_decoder_layers)
+        self.vocab_size = int(self.cfg.vocab_size)
+        self.hidden_size = int(self.cfg.emb_dim)
+
+    # ------------------------------------------------------------------ forward
+
+    def hidden_states(
+        self, lora: LoraState, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+        base: Any = None,
+    ) -> jax.Array:
+        """[B, T, H] final hidden states (after the final norm) of packed rows.
+
+        ``base``: the frozen parameters (default ``self.base``); pass them as a jit argument so they
+        are not baked into the compiled program as constants."""
+        model = nnx.merge(self.graphdef, self.as_state(lora), self.base if base is None else base)
+        logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False)
+        assert logits is None, "num_vocab_tiling > 1 must skip MaxText's output head"
+        sown = nnx.pop(model, nnx.Intermediate)  # discard every sown intermediate
+        y = sown["decoder"]["hidden_states"].get_value()[0]
+        return model.decoder.decoder_norm(y)  # type: ignore[no-any-return]
+
+    def as_state(self, lora: LoraState) -> nnx.State:
+        """An nnx.State of LoRAParam variables from a pure dict (or the State itself)."""
+        if isinstance(lora, nnx.State):
+            return lora
+        state = jax.tree.map(lambda x: x, self._lora_template, is_leaf=lambda x: isinstance(x, nnx.Variable))
+        nnx.replace_by_pure_dict(state, lora)
+        return state
+
+    def head_weight(self, lora: LoraState, base: Any = None) -> jax.Array:
+        """[H, V] output head (frozen): the logits are ``hidden_states @ head_weight``."""
+        base = self.base if base is None else base
+        if self.cfg.logits_via_embedding:
+            return base["token_embedder"]["embedding"].get_value().T  # type: ignore[no-any-return]
+        return base["decoder"]["logits_dense"]["kernel"].get_value()  # type: ignore[no-any-return]
+
+    def next_token_logprobs(
+        self,
+        lora: LoraState,
+        tokens: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
+        *,
+        token_tile: int = 2048,
+        vocab_chunk: int = 16384,
+        temperature: float = 1.0,
+        base: Any = None,
+    ) -> jax.Array:
+        """[B, T]: entry i is log p(tokens[i] | its segment's prefix); 0 on segment starts and padding.
+
+        The fused head: no ``[B, T, V]`` array is ever formed."""
+        h = self.hidden_states(lora, tokens, positions, segment_ids, base)
+        return lp_head.next_token_logprobs(
+            h, self.head_weight(lora, base), tokens, segment_ids,
+            token_tile=token_tile, vocab_chunk=vocab_chunk, temperature=temperature, grad_w=False,
+        )
+
+    @partial(jax.jit, static_argnums=0)
+    def logits(
+        self, lora: LoraState, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array
+    ) -> jax.Array:
+        """[B, T, V] float32 logits (for sampling and tests only; training never forms them)."""
+        h = self.hidden_states(lora, tokens, positions, segment_ids)
+        return jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
+
+    # ------------------------------------------------------------------ PEFT layout
+
+    def lora_paths(self) -> list[tuple[str, str]]:
+        """(MaxText module, 'a'|'b') of every LoRA leaf, in pytree order."""
+        out = []
+        for path, _ in jax.tree_util.tree_flatten_with_path(self.lora0)[0]:
+            out.append(_parse_lora_path(path))
+        return out
+
+    def to_peft(self, lora: LoraState) -> dict[str, np.ndarray]:
+        """LoRA parameters as PEFT tensors, float32: ``lora_A`` (r, in), ``lora_B`` (out, r) per layer.
+
+        qwix keeps scanned layers stacked on axis 1: lora_a [in, L, r], lora_b [r, L, out], with multi-
+        axis kernels (heads x head_dim) flattened in MaxText's order, which is Hugging Face's
+        ``num_heads * head_dim`` order."""
+        out: dict[str, np.ndarray] = {}
+        r = self.spec.lora_rank
+        pure = nnx.to_pure_dict(lora) if isinstance(lora, nnx.State) else lora
+        for path, arr in jax.tree_util.tree_flatten_with_path(pure)[0]:
+            module, which = _parse_lora_path(path)
+            a = np.asarray(arr, np.float32)
+            for layer in range(self.num_layers):
+                m = a[:, layer] if a.ndim >= 2 else a
+                if which == "a":
+                    mat = m.reshape(-1, r).T  # (r, in)
+                else:
+                    mat = m.reshape(r, -1).T  # (out, r)
+                out[self.peft_name(layer, module, which)] = np.ascontiguousarray(mat)
+        return out
+
+    def from_peft(self, tensors: Mapping[str, np.ndarray]) -> LoraState:
+        """The inverse of :meth:`to_peft`; ValueError on a missing, extra or misshapen tensor."""
+        want = self.to_peft(self.lora0)
+        if set(tensors) != set(want):
+            missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
+            raise ValueError(f"adapter tensors do not match the model: missing {missing[:3]}, extra {extra[:3]}")
+        for name, t in tensors.items():
+            if tuple(t.shape) != want[name].shape:
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, the model needs {want[name].shape}")
+
+        def convert(path: tuple[Any, ...], arr: jax.Array) -> jax.Array:
+            module, which = _parse_lora_path(path)
+            layers = [
+                np.ascontiguousarray(np.asarray(tensors[self.peft_name(i, module, which)], np.float32).T)
+                for i in range(self.num_layers)
+            ]
+            per_layer_shape = (arr.shape[0],) + tuple(arr.shape[2:])
+            stacked = np.stack([x.reshape(per_layer_shape) for x in layers], axis=1)
+            return jnp.asarray(stacked)
+
+        return jax.tree_util.tree_map_with_path(convert, self.lora0)
+
+    def peft_name(self, layer: int, module: str, which: str) -> str:
+        parent, proj = HF_PROJ[module]
+        return f"{self.spec.hf_layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
+
+    def peft_config(self) -> dict[str, Any]:
+        """adapter_config.json of the PEFT layout (what vLLM and peft read)."""
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": self.spec.base_model,
+            "r": self.spec.lora_rank,
+            "lora_alpha": self.spec.lora_alpha,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
+        }
+
+
+def _lora_sharding_meta(var: Any) -> Any:
+    """qwix copies the base kernel's logical axis names onto its LoRA factors, whose rank differs
+    (a [embed, layers, heads, head_dim] kernel gives a [embed, layers, r] lora_a): MaxText's scan then
+    refuses the metadata. LoRA factors are small: keep only the scan axis name, replicate the rest."""
+    if not isinstance(var, nnx.Variable):
+        return var
+    meta = var.get_metadata()
+    axis_name = meta.get(nnx.PARTITION_NAME, "layers")
+    scan_axis = meta.get("param_scan_axis", 1)
+    names = tuple(axis_name if i == scan_axis else None for i in range(var.get_value().ndim))
+    updates = {k: names for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k) is not None}
+    return var.replace(**updates) if updates else var
+
+
+_LORA_LEAF = re.compile(r"^(?P<module>\w+)\.kernel_lora_(?P<which>[ab])$")
+
+
+def _parse_lora_path(path: tuple[Any, ...]) -> tuple[str, str]:
+    key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+    tail = ".".join(key.split(".")[-2:])
+    m = _LORA_LEAF.match(tail)
+    if not m or m.group("module") not in HF_PROJ:
+        raise ValueError(f"unexpected LoRA parameter {key}")
+    return m.group("module"), m.group("which")

@@ -1,0 +1,215 @@
+"""The compiled train step: packed micro-batches, fused log-prob head, GRPO loss, LoRA-only optax update.
+
+One step takes a step's rollouts, packs them (rljob.trainer.packing) into micro-batches of one shape
+``[rows, budget]`` and stacks ``micro_batches`` of them into one compiled call:
+
+- :meth:`Trainer.accumulate` (jit, the gradient buffer donated) runs ``lax.scan`` over the stacked
+  micro-batches and adds each micro-batch's gradient into the buffer; a step that packs into more
+  micro-batches than one call holds calls it again with the same shape (padding micro-batches are
+  all-pad and contribute exactly zero), so every run compiles each function once;
+- :meth:`Trainer.apply` (jit, the train state donated) runs the optax update on the LoRA parameters
+  only (the base weights are not an argument), and skips the update, keeping parameters and
+  optimizer state, when the loss, a gradient or an update is non-finite; skips are counted. Its
+  outputs reuse the donated state buffers.
+
+Per-token loss weights are fixed on the host for the whole step (``loss_mask / tokens in the step``,
+or a packed ``loss_weight`` field), so the loss and its gradient do not depend on the layout:
+packed == unpacked, one micro-batch == many.
+
+  trainer = Trainer(policy, StepConfig(...))
+  state = trainer.init_state()
+  state, metrics = trainer.train_on_batch(state, rollouts)     # rollouts: list[packing.Rollout]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
+from rljob.trainer.model import LoraState, Policy
+from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
+
+__all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "stack_micro_batches"]
+
+BATCH_FIELDS = ("tokens", "segment_ids", "positions", "weights", "advantages", "old_logprobs")
+_INT_FIELDS = ("tokens", "segment_ids", "positions")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    """Shapes and hyper-parameters of the compiled step (all static for a run)."""
+
+    budget: int  # tokens per packed row
+    rows: int = 1  # rows per micro-batch
+    micro_batches: int = 1  # micro-batches per compiled accumulate call
+    learning_rate: float = 1e-4
+    max_grad_norm: float = 1.0
+    weight_decay: float = 0.0
+    loss: LossConfig = dataclasses.field(default_factory=LossConfig)
+    token_tile: int = 2048
+    vocab_chunk: int = 16384
+    pad_position: str = "end"
+    pad_align: int = 4096
+    segment_align: int = 64
+
+    def pack_config(self) -> PackConfig:
+        kw: dict[str, Any] = {}
+        if self.pad_position == "start":
+            kw["pad_align"] = self.pad_align
+        return PackConfig(
+            budget=self.budget, rows=self.rows, segment_align=self.segment_align,
+            pad_position=self.pad_position, **kw,  # type: ignore[arg-type]
+        )
+
+
+class TrainState(NamedTuple):
+    lora: LoraState
+    opt_state: Any
+    step: jax.Array  # int32: optimizer steps taken (skipped ones included)
+    skipped: jax.Array  # int32: steps whose update was non-finite and not applied
+
+
+def stack_micro_batches(
+    packed: list[PackedBatch], micro_batches: int, *, with_ref: bool = False
+) -> list[dict[str, np.ndarray]]:
+    """Host arrays ``[micro_batches, rows, budget]`` per field, in as many calls as needed.
+
+    Weights: a packed ``loss_weight`` field times the loss mask if present, else the loss mask divided
+    by the step's total of masked tokens (one global token mean over the step)."""
+    if not packed:
+        raise ValueError("no micro-batches to stack")
+    total = float(sum(b.loss_mask.sum() for b in packed))
+    fields = BATCH_FIELDS + (("ref_logprobs",) if with_ref else ())
+
+    def arrays(b: PackedBatch) -> dict[str, np.ndarray]:
+        if "old_logprobs" not in b.fields:
+            raise ValueError("rollouts: per_token['old_logprobs'] (the sampler's log-probs) is required")
+        if "loss_weight" in b.fields:
+            w = b.loss_mask * b.fields["loss_weight"]
+        else:
+            w = b.loss_mask / max(total, 1.0)
+        out = {
+            "tokens": b.tokens, "segment_ids": b.segment_ids, "positions": b.positions,
+            "weights": w.astype(np.float32), "advantages": b.advantages,
+            "old_logprobs": b.fields["old_logprobs"],
+        }
+        if with_ref:
+            out["ref_logprobs"] = b.fields["ref_logprobs"]
+        return out
+
+    per = [arrays(b) for b in packed]
+    empty = {k: np.zeros_like(v) for k, v in per[0].items()}
+    calls = []
+    for start in range(0, len(per), micro_batches):
+        chunk = per[start : start + micro_batches]
+        chunk += [empty] * (micro_batches - len(chunk))
+        calls.append({k: np.stack([c[k] for c in chunk]) for k in fields})
+    return calls
+
+
+class Trainer:
+    """Compiled accumulate/apply functions of one run (see the module docstring)."""
+
+    def __init__(self, policy: Policy, cfg: StepConfig) -> None:
+        self.policy = policy
+        self.cfg = cfg
+        self.with_ref = cfg.loss.kl_coef > 0
+        self.optimizer = optax.chain(
+            optax.clip_by_global_norm(cfg.max_grad_norm),
+            optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
+        )
+        self.accumulate = jax.jit(self._accumulate, donate_argnums=(0,))
+        self.apply = jax.jit(self._apply, donate_argnums=(0,))
+
+    # ------------------------------------------------------------------ state
+
+    def init_state(self, lora: LoraState | None = None) -> TrainState:
+        lora = self.policy.lora0 if lora is None else lora
+        lora = jax.tree.map(jnp.array, lora)  # own copies: the step donates its inputs
+        return TrainState(lora, self.optimizer.init(lora), jnp.int32(0), jnp.int32(0))
+
+    def abstract_state(self) -> TrainState:
+        return jax.eval_shape(self.init_state)
+
+    # ------------------------------------------------------------------ compiled parts
+
+    def micro_loss(
+        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up)."""
+        lp = self.policy.next_token_logprobs(
+            lora, mb["tokens"], mb["positions"], mb["segment_ids"],
+            token_tile=self.cfg.token_tile, vocab_chunk=self.cfg.vocab_chunk, base=base,
+        )
+        return policy_loss(
+            lp, mb["old_logprobs"], mb["advantages"], mb["weights"], self.cfg.loss,
+            ref_logprobs=mb.get("ref_logprobs"),
+        )
+
+    def _accumulate(
+        self, acc: tuple[Any, dict[str, jax.Array]], lora: LoraState, base: Any, batch: dict[str, jax.Array]
+    ) -> tuple[Any, dict[str, jax.Array]]:
+        grad_fn = jax.value_and_grad(self.micro_loss, has_aux=True)
+
+        def body(carry: tuple[Any, dict[str, jax.Array]], mb: dict[str, jax.Array]) -> tuple[Any, None]:
+            g_acc, m_acc = carry
+            (_, metrics), grads = grad_fn(lora, mb, base)
+            g_acc = jax.tree.map(jnp.add, g_acc, grads)
+            m_acc = {k: m_acc[k] + metrics[k].astype(m_acc[k].dtype) for k in m_acc}
+            return (g_acc, m_acc), None
+
+        out, _ = jax.lax.scan(body, acc, batch)
+        return out  # type: ignore[no-any-return]
+
+    def zero_acc(self, lora: LoraState) -> tuple[Any, dict[str, jax.Array]]:
+        metrics = {"loss": jnp.float32(0), "ratio": jnp.float32(0), "clip_fraction": jnp.float32(0),
+                   "tokens": jnp.int32(0), "weight": jnp.float32(0)}
+        if self.with_ref:
+            metrics["kl"] = jnp.float32(0)
+        return jax.tree.map(jnp.zeros_like, lora), metrics
+
+    def _apply(
+        self, state: TrainState, acc: tuple[Any, dict[str, jax.Array]]
+    ) -> tuple[TrainState, dict[str, jax.Array]]:
+        grads, metrics = acc
+        updates, opt_state = self.optimizer.update(grads, state.opt_state, state.lora)
+        lora = optax.apply_updates(state.lora, updates)
+        ok = all_finite((grads, updates, metrics["loss"]))
+        new = TrainState(
+            lora=guard_update(ok, lora, state.lora),
+            opt_state=guard_update(ok, opt_state, state.opt_state),
+            step=state.step + 1,
+            skipped=state.skipped + (~ok).astype(jnp.int32),
+        )
+        out = dict(metrics)
+        out["grad_norm"] = optax.global_norm(grads)
+        out["update_skipped"] = (~ok).astype(jnp.int32)
+        return new, out
+
+    # ------------------------------------------------------------------ host API
+
+    def train_on_packed(
+        self, state: TrainState, packed: list[PackedBatch]
+    ) -> tuple[TrainState, dict[str, float]]:
+        acc = self.zero_acc(state.lora)
+        calls = stack_micro_batches(packed, self.cfg.micro_batches, with_ref=self.with_ref)
+        for call in calls:
+            acc = self.accumulate(acc, state.lora, self.policy.base, {k: jnp.asarray(v) for k, v in call.items()})
+        state, metrics = self.apply(state, acc)
+        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        out["micro_batches"] = float(len(packed))
+        out["accumulate_calls"] = float(len(calls))
+        return state, out
+
+    def train_on_batch(
+        self, state: TrainState, rollouts: list[Rollout]
+    ) -> tuple[TrainState, dict[str, float]]:
+        """One optimizer step on ``rollouts`` (advantages and per_token['old_logprobs'] set; optional
+        per_token['loss_weight'] / ['ref_logprobs']). The input state is donated: use the returned one."""
+        return self.train_on_packed(state, pack_rollouts(rollouts, self.cfg.pack_config()))
