@@ -760,12 +760,25 @@ class ClusterState:
     can_create_rljobs: bool | None = None
     jobset_probe: Probe | None = None
     rljob_probe: Probe | None = None
+    unreadable: list[str] = field(default_factory=list)  # cluster-wide lists the caller may not read
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
 
 
 def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
     namespace = needs.namespace if needs else "default"
+    if state.unreadable:
+        # Without these lists every check would report things missing that are only hidden.
+        mine = check_operator({}, [], [], {}, state.can_create_rljobs, "", "", namespace)
+        return [
+            problem(
+                "access",
+                f"you may not list {', '.join(state.unreadable)}: doctor cannot check this cluster",
+                "run doctor as a cluster admin, or bind a ClusterRole with get/list on "
+                "customresourcedefinitions, deployments, nodes and validatingwebhookconfigurations",
+            ),
+            *[f for f in mine if f.check == "user.rbac"],
+        ]
     return (
         check_jobset_crd(state.crds)
         + check_jobset_controller(state.deployments, state.jobset_probe)
@@ -868,11 +881,19 @@ def gather(
 
     state = ClusterState(server=str(api.configuration.host))
     ext = client.ApiextensionsV1Api(api)
-    crds = items(ext.list_custom_resource_definition)
-    state.crds = {c["metadata"]["name"]: c for c in crds or []}
-    state.deployments = items(client.AppsV1Api(api).list_deployment_for_all_namespaces) or []
-    state.nodes = items(client.CoreV1Api(api).list_node) or []
-    state.webhooks = items(client.AdmissionregistrationV1Api(api).list_validating_webhook_configuration) or []
+    lists = {
+        "customresourcedefinitions": items(ext.list_custom_resource_definition),
+        "deployments": items(client.AppsV1Api(api).list_deployment_for_all_namespaces),
+        "nodes": items(client.CoreV1Api(api).list_node),
+        "validatingwebhookconfigurations": items(
+            client.AdmissionregistrationV1Api(api).list_validating_webhook_configuration
+        ),
+    }
+    state.unreadable = sorted(k for k, v in lists.items() if v is None)
+    state.crds = {c["metadata"]["name"]: c for c in lists["customresourcedefinitions"] or []}
+    state.deployments = lists["deployments"] or []
+    state.nodes = lists["nodes"] or []
+    state.webhooks = lists["validatingwebhookconfigurations"] or []
     custom = client.CustomObjectsApi(api)
     lq_crd = state.crds.get(LOCALQUEUE_CRD)
     if lq_crd is not None and needs is not None and needs.queue_name:

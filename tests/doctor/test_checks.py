@@ -730,3 +730,10 @@ def test_probe_rljob_is_a_valid_manifest() -> None:
 
     run = resolve(parse_manifest(yaml.safe_dump(doctor.probe_rljob("ns1"))))
     assert run.namespace == "ns1"
+
+
+def test_unreadable_cluster_is_one_access_problem_not_a_list_of_missing_things() -> None:
+    state = doctor.ClusterState(unreadable=["customresourcedefinitions", "nodes"], can_create_rljobs=False)
+    findings = doctor.run_checks(state, needs())
+    assert statuses(findings) == [("access", Status.PROBLEM), ("user.rbac", Status.PROBLEM)]
+    assert "customresourcedefinitions, nodes" in findings[0].message
