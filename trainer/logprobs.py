@@ -229,7 +229,7 @@ def token_logprobs(
     mask: jax.Array | None = None,
     *,
     token_tile: int = 2048,
-    vocab_chunk: int = 16384,
+    vocab_chunk: int = 8192,
     temperature: float = 1.0,
     grad_w: bool = True,
 ) -> jax.Array:

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import rljob.trainer.logprobs as lp_mod
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from rljob.trainer.logprobs import (
@@ -216,3 +217,38 @@ def test_sharded_over_four_cpu_devices() -> None:
         [sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300
     )
     assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+
+
+def _unsanitized_tile_inputs(hidden, targets, mask, i, tile):  # type: ignore[no-untyped-def]
+    s = lp_mod._tile_start(i, tile, hidden.shape[0])
+    m = jax.lax.dynamic_slice_in_dim(mask, s, tile) & ((s + jnp.arange(tile)) >= i * tile)
+    return (
+        s,
+        jax.lax.dynamic_slice_in_dim(hidden, s, tile, axis=0),
+        jax.lax.dynamic_slice_in_dim(targets, s, tile),
+        m,
+    )
+
+
+def _overlapping_chunk_logits(h, w, j, chunk, temperature):  # type: ignore[no-untyped-def]
+    z, col, new = _real_chunk_logits(h, w, j, chunk, temperature)
+    return z, col, jnp.ones_like(new)
+
+
+_real_chunk_logits = lp_mod._chunk_logits
+
+
+@pytest.mark.parametrize(
+    ("name", "patch"),
+    [
+        ("masked hidden states not zeroed", {"_tile_inputs": _unsanitized_tile_inputs}),
+        ("slid-back last vocabulary chunk counted twice", {"_chunk_logits": _overlapping_chunk_logits}),
+    ],
+)
+def test_broken_heads_are_caught(
+    name: str, patch: dict[str, object], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for attr, fn in patch.items():
+        monkeypatch.setattr(lp_mod, attr, fn)
+    with pytest.raises(AssertionError):
+        _compare(37, 12, 101, 8, 24, 1.0, seed=5)
