@@ -251,8 +251,11 @@ class Caches:
         return old is None or old.report != report
 
     def put_failure(self, key: Key, failure: PodFailure) -> bool:
+        """Keep the first failure of the newest attempt: the cause, not the pods it took down."""
         old = self.failures.get(key)
-        if old is not None and (old.attempt, old.time) >= (failure.attempt, failure.time):
+        if old is not None and (
+            old.attempt > failure.attempt or (old.attempt == failure.attempt and old.time <= failure.time)
+        ):
             return False
         self.failures[key] = failure
         return True

@@ -143,7 +143,8 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
 
     DisruptionTarget=True (node deleted, preempted, evicted, drained) is preemption or maintenance
     whatever the exit code; otherwise a terminated container's non-zero exit code decides: 2 is bad
-    configuration (contract 3), anything else a crash.
+    configuration (contract 3), anything else a crash. Pods that failed while being deleted are not
+    failures of their own (SIGTERM from a JobSet restart).
     """
     meta = pod.get("metadata") or {}
     status = pod.get("status") or {}
@@ -167,7 +168,9 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
                 message += f": {cond['message']}"
             when = parse_time(cond.get("lastTransitionTime")) or fallback
             return PodFailure(klass, our_reason, message, when, attempt, role)
-    if status.get("phase") != "Failed":
+    if status.get("phase") != "Failed" or meta.get("deletionTimestamp"):
+        # A pod killed while being deleted (the JobSet tearing an attempt down) is a consequence of
+        # another failure, not its cause.
         return None
     for cs in status.get("containerStatuses") or []:
         term = (cs.get("state") or {}).get("terminated") or {}

@@ -202,3 +202,24 @@ def test_work_queue_dedups_and_requeues_dirty_keys() -> None:
 )
 def test_newer(new: str, old: str | None, expected: bool) -> None:
     assert newer(new, old) is expected
+
+
+def test_first_failure_of_the_newest_attempt_is_kept() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from rljob.operator.reconcile import Caches
+    from rljob.operator.status import PodFailure
+    from rljob.recipes.api import FailureClass
+
+    t = datetime(2026, 1, 1, tzinfo=UTC)
+    caches, key = Caches(), ("ns", "demo")
+    first = PodFailure(FailureClass.PREEMPTION, "Preempted", "node gone", t, 0, "trainer")
+    assert caches.put_failure(key, first)
+    assert not caches.put_failure(
+        key, PodFailure(FailureClass.CRASH, "Crashed", "later", t + timedelta(seconds=5), 0, "sampler")
+    )
+    assert caches.failures[key] is first
+    newer_attempt = PodFailure(
+        FailureClass.CRASH, "Crashed", "exit 1", t + timedelta(minutes=1), 1, "trainer"
+    )
+    assert caches.put_failure(key, newer_attempt) and caches.failures[key] is newer_attempt

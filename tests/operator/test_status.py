@@ -424,3 +424,13 @@ def test_classify_pod_reads_attempt_and_exit_code_message() -> None:
     got = classify_pod(pod(phase="Failed", exit_code=3, attempt="4"))
     assert got is not None and got.attempt == 4
     assert got.message == "container trainer of pod run-trainer-0-0-abcde exited with code 3"
+
+
+def test_pod_killed_by_a_restart_is_not_a_cause() -> None:
+    body = pod(phase="Failed", exit_code=143)
+    body["metadata"]["deletionTimestamp"] = "2026-11-29T19:57:00Z"
+    assert classify_pod(body) is None
+    body = pod(phase="Failed", disruption="DeletionByPodGC")
+    body["metadata"]["deletionTimestamp"] = "2026-11-29T19:57:00Z"
+    got = classify_pod(body)
+    assert got is not None and got.failure_class == FailureClass.PREEMPTION
