@@ -134,6 +134,8 @@ def main() -> None:
         totals["start"] += c_start
         totals["placed"] += c_placed
     n_rows = int(rows["end"].shape[0])
+    moved = int(sum((rows["start"][r] != rows["end"][r]).any() for r in range(n_rows)))
+    emit("rows_moved_by_pad_first", moved, rows=n_rows, rollouts=a.rollouts, seed=a.seed)
     for i, kernel in enumerate(("fwd+dkv", "fwd", "dkv")):
         ctx = {"kernel": kernel, "rows": n_rows, "rollouts": a.rollouts, "seed": a.seed, "samples": a.samples}
         emit("busiest_rank_tiles", int(totals["start"][i]), layout="start", **ctx)
