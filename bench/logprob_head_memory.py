@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import time
 from collections.abc import Callable
 
@@ -75,6 +76,7 @@ def main() -> None:
             )
             emit("temp_bytes", fused, variant="fused", tile=tile, vocab_chunk=chunk, compile_s=round(s, 2))
             emit("naive_over_fused", round(naive / fused, 2), tile=tile, vocab_chunk=chunk)
+    emit("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, note="compile only")
 
 
 if __name__ == "__main__":

@@ -149,6 +149,8 @@ def test_hand_written_end_and_start_rows() -> None:
     assert end.positions[0].tolist() == [0, 1, 2, 3, 4, 0, 0, 0, 0, 1, 2] + [0] * 9
     assert end.advantages[0, :11].tolist() == [0, 0, 0.5, 0.5, 0.5, 0, 0, 0, 0, -1, -1]
     assert end.fields["old_logprobs"][0, :11].tolist() == [0, 0, -1, -2, -3, 0, 0, 0, 0, -4, -5]
+    assert end.rollout_slice(1, "old_logprobs").tolist() == [0, -4, -5]
+    assert end.rollout_slice(0, "tokens").tolist() == [1, 2, 3, 4, 5]
     # 9 tokens of trailing padding: pad_align 8 moves the row by 8 (rounded down, not 9, not 12)
     start = pack_rollouts(
         _hand_rollouts(), PackConfig(budget=20, segment_align=4, pad_position="start", pad_align=8)
