@@ -40,6 +40,7 @@ from rljob.recipes.api import GROUP, PLURAL, VERSION
 logger = logging.getLogger(__name__)
 
 WEBHOOK_ID = "validate-rljob"
+MUTABLE = frozenset({"suspend", "queueName"})
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -150,12 +151,19 @@ async def on_validate(body: kopf.Body, **kwargs: Any) -> None:
     """The same parse + plan the reconcile runs; refused with every problem, `spec.path: message`."""
     old: kopf.Body | None = kwargs.get("old")
     operation: str | None = kwargs.get("operation")
-    if (
-        operation == "UPDATE"
-        and old is not None
-        and dict(old.get("spec") or {}) == dict(body.get("spec") or {})
-    ):
-        return
+    if operation == "UPDATE" and old is not None:
+        before, after = dict(old.get("spec") or {}), dict(body.get("spec") or {})
+        if before == after:
+            return
+        # The CRD's CEL rules refuse these first; this also covers values under free-form fields.
+        changed = sorted(
+            k for k in set(before) | set(after) if k not in MUTABLE and before.get(k) != after.get(k)
+        )
+        if changed:
+            fields = ", ".join(f"spec.{k}" for k in changed)
+            raise kopf.AdmissionError(
+                f"{fields}: immutable (only spec.suspend and spec.queueName may change)", 422
+            )
     plan = make_plan(dict(body), render)
     if plan.error is not None:
         raise kopf.AdmissionError(plan.error, code=422)
