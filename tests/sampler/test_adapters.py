@@ -1,0 +1,167 @@
+"""Adapter hot-swap: the watcher follows LATEST on the GCS emulator into a live CPU sampler over HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from aiohttp import web
+from rljob.sampler.adapters import (
+    AdapterStore,
+    AdapterWatcher,
+    LoraEndpoint,
+    ServerError,
+    adapter_name,
+    parse_latest,
+    version_of,
+)
+from rljob.sampler.cpu_server import CpuSampler
+from rljob.trainer.loop import GcsDir, gcs_client
+from rljob.trainer.tinypolicy import TinyPolicy, TinySpec
+
+pytestmark = pytest.mark.jax
+
+
+@pytest.mark.parametrize(("text", "version"), [("3", 3), ("v12\n", 12), ('{"version": 7}', 7), (" 0 ", 0)])
+def test_parse_latest(text: str, version: int) -> None:
+    assert parse_latest(text) == version
+
+
+@pytest.mark.parametrize("text", ["", "vx", "latest"])
+def test_parse_latest_rejects(text: str) -> None:
+    with pytest.raises(ValueError):
+        parse_latest(text)
+
+
+def test_names_round_trip() -> None:
+    assert version_of(adapter_name("my-job", 41)) == 41
+    assert version_of("my-job") is None
+
+
+@pytest.fixture(scope="module")
+def policy() -> TinyPolicy:
+    return TinyPolicy(TinySpec())
+
+
+@pytest.fixture
+def server(policy: TinyPolicy) -> Iterator[tuple[str, CpuSampler]]:
+    sampler = CpuSampler(policy, max_loras=2)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(sampler.app())
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    t = threading.Thread(target=loop.run_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{port}", sampler
+    loop.call_soon_threadsafe(loop.stop)
+    t.join(5)
+
+
+def _get(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=30) as r:
+        return json.loads(r.read())
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as r:
+        return json.loads(r.read())
+
+
+def _publish(adapters: GcsDir, policy: TinyPolicy, lora: Any, version: int, tmp: Path) -> None:
+    d = tmp / f"export-v{version}"
+    policy.save_peft(lora, d)
+    adapters.upload_dir(f"v{version}", d)
+    adapters.write("LATEST", str(version).encode())
+
+
+def _perturbed(policy: TinyPolicy, scale: float, seed: int) -> Any:
+    rng = np.random.default_rng(seed)
+    peft = {
+        k: v + scale * rng.standard_normal(v.shape).astype(np.float32)
+        for k, v in policy.to_peft(policy.lora0).items()
+    }
+    return policy.from_peft(peft)
+
+
+def test_watcher_swaps_versions_load_then_unload(
+    gcs_bucket: str, server: tuple[str, CpuSampler], policy: TinyPolicy, tmp_path: Path
+) -> None:
+    base_url, _sampler = server
+    uri = f"{gcs_bucket}/ns/job/adapters"
+    adapters = GcsDir(uri, gcs_client())
+    watcher = AdapterWatcher(AdapterStore(uri), LoraEndpoint(base_url), tmp_path / "local", "job")
+    assert watcher.poll_once() is None and watcher.served_version is None  # nothing published yet
+
+    _publish(adapters, policy, policy.lora0, 0, tmp_path)
+    rec = watcher.poll_once()
+    assert rec is not None and rec.version == 0 and rec.name == "job-v0"
+    assert watcher.poll_once() is None  # no new version: no work
+
+    lora1 = _perturbed(policy, 0.3, 1)
+    _publish(adapters, policy, lora1, 1, tmp_path)
+    rec = watcher.poll_once()
+    assert rec is not None and rec.version == 1
+    ids = [m["id"] for m in _get(f"{base_url}/v1/models")["data"]]
+    assert ids == [policy.spec.base_model, "job-v1"]  # v0 unloaded after v1 loaded
+    assert not (tmp_path / "local" / "v0").exists()
+
+    # The served v1 is the published weights: the sampler's log-probs equal the trainer's on them.
+    resp = _post(
+        f"{base_url}/v1/completions",
+        {
+            "model": "job-v1",
+            "prompt": [[1, 5, 17]],
+            "n": 4,
+            "max_tokens": 2,
+            "temperature": 1.0,
+            "seed": 3,
+            "logprobs": 0,
+            "return_token_ids": True,
+        },
+    )
+    assert resp["model"] == "job-v1" and resp["adapter_version"] == 1
+    for ch in resp["choices"]:
+        seq = [1, 5, 17, *ch["token_ids"]]
+        t = jnp.asarray([seq])
+        lp = policy.next_token_logprobs(lora1, t, jnp.arange(len(seq))[None], jnp.ones_like(t))
+        np.testing.assert_allclose(np.asarray(lp)[0, 3:], ch["logprobs"]["token_logprobs"], atol=1e-5)
+
+
+def test_broken_adapter_keeps_serving_previous(
+    gcs_bucket: str, server: tuple[str, CpuSampler], policy: TinyPolicy, tmp_path: Path
+) -> None:
+    base_url, _ = server
+    uri = f"{gcs_bucket}/adapters"
+    adapters = GcsDir(uri, gcs_client())
+    watcher = AdapterWatcher(AdapterStore(uri), LoraEndpoint(base_url), tmp_path / "local", "job")
+    _publish(adapters, policy, policy.lora0, 0, tmp_path)
+    watcher.poll_once()
+    # v1 with a wrong rank (as a trainer with a different spec.lora.rank would export).
+    bad = TinyPolicy(TinySpec(lora_rank=4))
+    _publish(adapters, bad, bad.lora0, 1, tmp_path)
+    with pytest.raises(ServerError, match="rank"):
+        watcher.poll_once()
+    assert watcher.served_version == 0
+    assert [m["id"] for m in _get(f"{base_url}/v1/models")["data"]][1:] == ["job-v0"]
+
+
+def test_unknown_model_is_404(server: tuple[str, CpuSampler]) -> None:
+    base_url, _ = server
+    req = urllib.request.Request(
+        f"{base_url}/v1/completions", json.dumps({"model": "nope-v3", "prompt": [1]}).encode()
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    assert e.value.code == 404

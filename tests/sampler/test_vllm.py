@@ -1,0 +1,164 @@
+"""The vLLM command builder and the TPU runtime-LoRA preflight.
+
+vLLM (vllm-tpu) cannot be imported here (it needs torch and a TPU build of tpu-inference), so the built
+command is checked against the option names of the pinned vllm-tpu 0.32.0, extracted from its wheel's
+argument-parser sources by tests/sampler/data/extract_vllm_args.py (regenerate command in its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from rljob.recipes.runconfig import RunConfig
+from rljob.sampler import vllm
+from rljob.trainer.localrun import local_run_config
+
+ARGS = json.loads((Path(__file__).parent / "data" / "vllm-tpu-0.32.0-serve-args.json").read_text())
+
+
+def _rc(tmp_path: Path, **spec_model: str) -> RunConfig:
+    rc = local_run_config("gs://bkt", 8000, tmp_path / "p.json")
+    if spec_model:
+        model = rc.spec.model.model_copy(update=spec_model)  # type: ignore[union-attr]
+        rc = rc.model_copy(update={"spec": rc.spec.model_copy(update={"model": model})})
+    return rc
+
+
+def _flags(argv: list[str]) -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    i = 3  # vllm serve MODEL
+    while i < len(argv):
+        name = argv[i]
+        nxt = argv[i + 1] if i + 1 < len(argv) else None
+        if nxt is not None and not nxt.startswith("--"):
+            out[name] = nxt
+            i += 2
+        else:
+            out[name] = None
+            i += 1
+    return out
+
+
+def test_pinned_version_matches_the_extracted_parser() -> None:
+    assert ARGS["version"] == vllm.VLLM_TPU_VERSION
+    assert tuple(ARGS["max_lora_ranks"]) == vllm.VLLM_LORA_RANKS
+    assert ARGS["runtime_lora_env_known"] is True
+
+
+@pytest.mark.parametrize(
+    ("model", "maxtext", "pow2"),
+    [
+        ("Qwen/Qwen3-8B", "qwen3-8b", None),
+        ("Qwen/Qwen3.5-27B", "qwen3.5-27b", 4096),
+        ("google/gemma-4-31b-it", "gemma4-31b", 4096),
+        ("rljob/tiny-qwen3", "qwen3-0.6b", None),
+    ],
+)
+def test_command_from_plan(tmp_path: Path, model: str, maxtext: str, pow2: int | None) -> None:
+    rc = _rc(tmp_path, name=model, maxtext_model=maxtext)
+    cmd = vllm.build_command(rc, port=8123, download_dir="/cache/hf")
+    assert cmd.argv[:3] == ["vllm", "serve", model]
+    flags = _flags(cmd.argv)
+    unknown = sorted(set(flags) - set(ARGS["options"]))
+    assert not unknown, f"not options of vllm-tpu {ARGS['version']}: {unknown}"
+    assert flags["--tensor-parallel-size"] == str(rc.sampler.tensor_parallel) == "4"  # v5p-8: 4 chips
+    assert flags["--max-model-len"] == str(rc.sampler.max_model_len)
+    assert "--enable-lora" in flags and flags["--enable-lora"] is None
+    assert flags["--max-loras"] == str(rc.sampler.max_loras)
+    assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
+    assert flags["--port"] == "8123" and flags["--download-dir"] == "/cache/hf"
+    assert flags.get("--max-num-batched-tokens") == (str(pow2) if pow2 else None)
+    assert cmd.env[vllm.RUNTIME_LORA_ENV] == "True"
+
+
+@pytest.mark.parametrize(
+    ("update", "field"),
+    [
+        ({"lora_max_rank": 12}, "spec.lora.rank"),
+        ({"max_loras": 1}, "spec.sampler.maxLoras"),
+        ({"tensor_parallel": 8}, "spec.sampler.tensorParallel"),
+    ],
+)
+def test_bad_plans_name_the_field(tmp_path: Path, update: dict[str, int], field: str) -> None:
+    rc = _rc(tmp_path)
+    rc = rc.model_copy(update={"sampler": rc.sampler.model_copy(update=update)})
+    with pytest.raises(vllm.SamplerConfigError, match=field.replace(".", r"\.")):
+        vllm.build_command(rc)
+
+
+WORKER_OK = """
+class WorkerBase: ...
+class TPUWorker(WorkerBase):
+    def add_lora(self, r): ...
+    def remove_lora(self, i): ...
+    def list_loras(self): ...
+    def pin_lora(self, i): ...
+"""
+
+
+def _site(tmp: Path, *, vllm_env: bool = True, tpu: str | None = WORKER_OK) -> Path:
+    (tmp / "vllm").mkdir(parents=True)
+    (tmp / "vllm" / "__init__.py").write_text("raise ImportError('must not be imported by the preflight')\n")
+    (tmp / "vllm" / "envs.py").write_text(
+        "VLLM_ALLOW_RUNTIME_LORA_UPDATING: bool = False\n" if vllm_env else "\n"
+    )
+    if tpu is not None:
+        (tmp / "tpu_inference" / "worker").mkdir(parents=True)
+        (tmp / "tpu_inference" / "__init__.py").write_text("raise ImportError('no TPU here')\n")
+        (tmp / "tpu_inference" / "worker" / "tpu_worker.py").write_text(tpu)
+    return tmp
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "reason"),
+    [
+        ({}, None),
+        ({"vllm_env": False}, "VLLM_ALLOW_RUNTIME_LORA_UPDATING"),
+        ({"tpu": None}, "tpu_inference is not installed"),
+        ({"tpu": WORKER_OK.replace("def pin_lora", "def pin_lora_x")}, "lacks pin_lora"),
+        # tpu-inference 0.23.0: the TPU worker has no LoRA forwarders at all.
+        ({"tpu": "class TPUWorker:\n    def execute_model(self): ...\n"}, "lacks add_lora, remove_lora"),
+        ({"tpu": "class Worker: ...\n"}, "no TPUWorker class"),
+    ],
+)
+def test_preflight(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, object], reason: str | None
+) -> None:
+    site = _site(tmp_path / "site", **kwargs)  # type: ignore[arg-type]
+    monkeypatch.syspath_prepend(str(site))
+    got = vllm.preflight()
+    if reason is None:
+        assert got is None
+    else:
+        assert got is not None and reason in got
+
+
+def test_preflight_without_vllm_and_sampler_exit_2(tmp_path: Path) -> None:
+    assert vllm.preflight() is not None  # vLLM is not installed in the dev venv
+    cfg = tmp_path / "run.json"
+    cfg.write_text(_rc(tmp_path).model_dump_json())
+    proc = subprocess.run(
+        [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg), "--backend", "vllm"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "sampler preflight: vllm is not installed" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_sampler_bad_config_exit_2(tmp_path: Path) -> None:
+    cfg = tmp_path / "run.json"
+    cfg.write_text('{"kind": "RunConfig"}')
+    proc = subprocess.run(
+        [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
