@@ -72,3 +72,9 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .hypothesis
+
+# The RL loop on CPU: trainer and sampler as two processes over HTTP, storage on the GCS emulator;
+# one JSON line per step (step, reward_mean, ...), then a summary line (first step at reward >= 0.9).
+.PHONY: rl-cpu
+rl-cpu: venv
+	$(PY) -m rljob.trainer.localrun --steps $${RL_CPU_STEPS:-120}

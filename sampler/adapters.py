@@ -25,8 +25,8 @@ from typing import Any
 
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage  # type: ignore[attr-defined]
-from google.cloud.storage import transfer_manager
+from google.cloud import storage  # type: ignore[import-untyped]
+from google.cloud.storage import transfer_manager  # type: ignore[import-untyped]
 
 log = logging.getLogger("rljob.sampler.adapters")
 
@@ -63,7 +63,8 @@ def storage_client() -> storage.Client:
     """A GCS client; against the emulator (STORAGE_EMULATOR_HOST) with anonymous credentials."""
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         return storage.Client(
-            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"), credentials=AnonymousCredentials()
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"),
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
         )
     return storage.Client()
 

@@ -120,6 +120,7 @@ class WatcherFactory:
 
 
 def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) -> int:
+    from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.tinypolicy import TinyPolicy, TinySpec
 
@@ -132,10 +133,8 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) ->
     server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)
 
     async def serve() -> None:
-        runner = web_runner(server)
+        runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
-        from aiohttp import web
-
         site = web.TCPSite(runner, host, port)
         await site.start()
         log.warning("CPU sampler serving on %s:%d", host, port)
@@ -149,14 +148,6 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) ->
 
     asyncio.run(serve())
     return 0
-
-
-def web_runner(server: object) -> web.AppRunner:  # noqa: F821
-    from aiohttp import web
-    from rljob.sampler.cpu_server import CpuSampler
-
-    assert isinstance(server, CpuSampler)
-    return web.AppRunner(server.app(), access_log=None)
 
 
 def parser() -> argparse.ArgumentParser:

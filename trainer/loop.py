@@ -40,10 +40,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
+import optax  # type: ignore[import-untyped]
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage  # type: ignore[attr-defined]
+from google.cloud import storage  # type: ignore[import-untyped]
 from pydantic import ValidationError
 from rljob.recipes.api import ProgressReport
 from rljob.recipes.failure import EXIT_BAD_CONFIG
@@ -71,7 +71,8 @@ class LoopConfigError(ValueError):
 def gcs_client() -> storage.Client:
     if os.environ.get("STORAGE_EMULATOR_HOST"):
         return storage.Client(
-            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"), credentials=AnonymousCredentials()
+            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"),
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
         )
     return storage.Client()
 

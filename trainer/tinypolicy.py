@@ -22,11 +22,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-import qwix
+import optax  # type: ignore[import-untyped]
+import qwix  # type: ignore[import-untyped]
 from flax import nnx
 from safetensors.numpy import load_file, save_file
-from tunix.models.qwen3.model import ModelConfig, Qwen3
+from tunix.models.qwen3.model import ModelConfig, Qwen3  # type: ignore[import-untyped]
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
 PEFT_CONFIG = "adapter_config.json"
@@ -94,7 +94,10 @@ class TinyPolicy:
         lora_model = qwix.apply_lora_to_model(
             model, provider, toks, pos, None, mask, rngs=nnx.Rngs(spec.seed + 1)
         )
-        self.graphdef, self.lora0, self.base = nnx.split(lora_model, nnx.LoRAParam, ...)
+        parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
+        self.graphdef: Any = parts[0]
+        self.lora0: Any = parts[1]
+        self.base: Any = parts[2]
         self._paths = [
             _key(p) for p, _ in jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(self.lora0))[0]
         ]
@@ -111,7 +114,7 @@ class TinyPolicy:
         causal = jnp.tril(jnp.ones((t, t), bool))[None]
         same = (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, :, None] > 0)
         out, _ = model(tokens, positions, None, causal & same)
-        return out
+        return jnp.asarray(out)
 
     @partial(jax.jit, static_argnums=0)
     def next_token_logprobs(
