@@ -17,6 +17,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "rljob"
 HELM = REPO / "hack" / "bin" / "helm"
+KUBE = ("--kube-version", "1.37.2")  # helm template assumes an old Kubernetes otherwise
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +30,7 @@ def helm() -> Path:
 
 
 def template(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    args = [str(helm), "template", "rljob", str(CHART), "--namespace", "rljob-system", "--include-crds"]
+    args = [str(helm), "template", "rljob", str(CHART), "--namespace", "rljob-system", "--include-crds", *KUBE]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True, check=True)
@@ -129,7 +130,7 @@ def test_webhook_disabled(helm: Path) -> None:
     ],
 )
 def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:
-    args = [str(helm), "template", "rljob", str(CHART), "--set", value]
+    args = [str(helm), "template", "rljob", str(CHART), *KUBE, "--set", value]
     proc = subprocess.run(args, capture_output=True, text=True)
     assert proc.returncode != 0
     assert complaint in proc.stderr, proc.stderr
