@@ -30,7 +30,7 @@ def helm() -> Path:
 
 
 def template(helm: Path, *sets: str) -> list[dict[str, Any]]:
-    args = [str(helm), "template", "rljob", str(CHART), "--namespace", "rljob-system", "--include-crds", *KUBE]
+    args = [str(helm), "template", "rljob", str(CHART), "-n", "rljob-system", "--include-crds", *KUBE]
     for s in sets:
         args += ["--set", s]
     proc = subprocess.run(args, capture_output=True, text=True, check=True)
