@@ -22,6 +22,8 @@ Public API:
       first token and on padding) -- the layout of trainer.packing.
   sharded_token_logprobs(mesh, token_axes, ...) -> the same function under shard_map, tokens
       split over ``token_axes`` and w replicated (its gradient is summed over those axes).
+  vocab_sharded_token_logprobs(mesh, vocab_axis, token_axes=None, ...) -> w split by vocabulary
+      columns over ``vocab_axis``; shards combine per token tile with pmax/psum of [tile] vectors.
   naive_token_logprobs(...): log_softmax then take -- the reference for tests and benchmarks.
 """
 
@@ -42,6 +44,7 @@ __all__ = [
     "next_token_targets",
     "sharded_token_logprobs",
     "token_logprobs",
+    "vocab_sharded_token_logprobs",
 ]
 
 _F32 = jnp.float32
@@ -53,7 +56,7 @@ def _tile_start(i: jax.Array, tile: int, n: int) -> jax.Array:
 
 
 def _chunk_logits(
-    h: jax.Array, w: jax.Array, j: jax.Array, chunk: int, temperature: float
+    h: jax.Array, w: jax.Array, j: jax.Array, chunk: int, temperature: float, vocab_axis: str | None = None
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Logits of one [tile, chunk] block, the chunk's column ids, and which columns are new."""
     v = w.shape[1]
@@ -62,8 +65,9 @@ def _chunk_logits(
     z = jnp.dot(h, wc, preferred_element_type=_F32)
     if temperature != 1.0:
         z = z / temperature
-    col = c0 + jnp.arange(chunk)
-    return z, col, col >= j * chunk
+    local = c0 + jnp.arange(chunk)
+    offset = 0 if vocab_axis is None else lax.axis_index(vocab_axis) * v
+    return z, local + offset, local >= j * chunk
 
 
 def _tile_inputs(
@@ -87,6 +91,7 @@ def _forward(
     tile: int,
     chunk: int,
     temperature: float,
+    vocab_axis: str | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     t, v = hidden.shape[0], w.shape[1]
     n_tiles, n_chunks = -(-t // tile), -(-v // chunk)
@@ -99,7 +104,7 @@ def _forward(
             j: jax.Array, c: tuple[jax.Array, jax.Array, jax.Array]
         ) -> tuple[jax.Array, jax.Array, jax.Array]:
             mx, se, tl = c
-            z, col, new = _chunk_logits(h, w, j, chunk, temperature)
+            z, col, new = _chunk_logits(h, w, j, chunk, temperature, vocab_axis)
             z = jnp.where(new[None, :], z, -jnp.inf)
             mx2 = jnp.maximum(mx, z.max(axis=1))
             se = se * jnp.exp(mx - mx2) + jnp.exp(z - mx2[:, None]).sum(axis=1)
@@ -109,6 +114,11 @@ def _forward(
 
         init = (jnp.full((tile,), -jnp.inf, _F32), jnp.zeros((tile,), _F32), jnp.zeros((tile,), _F32))
         mx, se, tl = lax.fori_loop(0, n_chunks, chunk_body, init)
+        if vocab_axis is not None:  # combine the vocabulary shards: [tile]-sized collectives only
+            gmx = lax.pmax(mx, vocab_axis)  # type: ignore[no-untyped-call]
+            se = lax.psum(se * jnp.exp(mx - gmx), vocab_axis)  # type: ignore[no-untyped-call]
+            tl = lax.psum(tl, vocab_axis)  # type: ignore[no-untyped-call]
+            mx = gmx
         log_se = jnp.log(se)
         lse = mx + log_se
         # (target - max) - log(sum): the association log_softmax uses, so float32 results agree.
@@ -138,10 +148,16 @@ def _backward(
     chunk: int,
     temperature: float,
     grad_w: bool,
+    vocab_axis: str | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     t, v = hidden.shape[0], w.shape[1]
     n_tiles, n_chunks = -(-t // tile), -(-v // chunk)
     g = g.astype(_F32)
+    if vocab_axis is not None:
+        # shard_map (check_vma=False) hands each vocabulary shard 1/n of the cotangent of its
+        # replicated output and psums the partial dh it returns; the shards' partial products are
+        # not replicas, so each needs the whole cotangent. (A test pins this against the unsharded head.)
+        g = lax.psum(g, vocab_axis)  # type: ignore[no-untyped-call]
 
     def tile_body(i: jax.Array, acc: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
         dh_all, dw = acc
@@ -151,7 +167,7 @@ def _backward(
 
         def chunk_body(j: jax.Array, c: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
             dh, dw = c
-            z, col, new = _chunk_logits(h, w, j, chunk, temperature)
+            z, col, new = _chunk_logits(h, w, j, chunk, temperature, vocab_axis)
             p = jnp.where(new[None, :], jnp.exp(z - ls[:, None]), 0.0)
             hit = (col[None, :] == tg[:, None]) & new[None, :]
             dz = gm[:, None] * (hit.astype(_F32) - p)
@@ -178,7 +194,7 @@ def _backward(
     return dh_all.astype(hidden.dtype), (dw.astype(w.dtype) if grad_w else None)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
 def _fused(
     hidden: jax.Array,
     w: jax.Array,
@@ -188,8 +204,9 @@ def _fused(
     chunk: int,
     temperature: float,
     grad_w: bool,
+    vocab_axis: str | None,
 ) -> jax.Array:
-    return _forward(hidden, w, targets, mask, tile, chunk, temperature)[0]
+    return _forward(hidden, w, targets, mask, tile, chunk, temperature, vocab_axis)[0]
 
 
 def _fused_fwd(
@@ -201,8 +218,9 @@ def _fused_fwd(
     chunk: int,
     temperature: float,
     grad_w: bool,
+    vocab_axis: str | None,
 ) -> tuple[jax.Array, tuple[jax.Array, ...]]:
-    lp, lse = _forward(hidden, w, targets, mask, tile, chunk, temperature)
+    lp, lse = _forward(hidden, w, targets, mask, tile, chunk, temperature, vocab_axis)
     return lp, (hidden, w, targets, mask, lse)
 
 
@@ -211,11 +229,12 @@ def _fused_bwd(
     chunk: int,
     temperature: float,
     grad_w: bool,
+    vocab_axis: str | None,
     res: tuple[jax.Array, ...],
     g: jax.Array,
 ) -> tuple[jax.Array | None, ...]:
     hidden, w, targets, mask, lse = res
-    dh, dw = _backward(hidden, w, targets, mask, lse, g, tile, chunk, temperature, grad_w)
+    dh, dw = _backward(hidden, w, targets, mask, lse, g, tile, chunk, temperature, grad_w, vocab_axis)
     return dh, dw, None, None
 
 
@@ -232,13 +251,15 @@ def token_logprobs(
     vocab_chunk: int = 8192,
     temperature: float = 1.0,
     grad_w: bool = True,
+    vocab_axis: str | None = None,
 ) -> jax.Array:
     """Log-probs [T] (float32) of ``targets`` under ``softmax(hidden @ w / temperature)``.
 
     hidden [T, H], w [H, V] (any float dtype; logits accumulate in float32), targets [T] int,
     mask [T] bool (False rows give 0 and no gradient; default all True). ``token_tile`` and
     ``vocab_chunk`` set the block size (clamped to T and V). ``grad_w=False`` skips the [H, V]
-    gradient (a frozen head): its cotangent is zero.
+    gradient (a frozen head): its cotangent is zero. ``vocab_axis``: only inside ``shard_map`` with
+    w split by columns over that mesh axis (see :func:`vocab_sharded_token_logprobs`).
     """
     if hidden.ndim != 2 or w.ndim != 2 or hidden.shape[1] != w.shape[0]:
         raise ValueError(f"token_logprobs: hidden {hidden.shape} and w {w.shape} must be [T,H] and [H,V]")
@@ -252,8 +273,11 @@ def token_logprobs(
     if t == 0:
         return jnp.zeros((0,), _F32)
     m = jnp.ones((t,), bool) if mask is None else mask.astype(bool)
-    tg = jnp.clip(targets.astype(jnp.int32), 0, v - 1)
-    return _fused(hidden, w, tg, m, min(token_tile, t), min(vocab_chunk, v), float(temperature), grad_w)
+    tg = targets.astype(jnp.int32)
+    if vocab_axis is None:  # with a sharded vocabulary the targets are global ids
+        tg = jnp.clip(tg, 0, v - 1)
+    chunk = min(vocab_chunk, v)
+    return _fused(hidden, w, tg, m, min(token_tile, t), chunk, float(temperature), grad_w, vocab_axis)
 
 
 def naive_token_logprobs(
@@ -316,3 +340,19 @@ def sharded_token_logprobs(
         out_specs=spec,
         check_vma=False,  # the tile loops' carries start replicated; every output is per-device
     )
+
+
+def vocab_sharded_token_logprobs(
+    mesh: Mesh, vocab_axis: str, token_axes: str | tuple[str, ...] | None = None, **kwargs: object
+) -> Callable[[jax.Array, jax.Array, jax.Array, jax.Array], jax.Array]:
+    """:func:`token_logprobs` with w split by vocabulary columns over ``vocab_axis`` (V must divide by
+    its size) and tokens optionally split over ``token_axes``. Each device runs the online logsumexp
+    on its columns; the shards are combined with [tile]-sized pmax/psum collectives (max, rescaled
+    exp-sum, target logit), so no device ever holds more than one [tile, chunk] block of logits."""
+    rows, toks = P(token_axes, None), P(token_axes)  # type: ignore[no-untyped-call]
+    cols = P(None, vocab_axis)  # type: ignore[no-untyped-call]
+
+    def local(h: jax.Array, w: jax.Array, t: jax.Array, m: jax.Array) -> jax.Array:
+        return token_logprobs(h, w, t, m, vocab_axis=vocab_axis, **kwargs)  # type: ignore[arg-type]
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(rows, cols, toks, toks), out_specs=toks, check_vma=False)
