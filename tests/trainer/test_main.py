@@ -1,0 +1,97 @@
+"""``rljob-trainer`` exit codes (contract 3) and the process topology it reads from the JobSet env;
+two real processes initialize jax.distributed on CPU through a localhost coordinator."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from fixtures.trainer_run import local_run_config, write_run_config
+
+from rljob.recipes.failure import EXIT_BAD_CONFIG
+from rljob.trainer.main import BadConfig, distributed_env, main
+
+
+def _cli(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rljob.trainer.main", *args], capture_output=True, text=True, cwd=tmp,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu", **(env or {})}, timeout=300,
+    )
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "--config: no such file"),
+        ("{not json", "Invalid JSON"),
+        ('{"kind": "RunConfig"}', "name: Field required"),
+    ],
+)
+def test_bad_config_exits_2_with_one_line(content: str | None, message: str, tmp_path: Path,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "run.json"
+    if content is not None:
+        path.write_text(content)
+    assert main(["--config", str(path)]) == EXIT_BAD_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0] and "Traceback" not in err[0], err
+
+
+def test_bad_field_in_a_real_config_names_it(tmp_path: Path) -> None:
+    rc = local_run_config(str(tmp_path / "s"), tmp_path)
+    data = json.loads(rc.model_dump_json(by_alias=True))
+    data["spec"]["lora"]["rank"] = 0
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    proc = _cli(["--config", str(tmp_path / "run.json")], tmp_path)
+    assert proc.returncode == EXIT_BAD_CONFIG
+    lines = proc.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("rljob-trainer: spec.lora.rank:"), proc.stderr[-500:]
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_error_is_bad_config(tmp_path: Path) -> None:
+    assert main(["--model", "huge"]) == EXIT_BAD_CONFIG
+
+
+def test_distributed_env_from_jobset(tmp_path: Path) -> None:
+    rc = local_run_config(str(tmp_path / "s"), tmp_path)
+    pod = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "JOB_COMPLETION_INDEX": "1"}
+    denv = distributed_env(rc, pod)
+    assert (denv.in_cluster, denv.process_id, denv.num_processes) == (True, 1, rc.trainer.hosts)
+    assert denv.coordinator == rc.endpoints.coordinator
+    with pytest.raises(BadConfig, match="JOB_COMPLETION_INDEX"):
+        distributed_env(rc, {**pod, "JOB_COMPLETION_INDEX": str(rc.trainer.hosts)})
+    with pytest.raises(BadConfig, match="JOB_COMPLETION_INDEX"):
+        distributed_env(rc, {**pod, "JOB_COMPLETION_INDEX": "x"})
+    local = distributed_env(rc, {})
+    assert (local.in_cluster, local.num_processes, local.process_id) == (False, 1, 0)
+
+
+@pytest.mark.jax
+def test_two_processes_initialize_jax_distributed(tmp_path: Path) -> None:
+    rc = local_run_config(str(tmp_path / "s"), tmp_path)
+    cfg = write_run_config(rc, tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "rljob.trainer.main", "--config", str(cfg), "--distributed-check"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+            env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu",
+                 "RLJOB_NUM_PROCESSES": "2", "RLJOB_PROCESS_ID": str(i),
+                 "RLJOB_COORDINATOR": f"127.0.0.1:{port}"},
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs, strict=True):
+        assert p.returncode == 0, err[-1500:]
+    got = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda d: d["process_index"])
+    assert [g["process_index"] for g in got] == [0, 1]
+    assert all(g["process_count"] == 2 and g["devices"] == 2 * g["local_devices"] for g in got)
