@@ -13,6 +13,7 @@ if _TESTS not in sys.path:
 
 pytest_plugins = [
     "fixtures.gcs",
+    "fixtures.trainer_run",
     "fixtures.cluster",
     "fixtures.operator",
 ]
