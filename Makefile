@@ -25,7 +25,7 @@ STAMP := $(VENV)/.installed-$(DEPS_HASH)
 PKGVIEW := build/pkgview
 PKGS := cli recipes operator trainer sampler
 
-.PHONY: help venv pkgview lint typecheck test test-fast demo bench clean
+.PHONY: help venv pkgview lint typecheck test test-fast demo bench clean mutation
 
 help:
 	@echo "make demo   - run the main job"
@@ -72,6 +72,26 @@ bench: venv
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .pytest_cache .hypothesis
+
+# The local Kubernetes cluster (hack/cluster.sh; kubeconfig at .cache/cluster/kubeconfig, helm and
+# kubectl at hack/bin/helm and hack/bin/kubectl).
+.PHONY: cluster-build cluster-up cluster-down cluster-status
+cluster-build:
+	@hack/build.sh
+
+cluster-up:
+	@hack/cluster.sh up
+
+cluster-down:
+	@hack/cluster.sh down
+
+cluster-status:
+	@hack/cluster.sh status && echo "cluster is up: export KUBECONFIG=$$(hack/cluster.sh kubeconfig)"
+
+# Mutation testing of recipes/ (cosmic-ray on a copy of the tree; long, not part of `make test`).
+# MUTATION_MODULES / MUTATION_TESTS narrow it (see hack/mutation.sh).
+mutation: venv
+	hack/mutation.sh
 
 # The RL loop on CPU: trainer and sampler as two processes over HTTP, storage on the GCS emulator;
 # one JSON line per step (step, reward_mean, ...), then a summary line (first step at reward >= 0.9).

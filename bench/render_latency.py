@@ -66,12 +66,16 @@ def make_chart(root: Path, name: str) -> Path:
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: rljob-bench\nversion: 0.1.0\n", encoding="utf-8")
     (chart / "values.yaml").write_text(f"name: {name}\n", encoding="utf-8")
     escaped = golden.replace("{{", '{{ "{{" }}')
-    (chart / "templates" / "objects.yaml").write_text(escaped.replace(name, "{{ .Values.name }}"), encoding="utf-8")
+    (chart / "templates" / "objects.yaml").write_text(
+        escaped.replace(name, "{{ .Values.name }}"), encoding="utf-8"
+    )
     return chart
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--runs", type=int, default=9)
     args = parser.parse_args()
     exe = str(Path(sys.executable).parent / "rljob")
@@ -80,7 +84,14 @@ def main() -> int:
     # ~1000 modules (about +0.6 s) and measure the compiler instead of rljob.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONSAFEPATH"] = "1"
-    ctx = {"bytecode": "cached", "runs": args.runs, "example": EXAMPLE.name, "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    ctx = {
+        "bytecode": "cached",
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "runs": args.runs,
+        "example": EXAMPLE.name,
+        "cpus": os.cpu_count(),
+        "python": sys.version.split()[0],
+    }
 
     base = stats(timed([sys.executable, "-c", "pass"], args.runs, env))
     emit("python_startup_s", base["median_s"], **base, **ctx)
@@ -97,8 +108,11 @@ def main() -> int:
         "for _ in range(n): render.to_yaml(render.render(plan.parse_manifest(t)))\n"
         "print((time.perf_counter()-t0)/n)"
     )
-    warm = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                                check=True).stdout)
+    warm = float(
+        subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+        ).stdout
+    )
     emit("render_warm_in_process_s", round(warm, 5), **ctx)
 
     helm, where = helm_binary()
@@ -110,8 +124,14 @@ def main() -> int:
         hstats = stats(timed([helm, "template", "bench", str(chart)], args.runs, env))
     version = subprocess.run([helm, "version", "--short"], capture_output=True, text=True).stdout.strip()
     emit("helm_template_cold_s", hstats["median_s"], **hstats, helm=where, helm_version=version, **ctx)
-    emit("ratio_to_helm_template", round(render["median_s"] / hstats["median_s"], 3), goal="<= 1.0",
-         helm=where, helm_version=version, **ctx)
+    emit(
+        "ratio_to_helm_template",
+        round(render["median_s"] / hstats["median_s"], 3),
+        goal="<= 1.0",
+        helm=where,
+        helm_version=version,
+        **ctx,
+    )
     return 0
 
 

@@ -1,0 +1,142 @@
+"""The rendered objects: JobSet webhook defaults written out, roles, env, placement, run ConfigMap."""
+
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any
+
+import pytest
+from fixtures.recipes import manifest, objects, recipe_manifest, resolve
+from rljob.recipes.runconfig import RunConfig
+
+
+def _webhook_default(js: dict[str, Any]) -> dict[str, Any]:
+    """JobSet v0.11.0's defaulting webhook (pkg/webhooks/jobset_webhook.go Default) plus the CRD's
+    schema defaults, ported: applied to our render it must change nothing."""
+    js = copy.deepcopy(js)
+    spec = js["spec"]
+    spec.setdefault("successPolicy", {"operator": "All"})
+    spec.setdefault("startupPolicy", {"startupPolicyOrder": "AnyOrder"})
+    for rj in spec["replicatedJobs"]:
+        rj.setdefault("replicas", 1)
+        rj.setdefault("groupName", "default")
+        rj["template"]["spec"].setdefault("completionMode", "Indexed")
+        rj["template"]["spec"]["template"]["spec"].setdefault("restartPolicy", "OnFailure")
+    net = spec.setdefault("network", {})
+    net.setdefault("enableDNSHostnames", True)
+    net.setdefault("publishNotReadyAddresses", True)
+    if "failurePolicy" in spec:
+        spec["failurePolicy"].setdefault("restartStrategy", "Recreate")
+        for i, rule in enumerate(spec["failurePolicy"].get("rules", [])):
+            rule.setdefault("name", f"failurePolicyRule{i}")
+    return js
+
+
+def _role(js: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == name)
+
+
+def _env(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        manifest({}),
+        recipe_manifest("qwen3.5-397b-a17b-tpu7x"),
+        manifest({"trainer": {"tpu": "v5p-16", "slices": 2}}),
+    ],
+    ids=["minimal", "397b", "multislice"],
+)
+def test_webhook_defaults_written_out(doc: dict[str, Any]) -> None:
+    js = objects(doc)[1]
+    assert _webhook_default(js) == js
+    assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
+    assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["trainer"]}
+    assert js["spec"]["coordinator"] == {"replicatedJob": "trainer", "jobIndex": 0, "podIndex": 0}
+
+
+def test_roles_single_slice() -> None:
+    js = objects(manifest({"sampler": {"replicas": 3}}))[1]
+    trainer, sampler = _role(js, "trainer"), _role(js, "sampler")
+    t = trainer["template"]["spec"]
+    assert (trainer["replicas"], t["parallelism"], t["completions"], t["backoffLimit"]) == (1, 1, 1, 0)
+    assert sampler["replicas"] == 3
+    for rj in (trainer, sampler):
+        assert rj["template"]["metadata"]["annotations"] == {
+            "alpha.jobset.sigs.k8s.io/exclusive-topology": "cloud.google.com/gke-nodepool"
+        }
+        pod = rj["template"]["spec"]["template"]["spec"]
+        assert pod["restartPolicy"] == "Never"
+        assert pod["nodeSelector"] == {
+            "cloud.google.com/gke-tpu-accelerator": "tpu-v5p-slice",
+            "cloud.google.com/gke-tpu-topology": "2x2x1",
+        }
+        assert pod["tolerations"] == [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}]
+        assert [c["resources"]["limits"] for c in pod["containers"]] == [{"google.com/tpu": 4}]
+        assert "hostNetwork" not in pod
+    tc = trainer["template"]["spec"]["template"]["spec"]["containers"][0]
+    env = _env(tc)
+    assert env["RLJOB_CONFIG"] == "/etc/rljob/run.json" and env["RLJOB_ROLE"] == "trainer"
+    assert env["JAX_COORDINATOR_ADDRESS"] == "t-trainer-0-0.t:8476"
+    assert not any(k.startswith("MEGASCALE_") for k in env)
+    sc = sampler["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert sc["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
+    assert sc["command"] == ["python", "-m", "rljob.sampler"] and tc["command"] == [
+        "python",
+        "-m",
+        "rljob.trainer",
+    ]
+
+
+def test_multislice_trainer() -> None:
+    js = objects(manifest({"trainer": {"tpu": "v5p-16", "slices": 2}}))[1]
+    trainer = _role(js, "trainer")
+    assert (trainer["replicas"], trainer["template"]["spec"]["parallelism"]) == (2, 2)
+    pod = trainer["template"]["spec"]["template"]["spec"]
+    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    env = _env(pod["containers"][0])
+    ann = "metadata.annotations['jobset.sigs.k8s.io/{}']"
+    assert env["MEGASCALE_NUM_SLICES"] == {"fieldRef": {"fieldPath": ann.format("replicatedjob-replicas")}}
+    assert env["MEGASCALE_SLICE_ID"] == {"fieldRef": {"fieldPath": ann.format("job-index")}}
+    assert env["MEGASCALE_COORDINATOR_ADDRESS"] == {"fieldRef": {"fieldPath": ann.format("coordinator")}}
+    sampler_env = _env(_role(js, "sampler")["template"]["spec"]["template"]["spec"]["containers"][0])
+    assert not any(k.startswith("MEGASCALE_") for k in sampler_env)
+
+
+def test_tpu7x_two_containers() -> None:
+    js = objects(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))[1]
+    pod = _role(js, "trainer")["template"]["spec"]["template"]["spec"]
+    assert [c["name"] for c in pod["containers"]] == ["trainer-0", "trainer-1"]
+    assert [c["resources"]["limits"] for c in pod["containers"]] == [{"google.com/tpu": 2}] * 2
+    assert [_env(c)["RLJOB_CONTAINER_INDEX"] for c in pod["containers"]] == ["0", "1"]
+    assert [len(c["ports"]) for c in pod["containers"]] == [1, 0]  # one coordinator port per pod
+    assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4x8"
+    assert _role(js, "trainer")["template"]["spec"]["parallelism"] == 32
+    sampler = _role(js, "sampler")["template"]["spec"]
+    assert sampler["parallelism"] == 4 and len(sampler["template"]["spec"]["containers"]) == 1
+
+
+def test_run_configmap_holds_the_plan() -> None:
+    doc = manifest({"queueName": "team-a", "priorityClassName": "high", "suspend": True})
+    cm, js = objects(doc)
+    assert (cm["kind"], cm["metadata"]["name"], list(cm["data"])) == ("ConfigMap", "t-run", ["run.json"])
+    run = RunConfig.model_validate(json.loads(cm["data"]["run.json"]))
+    assert run == RunConfig.model_validate_json(resolve(doc).model_dump_json(exclude_none=True))
+    vol = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]["volumes"][0]
+    assert vol == {"name": "run-config", "configMap": {"name": "t-run"}}
+    assert js["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-a"
+    assert js["spec"]["suspend"] is True
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert (pod["priorityClassName"], pod["serviceAccountName"]) == ("high", "t-rljob")
+
+
+def test_values_cannot_break_the_yaml() -> None:
+    """Every value goes through tojson: a label-ish value with YAML syntax stays one string."""
+    doc = manifest({"trainer": {"image": "img: {a: [1]}\n- x #"}, "priorityClassName": "p: q"})
+    js = objects(doc)[1]
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["image"] == "img: {a: [1]}\n- x #"
+    assert pod["priorityClassName"] == "p: q"
