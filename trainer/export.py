@@ -18,10 +18,9 @@ import json
 from typing import Any
 
 import numpy as np
+from rljob.trainer.storage import open_store
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
-
-from rljob.trainer.storage import open_store
 
 __all__ = ["ADAPTER_CONFIG", "ADAPTER_WEIGHTS", "LATEST", "latest_version", "publish_adapter", "read_adapter"]
 
@@ -36,7 +35,9 @@ def publish_adapter(
     """Write ``v{version}/`` then point LATEST at it; returns the version's URI."""
     store = open_store(adapters_uri)
     prefix = f"v{version}"
-    store.write(f"{prefix}/{ADAPTER_WEIGHTS}", st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
+    store.write(
+        f"{prefix}/{ADAPTER_WEIGHTS}", st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+    )
     store.write(f"{prefix}/{ADAPTER_CONFIG}", json.dumps(config, indent=1, sort_keys=True).encode())
     store.write(LATEST, str(version).encode())
     return f"{store.uri}/{prefix}"

@@ -29,7 +29,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
-
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 
@@ -87,17 +86,28 @@ def initialize_distributed(denv: DistributedEnv) -> None:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rljob-trainer", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
-    p.add_argument("--model", choices=["config", "tiny"], default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
-                   help="MaxText model: the run config's keys, or the tiny CPU model")
-    p.add_argument("--rollouts", choices=["synthetic"], default="synthetic",
-                   help="rollout source of this entrypoint (the sampler loop drives runtime.run itself)")
+    p.add_argument(
+        "--model",
+        choices=["config", "tiny"],
+        default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
+        help="MaxText model: the run config's keys, or the tiny CPU model",
+    )
+    p.add_argument(
+        "--rollouts",
+        choices=["synthetic"],
+        default="synthetic",
+        help="rollout source of this entrypoint (the sampler loop drives runtime.run itself)",
+    )
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic rollouts")
     p.add_argument("--checkpoint-every", type=int, default=1)
     p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
     p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
-    p.add_argument("--distributed-check", action="store_true",
-                   help="initialize jax.distributed, print the process topology as JSON and exit")
+    p.add_argument(
+        "--distributed-check",
+        action="store_true",
+        help="initialize jax.distributed, print the process topology as JSON and exit",
+    )
     return p
 
 
@@ -131,7 +141,9 @@ def _settings(rc: RunConfig, args: argparse.Namespace) -> dict[str, Any]:
         "rank": (lora.rank if lora and lora.rank else 16),
         "alpha": (lora.alpha if lora and lora.alpha else None),
         "targets": (tuple(lora.targets) if lora and lora.targets else None),
-        "budget": (pack.token_budget if pack and pack.token_budget else rc.trainer.maxtext.get("max_target_length")),
+        "budget": (
+            pack.token_budget if pack and pack.token_budget else rc.trainer.maxtext.get("max_target_length")
+        ),
         "pad_position": (pack.pad_position if pack and pack.pad_position else "end"),
     }
 
@@ -143,9 +155,17 @@ def run_main(args: argparse.Namespace) -> int:
     import jax
 
     if args.distributed_check:
-        print(json.dumps({"process_index": jax.process_index(), "process_count": jax.process_count(),
-                          "devices": jax.device_count(), "local_devices": jax.local_device_count()}),
-              flush=True)
+        print(
+            json.dumps(
+                {
+                    "process_index": jax.process_index(),
+                    "process_count": jax.process_count(),
+                    "devices": jax.device_count(),
+                    "local_devices": jax.local_device_count(),
+                }
+            ),
+            flush=True,
+        )
         return EXIT_OK
 
     from rljob.trainer.losses import LossConfig
@@ -162,17 +182,27 @@ def run_main(args: argparse.Namespace) -> int:
     else:
         keys = dict(rc.trainer.maxtext)
         budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
-        base_model = (rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", ""))
+        base_model = (
+            rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", "")
+        )
         groups, group_size = st["groups"], st["group_size"]
     try:
         spec = ModelSpec(
-            maxtext=keys, lora_rank=st["rank"], lora_alpha=st["alpha"] or 2.0 * st["rank"],
-            lora_targets=st["targets"] or DEFAULT_TARGETS, base_model=str(base_model),
+            maxtext=keys,
+            lora_rank=st["rank"],
+            lora_alpha=st["alpha"] or 2.0 * st["rank"],
+            lora_targets=st["targets"] or DEFAULT_TARGETS,
+            base_model=str(base_model),
         )
         step_cfg = StepConfig(
-            budget=budget, rows=rows, micro_batches=4, learning_rate=st["lr"],
-            loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]), pad_position=st["pad_position"],
-            token_tile=min(2048, budget), vocab_chunk=16384,
+            budget=budget,
+            rows=rows,
+            micro_batches=4,
+            learning_rate=st["lr"],
+            loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
+            pad_position=st["pad_position"],
+            token_tile=min(2048, budget),
+            vocab_chunk=16384,
         )
         step_cfg.pack_config()
     except ValueError as e:
@@ -181,18 +211,35 @@ def run_main(args: argparse.Namespace) -> int:
     trainer = Trainer(policy, step_cfg)
     steplog = StepLog(args.tensorboard_dir if jax.process_index() == 0 else None, args.log_jsonl)
     reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
-    steplog.event("start", model=args.model, steps=st["steps"], processes=denv.num_processes,
-                  budget=budget, rows=rows, lora_rank=spec.lora_rank)
+    steplog.event(
+        "start",
+        model=args.model,
+        steps=st["steps"],
+        processes=denv.num_processes,
+        budget=budget,
+        rows=rows,
+        lora_rank=spec.lora_rank,
+    )
 
     def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
-        return synthetic_rollouts(step, seed=args.seed, vocab_size=policy.vocab_size, groups=groups,
-                                  group_size=group_size, max_prompt=budget // 4, max_completion=budget // 2)
+        return synthetic_rollouts(
+            step,
+            seed=args.seed,
+            vocab_size=policy.vocab_size,
+            groups=groups,
+            group_size=group_size,
+            max_prompt=budget // 4,
+            max_completion=budget // 2,
+        )
 
     run(
         trainer,
         RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
-        RunSettings(steps=st["steps"], checkpoint_every=args.checkpoint_every,
-                    export_adapters=jax.process_index() == 0),
+        RunSettings(
+            steps=st["steps"],
+            checkpoint_every=args.checkpoint_every,
+            export_adapters=jax.process_index() == 0,
+        ),
         source,
         steplog=steplog,
         reporter=reporter,

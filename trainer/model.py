@@ -38,7 +38,6 @@ import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
-
 from rljob.trainer import logprobs as lp_head
 
 __all__ = [
@@ -132,8 +131,7 @@ class ModelSpec:
         bad = [t for t in self.lora_targets if t not in HF_PROJ and t not in _HF_TO_MT]
         if bad:
             raise ValueError(
-                f"spec.lora.targets: unknown module(s) {bad}; known: {sorted(HF_PROJ)} or "
-                f"{sorted(_HF_TO_MT)}"
+                f"spec.lora.targets: unknown module(s) {bad}; known: {sorted(HF_PROJ)} or {sorted(_HF_TO_MT)}"
             )
         if self.lora_rank <= 0:
             raise ValueError(f"spec.lora.rank: must be > 0, got {self.lora_rank}")
@@ -153,7 +151,7 @@ def maxtext_config(keys: Mapping[str, Any]) -> Any:
     return pyconfig.initialize(["", base], **merged)
 
 
-def build_model(cfg: Any, seed: int = 0) -> nnx.Module:
+def build_model(cfg: Any, seed: int = 0) -> Any:
     """The MaxText NNX Transformer for ``cfg``, base weights initialized from ``seed``."""
     from maxtext.models import models
     from maxtext.utils import maxtext_utils
@@ -194,11 +192,19 @@ class Policy:
         )
         toks, pos, seg = _sample_inputs()
         lora_model = qwix.apply_lora_to_model(
-            model, provider, toks, pos, decoder_segment_ids=seg, enable_dropout=False,
+            model,
+            provider,
+            toks,
+            pos,
+            decoder_segment_ids=seg,
+            enable_dropout=False,
             rngs=nnx.Rngs(spec.seed + 1000),
         )
         nnx.pop(lora_model, nnx.Intermediate)
-        self.graphdef, lora0, self.base = nnx.split(lora_model, nnx.LoRAParam, ...)
+        parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
+        self.graphdef: Any = parts[0]
+        self.base: Any = parts[2]
+        lora0 = parts[1]
         self._lora_template = jax.tree.map(
             _lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
         )
@@ -211,7 +217,11 @@ class Policy:
     # ------------------------------------------------------------------ forward
 
     def hidden_states(
-        self, lora: LoraState, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array,
+        self,
+        lora: LoraState,
+        tokens: jax.Array,
+        positions: jax.Array,
+        segment_ids: jax.Array,
         base: Any = None,
     ) -> jax.Array:
         """[B, T, H] final hidden states (after the final norm) of packed rows.
@@ -221,11 +231,11 @@ class Policy:
         model = nnx.merge(self.graphdef, self.as_state(lora), self.base if base is None else base)
         logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False)
         assert logits is None, "num_vocab_tiling > 1 must skip MaxText's output head"
-        sown = nnx.pop(model, nnx.Intermediate)  # discard every sown intermediate
+        sown: Any = nnx.pop(model, nnx.Intermediate)  # discard every sown intermediate
         y = sown["decoder"]["hidden_states"].get_value()[0]
         return model.decoder.decoder_norm(y)  # type: ignore[no-any-return]
 
-    def as_state(self, lora: LoraState) -> nnx.State:
+    def as_state(self, lora: LoraState) -> Any:
         """An nnx.State of LoRAParam variables from a pure dict (or the State itself)."""
         if isinstance(lora, nnx.State):
             return lora
@@ -257,8 +267,14 @@ class Policy:
         The fused head: no ``[B, T, V]`` array is ever formed."""
         h = self.hidden_states(lora, tokens, positions, segment_ids, base)
         return lp_head.next_token_logprobs(
-            h, self.head_weight(lora, base), tokens, segment_ids,
-            token_tile=token_tile, vocab_chunk=vocab_chunk, temperature=temperature, grad_w=False,
+            h,
+            self.head_weight(lora, base),
+            tokens,
+            segment_ids,
+            token_tile=token_tile,
+            vocab_chunk=vocab_chunk,
+            temperature=temperature,
+            grad_w=False,
         )
 
     @partial(jax.jit, static_argnums=0)
@@ -292,10 +308,8 @@ class Policy:
             a = np.asarray(arr, np.float32)
             for layer in range(self.num_layers):
                 m = a[:, layer] if a.ndim >= 2 else a
-                if which == "a":
-                    mat = m.reshape(-1, r).T  # (r, in)
-                else:
-                    mat = m.reshape(r, -1).T  # (out, r)
+                # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]
+                mat = m.reshape(-1, r).T if which == "a" else m.reshape(r, -1).T
                 out[self.peft_name(layer, module, which)] = np.ascontiguousarray(mat)
         return out
 
@@ -304,7 +318,9 @@ class Policy:
         want = self.to_peft(self.lora0)
         if set(tensors) != set(want):
             missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
-            raise ValueError(f"adapter tensors do not match the model: missing {missing[:3]}, extra {extra[:3]}")
+            raise ValueError(
+                f"adapter tensors do not match the model: missing {missing[:3]}, extra {extra[:3]}"
+            )
         for name, t in tensors.items():
             if tuple(t.shape) != want[name].shape:
                 raise ValueError(f"{name}: shape {tuple(t.shape)}, the model needs {want[name].shape}")
@@ -315,7 +331,7 @@ class Policy:
                 np.ascontiguousarray(np.asarray(tensors[self.peft_name(i, module, which)], np.float32).T)
                 for i in range(self.num_layers)
             ]
-            per_layer_shape = (arr.shape[0],) + tuple(arr.shape[2:])
+            per_layer_shape = (arr.shape[0], *arr.shape[2:])
             stacked = np.stack([x.reshape(per_layer_shape) for x in layers], axis=1)
             return jnp.asarray(stacked)
 

@@ -56,7 +56,7 @@ class ConfigMapSink:
         from kubernetes import client, config
 
         if api_client is None:
-            config.load_incluster_config()
+            config.load_incluster_config()  # type: ignore[no-untyped-call]
             api_client = client.ApiClient()
         self._api = client.CoreV1Api(api_client)
         self.name, self.namespace, self.key = name, namespace, key
@@ -78,8 +78,9 @@ def sink_for(rc: RunConfig, in_cluster: bool) -> ProgressSink | None:
 class StepLog:
     """JSON lines per step (stdout and optionally a file) and TensorBoard scalars."""
 
-    def __init__(self, tensorboard_dir: str | None = None, jsonl_path: str | None = None,
-                 stream: TextIO | None = None) -> None:
+    def __init__(
+        self, tensorboard_dir: str | None = None, jsonl_path: str | None = None, stream: TextIO | None = None
+    ) -> None:
         self._stream = stream or sys.stdout
         self._file = Path(jsonl_path) if jsonl_path else None
         self._tb: Any = None

@@ -28,7 +28,6 @@ from typing import Any
 
 import jax
 import numpy as np
-
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.losses import NAN_SENTINEL
@@ -110,8 +109,14 @@ def decode_rollouts(data: bytes) -> tuple[list[Rollout], dict[str, float]]:
 
 
 def synthetic_rollouts(
-    step: int, *, seed: int, vocab_size: int, groups: int = 4, group_size: int = 4,
-    max_prompt: int = 12, max_completion: int = 20,
+    step: int,
+    *,
+    seed: int,
+    vocab_size: int,
+    groups: int = 4,
+    group_size: int = 4,
+    max_prompt: int = 12,
+    max_completion: int = 20,
 ) -> tuple[list[Rollout], dict[str, float]]:
     """Fixed rollouts for step ``step``: a pure function of (seed, step), so a resumed run sees exactly
     what an uninterrupted one saw. Rewards are random per rollout; one token per step carries the
@@ -165,8 +170,7 @@ def run(
         resumed_from = int(meta["step"])
         steplog.event("resume", step=resumed_from, checkpoints=ckpt.all_steps())
     start = int(state.step)
-    reporter.update(step=start, resumed_from_step=resumed_from,
-                    last_checkpoint_step=ckpt.latest_step())
+    reporter.update(step=start, resumed_from_step=resumed_from, last_checkpoint_step=ckpt.latest_step())
     if start == 0 and settings.export_adapters and to_peft is not None:
         publish_adapter(paths.adapters, 0, to_peft(state.lora), peft_config or {})
     for s in range(start, settings.steps):
@@ -188,14 +192,19 @@ def run(
         if settings.export_adapters and to_peft is not None:
             publish_adapter(paths.adapters, done, to_peft(state.lora), peft_config or {})
         metrics.update(src_metrics)
-        metrics.update(step_seconds=time.monotonic() - t0, rollouts=float(len(rollouts)),
-                       rollouts_from_cache=float(from_cache), skipped_total=float(state.skipped))
+        metrics.update(
+            step_seconds=time.monotonic() - t0,
+            rollouts=float(len(rollouts)),
+            rollouts_from_cache=float(from_cache),
+            skipped_total=float(state.skipped),
+        )
         steplog.step(done, metrics)
         reporter.update(
-            step=done, reward_mean=metrics.get("reward_mean"),
+            step=done,
+            reward_mean=metrics.get("reward_mean"),
             last_checkpoint_step=done if saved else reporter.report.last_checkpoint_step,
             adapter_version=done if settings.export_adapters and to_peft is not None else None,
         )
     ckpt.close()
-    jax.effects_barrier()
+    jax.effects_barrier()  # type: ignore[no-untyped-call]
     return state

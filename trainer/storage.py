@@ -11,6 +11,7 @@ never sees a half-written object on either backend (a GCS object appears whole w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -52,7 +53,7 @@ class GcsStore:
     """Objects under ``gs://bucket/prefix`` through google-cloud-storage."""
 
     def __init__(self, uri: str) -> None:
-        from google.cloud import storage  # type: ignore[attr-defined]
+        from google.cloud import storage  # type: ignore[import-untyped]
 
         self.uri = uri.rstrip("/")
         bucket, self._prefix = split_gs(self.uri)
@@ -84,10 +85,8 @@ class GcsStore:
     def delete(self, key: str) -> None:
         from google.api_core import exceptions
 
-        try:
+        with contextlib.suppress(exceptions.NotFound):
             self._bucket.blob(self._name(key)).delete()
-        except exceptions.NotFound:
-            pass
 
 
 class LocalStore:

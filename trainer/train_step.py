@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
@@ -63,8 +62,11 @@ class StepConfig:
         if self.pad_position == "start":
             kw["pad_align"] = self.pad_align
         return PackConfig(
-            budget=self.budget, rows=self.rows, segment_align=self.segment_align,
-            pad_position=self.pad_position, **kw,  # type: ignore[arg-type]
+            budget=self.budget,
+            rows=self.rows,
+            segment_align=self.segment_align,
+            pad_position=self.pad_position,  # type: ignore[arg-type]
+            **kw,
         )
 
 
@@ -95,8 +97,11 @@ def stack_micro_batches(
         else:
             w = b.loss_mask / max(total, 1.0)
         out = {
-            "tokens": b.tokens, "segment_ids": b.segment_ids, "positions": b.positions,
-            "weights": w.astype(np.float32), "advantages": b.advantages,
+            "tokens": b.tokens,
+            "segment_ids": b.segment_ids,
+            "positions": b.positions,
+            "weights": w.astype(np.float32),
+            "advantages": b.advantages,
             "old_logprobs": b.fields["old_logprobs"],
         }
         if with_ref:
@@ -135,7 +140,8 @@ class Trainer:
         return TrainState(lora, self.optimizer.init(lora), jnp.int32(0), jnp.int32(0))
 
     def abstract_state(self) -> TrainState:
-        return jax.eval_shape(self.init_state)
+        out: TrainState = jax.eval_shape(self.init_state)
+        return out
 
     # ------------------------------------------------------------------ compiled parts
 
@@ -144,11 +150,20 @@ class Trainer:
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up)."""
         lp = self.policy.next_token_logprobs(
-            lora, mb["tokens"], mb["positions"], mb["segment_ids"],
-            token_tile=self.cfg.token_tile, vocab_chunk=self.cfg.vocab_chunk, base=base,
+            lora,
+            mb["tokens"],
+            mb["positions"],
+            mb["segment_ids"],
+            token_tile=self.cfg.token_tile,
+            vocab_chunk=self.cfg.vocab_chunk,
+            base=base,
         )
         return policy_loss(
-            lp, mb["old_logprobs"], mb["advantages"], mb["weights"], self.cfg.loss,
+            lp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mb["weights"],
+            self.cfg.loss,
             ref_logprobs=mb.get("ref_logprobs"),
         )
 
@@ -165,11 +180,16 @@ class Trainer:
             return (g_acc, m_acc), None
 
         out, _ = jax.lax.scan(body, acc, batch)
-        return out  # type: ignore[no-any-return]
+        return out
 
     def zero_acc(self, lora: LoraState) -> tuple[Any, dict[str, jax.Array]]:
-        metrics = {"loss": jnp.float32(0), "ratio": jnp.float32(0), "clip_fraction": jnp.float32(0),
-                   "tokens": jnp.int32(0), "weight": jnp.float32(0)}
+        metrics = {
+            "loss": jnp.float32(0),
+            "ratio": jnp.float32(0),
+            "clip_fraction": jnp.float32(0),
+            "tokens": jnp.int32(0),
+            "weight": jnp.float32(0),
+        }
         if self.with_ref:
             metrics["kl"] = jnp.float32(0)
         return jax.tree.map(jnp.zeros_like, lora), metrics
@@ -200,7 +220,9 @@ class Trainer:
         acc = self.zero_acc(state.lora)
         calls = stack_micro_batches(packed, self.cfg.micro_batches, with_ref=self.with_ref)
         for call in calls:
-            acc = self.accumulate(acc, state.lora, self.policy.base, {k: jnp.asarray(v) for k, v in call.items()})
+            acc = self.accumulate(
+                acc, state.lora, self.policy.base, {k: jnp.asarray(v) for k, v in call.items()}
+            )
         state, metrics = self.apply(state, acc)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out["micro_batches"] = float(len(packed))

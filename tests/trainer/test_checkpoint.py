@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from rljob.trainer.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.jax
@@ -38,7 +37,11 @@ SAVER = textwrap.dedent(
 def _state(step: int) -> dict[str, object]:
     import jax.numpy as jnp
 
-    return {"w": jnp.full((256, 256), float(step)), "b": jnp.arange(step, step + 3000.0), "step": jnp.int32(step)}
+    return {
+        "w": jnp.full((256, 256), float(step)),
+        "b": jnp.arange(step, step + 3000.0),
+        "step": jnp.int32(step),
+    }
 
 
 def test_round_trip_and_latest(gcs_bucket: str) -> None:
@@ -61,15 +64,22 @@ def test_kill_during_save_never_loads_wrong(gcs_bucket: str, tmp_path: Path) -> 
     rng = np.random.default_rng(7)
     seen_partial = False
     for attempt in range(3):
-        proc = subprocess.Popen([sys.executable, "-c", SAVER, directory], stdout=subprocess.PIPE,
-                                stderr=(tmp_path / f"saver-{attempt}.log").open("w"), text=True, cwd=tmp_path,
-                                env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONSAFEPATH": "1"})
+        proc = subprocess.Popen(
+            [sys.executable, "-c", SAVER, directory],
+            stdout=subprocess.PIPE,
+            stderr=(tmp_path / f"saver-{attempt}.log").open("w"),
+            text=True,
+            cwd=tmp_path,
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONSAFEPATH": "1"},
+        )
         assert proc.stdout is not None
         first = proc.stdout.readline()  # one save done: the next is in flight
         if "saved" not in first:
             proc.wait()
             log = (tmp_path / f"saver-{attempt}.log").read_text().splitlines()
-            raise AssertionError(f"saver exited {proc.returncode}: {[x for x in log if 'gcsfs' not in x][-5:]}")
+            raise AssertionError(
+                f"saver exited {proc.returncode}: {[x for x in log if 'gcsfs' not in x][-5:]}"
+            )
         time.sleep(float(rng.uniform(0.0, 0.4)))
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -88,8 +98,11 @@ def test_kill_during_save_never_loads_wrong(gcs_bucket: str, tmp_path: Path) -> 
         bucket, _, prefix = directory[5:].partition("/")
         names = [b.name for b in storage.Client().list_blobs(bucket, prefix=prefix + "/")]
         steps_with_files = {n[len(prefix) + 1 :].split("/")[0] for n in names}
-        committed = {n[len(prefix) + 1 :].split("/")[0] for n in names if n.endswith("/commit_success.txt")
-                     and n.count("/") == prefix.count("/") + 2}
+        committed = {
+            n[len(prefix) + 1 :].split("/")[0]
+            for n in names
+            if n.endswith("/commit_success.txt") and n.count("/") == prefix.count("/") + 2
+        }
         assert {str(s) for s in ck.all_steps()} <= committed
         seen_partial |= bool(steps_with_files - committed)
     # Record whether a kill landed mid-save at least once (informational: timing-dependent).

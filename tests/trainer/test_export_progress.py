@@ -9,23 +9,32 @@ import json
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
-from safetensors.numpy import load as st_load
-
 from rljob.recipes.api import ProgressReport
-from rljob.trainer.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, latest_version, publish_adapter, read_adapter
+from rljob.trainer.export import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    latest_version,
+    publish_adapter,
+    read_adapter,
+)
 from rljob.trainer.progress import ConfigMapSink, FileSink, Reporter, StepLog
 from rljob.trainer.storage import open_store
+from safetensors.numpy import load as st_load
 
 
 def _tensors() -> dict[str, np.ndarray]:
     out = {}
     for i in range(2):
-        out[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"] = np.full((8, 64), i, np.float32)
-        out[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight"] = np.zeros((64, 8), np.float32)
+        out[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_A.weight"] = np.full(
+            (8, 64), i, np.float32
+        )
+        out[f"base_model.model.model.layers.{i}.self_attn.q_proj.lora_B.weight"] = np.zeros(
+            (64, 8), np.float32
+        )
     return out
 
 
@@ -41,7 +50,9 @@ def test_publish_adapter(backend: str, request: pytest.FixtureRequest, tmp_path:
         uri = publish_adapter(adapters, v, _tensors(), CONFIG)
         assert uri.endswith(f"/v{v}") and latest_version(adapters) == v
     store = open_store(adapters)
-    assert set(store.list()) == {"LATEST"} | {f"v{v}/{f}" for v in (0, 1, 2) for f in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)}
+    assert set(store.list()) == {"LATEST"} | {
+        f"v{v}/{f}" for v in (0, 1, 2) for f in (ADAPTER_WEIGHTS, ADAPTER_CONFIG)
+    }
     raw = store.read(f"v2/{ADAPTER_WEIGHTS}")
     assert raw is not None
     loaded = st_load(raw)  # plain safetensors, as vLLM / peft read it
@@ -76,12 +87,13 @@ def test_latest_is_written_last(tmp_path: Path) -> None:
 
 
 class _KubeApi(http.server.BaseHTTPRequestHandler):
-    requests: list[tuple[str, str, str, dict[str, Any]]] = []
+    requests: ClassVar[list[tuple[str, str, str, dict[str, Any]]]] = []
 
-    def do_PATCH(self) -> None:  # noqa: N802
+    def do_PATCH(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        self.requests.append((self.path, self.headers.get("Authorization", ""),
-                              self.headers.get("Content-Type", ""), body))
+        self.requests.append(
+            (self.path, self.headers.get("Authorization", ""), self.headers.get("Content-Type", ""), body)
+        )
         out = json.dumps({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")

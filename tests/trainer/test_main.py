@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 from fixtures.trainer_run import local_run_config, write_run_config
-
 from rljob.recipes.failure import EXIT_BAD_CONFIG
 from rljob.trainer.main import BadConfig, distributed_env, main
 
 
 def _cli(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "rljob.trainer.main", *args], capture_output=True, text=True, cwd=tmp,
-        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu", **(env or {})}, timeout=300,
+        [sys.executable, "-m", "rljob.trainer.main", *args],
+        capture_output=True,
+        text=True,
+        cwd=tmp,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu", **(env or {})},
+        timeout=300,
     )
 
 
@@ -32,8 +35,9 @@ def _cli(args: list[str], tmp: Path, env: dict[str, str] | None = None) -> subpr
         ('{"kind": "RunConfig"}', "name: Field required"),
     ],
 )
-def test_bad_config_exits_2_with_one_line(content: str | None, message: str, tmp_path: Path,
-                                          capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_config_exits_2_with_one_line(
+    content: str | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     path = tmp_path / "run.json"
     if content is not None:
         path.write_text(content)
@@ -82,15 +86,23 @@ def test_two_processes_initialize_jax_distributed(tmp_path: Path) -> None:
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "rljob.trainer.main", "--config", str(cfg), "--distributed-check"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-            env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu",
-                 "RLJOB_NUM_PROCESSES": "2", "RLJOB_PROCESS_ID": str(i),
-                 "RLJOB_COORDINATOR": f"127.0.0.1:{port}"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+            env={
+                **os.environ,
+                "PYTHONSAFEPATH": "1",
+                "JAX_PLATFORMS": "cpu",
+                "RLJOB_NUM_PROCESSES": "2",
+                "RLJOB_PROCESS_ID": str(i),
+                "RLJOB_COORDINATOR": f"127.0.0.1:{port}",
+            },
         )
         for i in range(2)
     ]
     outs = [p.communicate(timeout=240) for p in procs]
-    for p, (out, err) in zip(procs, outs, strict=True):
+    for p, (_, err) in zip(procs, outs, strict=True):
         assert p.returncode == 0, err[-1500:]
     got = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda d: d["process_index"])
     assert [g["process_index"] for g in got] == [0, 1]

@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from rljob.trainer.losses import LossConfig
 from rljob.trainer.packing import PackConfig, Rollout, pack_rollouts
 from rljob.trainer.train_step import StepConfig, Trainer, stack_micro_batches
@@ -23,8 +22,11 @@ def _rollouts(vocab: int, seed: int = 0) -> list[Rollout]:
     for n_p, n_c in [(5, 9), (3, 14), (7, 4)]:
         c = rng.integers(1, vocab, n_c).astype(np.int32)
         old = (-np.log(vocab) + 0.3 * rng.standard_normal(n_c)).astype(np.float32)
-        out.append(Rollout(rng.integers(1, vocab, n_p), c, advantage=float(rng.normal()),
-                           per_token={"old_logprobs": old}))
+        out.append(
+            Rollout(
+                rng.integers(1, vocab, n_p), c, advantage=float(rng.normal()), per_token={"old_logprobs": old}
+            )
+        )
     return out
 
 
@@ -32,15 +34,19 @@ def _perturbed(lora: Any, seed: int = 1) -> Any:
     """LoRA with both factors non-zero (qwix starts lora_b at 0, which would hide lora_a's gradient)."""
     leaves, tree = jax.tree.flatten(lora)
     keys = jax.random.split(jax.random.key(seed), len(leaves))
-    return jax.tree.unflatten(tree, [0.05 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)])
+    return jax.tree.unflatten(
+        tree, [0.05 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)]
+    )
 
 
 def _loss_and_grads(trainer: Trainer, lora: Any, packed: list[Any]) -> tuple[float, Any]:
     (batch,) = stack_micro_batches(packed, len(packed))
 
     def total(lo: Any) -> jax.Array:
-        losses = [trainer.micro_loss(lo, {k: jnp.asarray(v[i]) for k, v in batch.items()})[0]
-                  for i in range(len(packed))]
+        losses = [
+            trainer.micro_loss(lo, {k: jnp.asarray(v[i]) for k, v in batch.items()})[0]
+            for i in range(len(packed))
+        ]
         return jnp.sum(jnp.stack(losses))
 
     loss, grads = jax.jit(jax.value_and_grad(total))(lora)
@@ -48,8 +54,13 @@ def _loss_and_grads(trainer: Trainer, lora: Any, packed: list[Any]) -> tuple[flo
 
 
 def test_packed_equals_unpacked(tiny_policy: Any) -> None:
-    cfg = StepConfig(budget=64, rows=1, loss=LossConfig(kind="ppo", clip_low=0.2, clip_high=0.2),
-                     token_tile=16, vocab_chunk=100)
+    cfg = StepConfig(
+        budget=64,
+        rows=1,
+        loss=LossConfig(kind="ppo", clip_low=0.2, clip_high=0.2),
+        token_tile=16,
+        vocab_chunk=100,
+    )
     trainer = Trainer(tiny_policy, cfg)
     lora = _perturbed(tiny_policy.lora0)
     rollouts = _rollouts(tiny_policy.vocab_size)
@@ -108,9 +119,12 @@ def test_only_lora_is_trainable_and_peft_round_trips(tiny_policy: Any) -> None:
     kv_out = tiny_policy.cfg.num_kv_heads * tiny_policy.cfg.head_dim
     mlp = tiny_policy.cfg.mlp_dim
     expected = {
-        "self_attn.q_proj": ((r, h), (q_out, r)), "self_attn.k_proj": ((r, h), (kv_out, r)),
-        "self_attn.v_proj": ((r, h), (kv_out, r)), "self_attn.o_proj": ((r, q_out), (h, r)),
-        "mlp.gate_proj": ((r, h), (mlp, r)), "mlp.up_proj": ((r, h), (mlp, r)),
+        "self_attn.q_proj": ((r, h), (q_out, r)),
+        "self_attn.k_proj": ((r, h), (kv_out, r)),
+        "self_attn.v_proj": ((r, h), (kv_out, r)),
+        "self_attn.o_proj": ((r, q_out), (h, r)),
+        "mlp.gate_proj": ((r, h), (mlp, r)),
+        "mlp.up_proj": ((r, h), (mlp, r)),
         "mlp.down_proj": ((r, mlp), (h, r)),
     }
     for i in range(layers):

@@ -20,12 +20,29 @@ STEPS = 4
 
 
 def _trainer(config: Path, tmp: Path, name: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONSAFEPATH": "1",
-           "JAX_COMPILATION_CACHE_DIR": str(tmp.parent / "jax-cache")}
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONSAFEPATH": "1",
+        "JAX_COMPILATION_CACHE_DIR": str(tmp.parent / "jax-cache"),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "rljob.trainer.main", "--config", str(config), "--model", "tiny",
-         "--steps", str(STEPS)],
-        stdout=subprocess.PIPE, stderr=(tmp / f"{name}.log").open("w"), text=True, cwd=tmp, env=env,
+        [
+            sys.executable,
+            "-m",
+            "rljob.trainer.main",
+            "--config",
+            str(config),
+            "--model",
+            "tiny",
+            "--steps",
+            str(STEPS),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=(tmp / f"{name}.log").open("w"),
+        text=True,
+        cwd=tmp,
+        env=env,
     )
 
 
@@ -70,7 +87,9 @@ def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: object, tmp_path:
                 proc.send_signal(signal.SIGKILL)
                 break
         rc = proc.wait()
-        assert rc == (-signal.SIGKILL if kill_at is not None else 0), (tmp_path / "killed" / f"killed-{attempt}.log").read_text()[-2000:]
+        assert rc == (-signal.SIGKILL if kill_at is not None else 0), (
+            tmp_path / "killed" / f"killed-{attempt}.log"
+        ).read_text()[-2000:]
         attempt += 1
     assert straight.wait() == 0, (tmp_path / "straight" / "straight.log").read_text()[-2000:]
     resumes = [e["step"] for e in events if e.get("event") == "resume"]

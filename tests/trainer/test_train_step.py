@@ -7,7 +7,6 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
-
 from rljob.trainer.losses import NAN_SENTINEL
 from rljob.trainer.packing import Rollout
 from rljob.trainer.runtime import synthetic_rollouts
@@ -26,13 +25,22 @@ def _copy(tree: Any) -> Any:
 
 @pytest.fixture(scope="module")
 def trainer(tiny_policy: Any) -> Trainer:
-    return Trainer(tiny_policy, StepConfig(budget=64, rows=2, micro_batches=2, learning_rate=1e-2,
-                                           token_tile=32, vocab_chunk=128))
+    return Trainer(
+        tiny_policy,
+        StepConfig(budget=64, rows=2, micro_batches=2, learning_rate=1e-2, token_tile=32, vocab_chunk=128),
+    )
 
 
 def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
-    rollouts, _ = synthetic_rollouts(0, seed=3, vocab_size=trainer.policy.vocab_size, groups=2,
-                                     group_size=2, max_prompt=8, max_completion=12)
+    rollouts, _ = synthetic_rollouts(
+        0,
+        seed=3,
+        vocab_size=trainer.policy.vocab_size,
+        groups=2,
+        group_size=2,
+        max_prompt=8,
+        max_completion=12,
+    )
     state = trainer.init_state()
     # 1. sampler sentinels and NaN/inf old log-probs are masked: the update is applied and finite.
     poisoned = []
@@ -44,11 +52,18 @@ def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
     state, m = trainer.train_on_batch(state, poisoned)
     assert m["update_skipped"] == 0 and int(state.skipped) == 0 and int(state.step) == 1
     assert _finite(state.lora) and _finite(state.opt_state)
-    assert any(not np.array_equal(a, np.asarray(b)) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.lora), strict=True))
+    assert any(
+        not np.array_equal(a, np.asarray(b))
+        for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.lora), strict=True)
+    )
     # 2. a non-finite advantage makes the gradient non-finite: the update is skipped and counted,
     #    parameters and optimizer state stay exactly as they were.
-    bad = [Rollout(r.prompt_ids, r.completion_ids, float("nan") if i == 1 else r.advantage, per_token=r.per_token)
-           for i, r in enumerate(rollouts)]
+    bad = [
+        Rollout(
+            r.prompt_ids, r.completion_ids, float("nan") if i == 1 else r.advantage, per_token=r.per_token
+        )
+        for i, r in enumerate(rollouts)
+    ]
     before, opt_before = _copy(state.lora), _copy(state.opt_state)
     state, m = trainer.train_on_batch(state, bad)
     assert m["update_skipped"] == 1 and int(state.skipped) == 1 and int(state.step) == 2
@@ -64,12 +79,17 @@ def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
 
 def test_accumulation_calls_do_not_change_the_update(tiny_policy: Any, trainer: Trainer) -> None:
     """The same rollouts through 1 accumulate call of 4 micro-batches or 4 calls of 1: same update."""
-    rollouts, _ = synthetic_rollouts(1, seed=5, vocab_size=tiny_policy.vocab_size, groups=2,
-                                     group_size=4, max_prompt=10, max_completion=20)
-    one = Trainer(tiny_policy, StepConfig(budget=64, rows=1, micro_batches=8, learning_rate=1e-2,
-                                          token_tile=32, vocab_chunk=128))
-    many = Trainer(tiny_policy, StepConfig(budget=64, rows=1, micro_batches=1, learning_rate=1e-2,
-                                           token_tile=32, vocab_chunk=128))
+    rollouts, _ = synthetic_rollouts(
+        1, seed=5, vocab_size=tiny_policy.vocab_size, groups=2, group_size=4, max_prompt=10, max_completion=20
+    )
+    one = Trainer(
+        tiny_policy,
+        StepConfig(budget=64, rows=1, micro_batches=8, learning_rate=1e-2, token_tile=32, vocab_chunk=128),
+    )
+    many = Trainer(
+        tiny_policy,
+        StepConfig(budget=64, rows=1, micro_batches=1, learning_rate=1e-2, token_tile=32, vocab_chunk=128),
+    )
     s1, m1 = one.train_on_batch(one.init_state(), rollouts)
     s2, m2 = many.train_on_batch(many.init_state(), rollouts)
     assert m1["accumulate_calls"] == 1 and m2["accumulate_calls"] == m2["micro_batches"] > 1
