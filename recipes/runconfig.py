@@ -44,11 +44,11 @@ class TpuPlan(ApiModel):
 class MeshPlan(ApiModel):
     """A resolved mesh: every axis an integer >= 1."""
 
-    data: int = Field(description="Data parallelism.")
-    fsdp: int = Field(description="FSDP parallelism.")
-    tensor: int = Field(description="Tensor parallelism.")
-    context: int = Field(description="Context parallelism.")
-    expert: int = Field(description="Expert parallelism.")
+    data: int = Field(strict=True, ge=1, description="Data parallelism.")
+    fsdp: int = Field(strict=True, ge=1, description="FSDP parallelism.")
+    tensor: int = Field(strict=True, ge=1, description="Tensor parallelism.")
+    context: int = Field(strict=True, ge=1, description="Context parallelism.")
+    expert: int = Field(strict=True, ge=1, description="Expert parallelism.")
 
     def product(self) -> int:
         out = 1
