@@ -38,7 +38,7 @@ cat > "$W/cosmic-ray.toml" <<TOML
 module-path = [${MODULE_LIST%, }]
 timeout = 120.0
 excluded-modules = []
-test-command = "env PYTHONSAFEPATH=1 PYTHONPATH=$W/build/pkgview $VENV/bin/pytest -x -q -p no:cacheprovider -p no:randomly -k 'not committed_list and not committed_schema' --ignore=tests/recipes/test_properties.py $TESTS"
+test-command = "env PYTHONSAFEPATH=1 PYTHONPATH=$W/build/pkgview $VENV/bin/pytest -x -q -p no:cacheprovider -p no:hypothesispytest -k 'not committed_list and not committed_schema' --ignore=tests/recipes/test_properties.py $TESTS"
 
 [cosmic-ray.distributor]
 name = "local"

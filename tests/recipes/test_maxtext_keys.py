@@ -10,23 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.recipes import MISSING_AT_025
 from rljob.recipes import maxtext_keys
 
 REPO = Path(__file__).resolve().parents[2]
-
-# The seed's tuned 397B v7x block keys that maxtext 0.2.5 does not define (seed-code-facts §1.5).
-MISSING_AT_025 = [
-    "use_gdn_kernel",
-    "gdn_cp_mode",
-    "gdn",
-    "gdn_conv",
-    "gdn_states",
-    "ring_of_experts_local_routing",
-    "moe_expert_weight_prefetch",
-    "moe_chunk_pipeline",
-    "ring_of_experts_row_major_reduce_scatter",
-    "context_parallel_attention_load_balance",
-]
 
 
 def test_committed_list_matches_installed_maxtext() -> None:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.recipes import MINIMAL, manifest, problems, recipe_manifest, resolve
+from fixtures.recipes import MINIMAL, MISSING_AT_025, manifest, problems, recipe_manifest, resolve
 from rljob.recipes import recipe_catalog
 from rljob.recipes.runconfig import RunConfig
 
@@ -357,18 +357,7 @@ def test_recipe_key_errors_name_their_source() -> None:
 
 def test_seed_block_keys_missing_at_025_are_refused() -> None:
     """The seed's tuned 397B keys that MaxText 0.2.5 lacks are refused with the key named."""
-    missing = [
-        "use_gdn_kernel",
-        "gdn_cp_mode",
-        "gdn",
-        "gdn_conv",
-        "gdn_states",
-        "ring_of_experts_local_routing",
-        "moe_expert_weight_prefetch",
-        "moe_chunk_pipeline",
-        "ring_of_experts_row_major_reduce_scatter",
-        "context_parallel_attention_load_balance",
-    ]
+    missing = MISSING_AT_025
     doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
     doc["spec"]["trainer"] = {"maxtext": dict.fromkeys(missing, True)}
     got = problems(doc)
