@@ -43,3 +43,19 @@ def test_every_generated_name_fits_at_the_limit() -> None:
     n = naming.max_name_length(roles)
     for what, value in naming.generated("a" * n, roles).items():
         assert len(value) <= 63, what
+
+
+def test_generated_names_exact() -> None:
+    assert naming.generated("rl", {"trainer": (2, 4), "sampler": (3, 1)}) == {
+        "JobSet": "rl",
+        "coordinator label": "rl-trainer-0-0.rl",
+        "run ConfigMap": "rl-run",
+        "progress ConfigMap": "rl-progress",
+        "ServiceAccount": "rl-rljob",
+        "trainer Job": "rl-trainer-1",
+        "trainer Pod hostname": "rl-trainer-1-3",
+        "trainer Pod name": "rl-trainer-1-3-xxxxx",
+        "sampler Job": "rl-sampler-2",
+        "sampler Pod hostname": "rl-sampler-2-0",
+        "sampler Pod name": "rl-sampler-2-0-xxxxx",
+    }

@@ -102,3 +102,14 @@ def test_two_containers_on_tpu7x() -> None:
         tpu.plan("tpu7x-2", containers_per_host=2)
     with pytest.raises(tpu.TpuError, match="1 or 2"):
         tpu.plan("tpu7x-8", containers_per_host=3)
+
+
+@pytest.mark.parametrize("prefix", ["v5p", "tpu7x"])
+def test_topologies_sorted_by_chips(prefix: str) -> None:
+    topos = tpu.topologies(prefix)
+    chips = [tpu.chips_of(t) for t in topos]
+    assert chips == sorted(chips) and len(set(topos)) == len(topos)
+    cubes = [t for t in topos if tpu.chips_of(t) >= 64]
+    assert cubes[:5] == ["4x4x4", "4x4x8", "4x4x12", "4x4x16", "4x8x8"]
+    # every i <= j <= k with i*j*k <= 140 (v5p) or 144 (tpu7x) 4x4x4 cubes, counted by brute force
+    assert len(cubes) == {"v5p": 492, "tpu7x": 516}[prefix]
