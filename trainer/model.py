@@ -24,6 +24,7 @@ segments compute alone (tests/trainer/test_model.py checks it).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -285,6 +286,73 @@ class Policy:
         h = self.hidden_states(lora, tokens, positions, segment_ids)
         return jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
 
+    # ------------------------------------------------------------------ sampling (CPU sampler, tests)
+
+    @partial(jax.jit, static_argnums=(0, 4))
+    def _decode(
+        self,
+        lora: LoraState,
+        tokens: jax.Array,
+        lengths: jax.Array,
+        max_tokens: int,
+        temperature: jax.Array,
+        key: jax.Array,
+    ) -> tuple[jax.Array, jax.Array]:
+        b, t = tokens.shape
+        positions = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        w = self.head_weight(lora)
+
+        def body(
+            i: int, carry: tuple[jax.Array, jax.Array, jax.Array]
+        ) -> tuple[jax.Array, jax.Array, jax.Array]:
+            toks, out_lp, k = carry
+            cur = lengths + i
+            seg = (jnp.arange(t)[None] < cur[:, None]).astype(jnp.int32)
+            h = self.hidden_states(lora, toks, positions, seg)
+            last_h = jnp.take_along_axis(h, (cur - 1)[:, None, None], axis=1)[:, 0]
+            last = jnp.dot(last_h, w, preferred_element_type=jnp.float32)
+            k, sub = jax.random.split(k)
+            sampled = jax.random.categorical(sub, last / jnp.maximum(temperature, 1e-6), axis=-1)
+            nxt = jnp.where(temperature > 0, sampled, jnp.argmax(last, axis=-1)).astype(toks.dtype)
+            lp = jnp.take_along_axis(jax.nn.log_softmax(last, -1), nxt[:, None], axis=-1)[:, 0]
+            toks = toks.at[jnp.arange(b), cur].set(nxt)
+            return toks, out_lp.at[:, i].set(lp), k
+
+        lp0 = jnp.zeros((b, max_tokens), jnp.float32)
+        toks, lps, _ = jax.lax.fori_loop(0, max_tokens, body, (tokens, lp0, key))
+        idx = lengths[:, None] + jnp.arange(max_tokens)[None]
+        return jnp.take_along_axis(toks, idx, axis=1), lps
+
+    def generate(
+        self,
+        lora: LoraState,
+        prompts: list[list[int]],
+        max_tokens: int,
+        temperature: float,
+        seed: int,
+        bucket: int = 16,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Sample ``max_tokens`` tokens after each prompt (full recompute per token: a CPU test
+        sampler, not a serving engine): (tokens [N, max_tokens], log-probs [N, max_tokens]) with the
+        log-probs of the sampled tokens under the unscaled logits."""
+        n = len(prompts)
+        width = -(-(max(len(p) for p in prompts) + max_tokens) // bucket) * bucket
+        rows = -(-n // 8) * 8
+        toks = np.zeros((rows, width), np.int32)
+        lengths = np.ones((rows,), np.int32)
+        for i, p in enumerate(prompts):
+            toks[i, : len(p)] = p
+            lengths[i] = len(p)
+        out, lps = self._decode(
+            lora,
+            jnp.asarray(toks),
+            jnp.asarray(lengths),
+            max_tokens,
+            jnp.float32(temperature),
+            jax.random.key(seed),
+        )
+        return np.asarray(out)[:n], np.asarray(lps)[:n]
+
     # ------------------------------------------------------------------ PEFT layout
 
     def lora_paths(self) -> list[tuple[str, str]]:
@@ -340,6 +408,22 @@ class Policy:
     def peft_name(self, layer: int, module: str, which: str) -> str:
         parent, proj = HF_PROJ[module]
         return f"{self.spec.hf_layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
+
+    def save_peft(self, lora: LoraState, directory: Path) -> None:
+        """Write the PEFT files into a local directory (publishing goes through rljob.trainer.export)."""
+        from safetensors.numpy import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.to_peft(lora), str(directory / "adapter_model.safetensors"))
+        (directory / "adapter_config.json").write_text(json.dumps(self.peft_config(), indent=1))
+
+    def load_peft(self, directory: Path) -> LoraState:
+        from safetensors.numpy import load_file
+
+        cfg = json.loads((directory / "adapter_config.json").read_text())
+        if int(cfg.get("r", -1)) != self.spec.lora_rank:
+            raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != model rank {self.spec.lora_rank}")
+        return self.from_peft(load_file(str(directory / "adapter_model.safetensors")))
 
     def peft_config(self) -> dict[str, Any]:
         """adapter_config.json of the PEFT layout (what vLLM and peft read)."""
