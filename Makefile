@@ -98,3 +98,9 @@ mutation: venv
 .PHONY: rl-cpu
 rl-cpu: venv
 	$(PY) -m rljob.trainer.localrun --steps $${RL_CPU_STEPS:-120}
+
+# The GCS emulator the tests start (tests/fixtures/gcs.py): fake-gcs-server built from its Go module at
+# the version in hack/versions.env, into .cache/. The fixture builds it on first use; this prebuilds it.
+.PHONY: fake-gcs-server
+fake-gcs-server:
+	@hack/build-fake-gcs-server.sh
