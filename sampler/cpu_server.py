@@ -10,7 +10,8 @@ Endpoints (same paths, bodies and response shapes as vLLM):
 - `GET /rljob/v1/adapter`: the adapter version the watcher serves (also `adapter_version` in every
   completion response).
 
-The model is the trainer's tiny policy (rljob.trainer.tinypolicy) built from the same seed, so the two
+The model is the trainer's tiny MaxText policy (rljob.trainer.model via rljob.trainer.tinypolicy),
+built from the same keys and seed, so the two
 processes share base weights and the step-0 parity gate can compare their log-probs.
 """
 
@@ -25,18 +26,20 @@ from typing import Any
 
 from aiohttp import web
 from rljob.sampler.adapters import version_of
-from rljob.trainer.tinypolicy import TinyPolicy
+from rljob.trainer.model import Policy
+from rljob.trainer.tinypolicy import Sampler, load_peft_dir
 
 LoraState = Any
 
 
 class CpuSampler:
-    """Adapters by name over one TinyPolicy; generation runs in a worker thread, one batch at a time."""
+    """Adapters by name over one Policy; generation runs in a worker thread, one batch at a time."""
 
     def __init__(
-        self, policy: TinyPolicy, max_loras: int, status: Callable[[], dict[str, Any]] | None = None
+        self, policy: Policy, max_loras: int, status: Callable[[], dict[str, Any]] | None = None
     ) -> None:
         self.policy = policy
+        self.sampler = Sampler(policy)
         self.base_name = policy.spec.base_model
         self.max_loras = max_loras
         self.adapters: dict[str, tuple[LoraState, str]] = {}
@@ -82,7 +85,7 @@ class CpuSampler:
         if len(self.adapters) >= self.max_loras:
             return web.Response(status=400, text=f"max_loras={self.max_loras} adapters are loaded already")
         try:
-            state = await asyncio.to_thread(self.policy.load_peft, Path(path))
+            state = await asyncio.to_thread(load_peft_dir, self.policy, Path(path))
         except (OSError, ValueError, KeyError) as e:
             return web.Response(status=400, text=f"cannot load LoRA adapter {name} from {path}: {e}")
         self.adapters[name] = (state, str(path))
@@ -141,7 +144,7 @@ class CpuSampler:
         rows = [list(map(int, p)) for p in prompts for _ in range(n)]
         async with self.lock:
             toks, lps = await asyncio.to_thread(
-                self.policy.generate, lora, rows, max_tokens, temperature, seed
+                self.sampler.generate, lora, rows, max_tokens, temperature, seed
             )
         choices = []
         for i in range(len(rows)):

@@ -122,12 +122,13 @@ class WatcherFactory:
 def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) -> int:
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
-    from rljob.trainer.tinypolicy import TinyPolicy, TinySpec
+    from rljob.trainer.model import Policy
+    from rljob.trainer.tinypolicy import cpu_model_spec
 
     lora = rc.spec.lora
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
-    policy = TinyPolicy(TinySpec(lora_rank=rank, lora_alpha=alpha))
+    policy = Policy(cpu_model_spec(rank, alpha))
     base = f"http://127.0.0.1:{port}"
     watcher = watcher_for(base)
     server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)

@@ -97,6 +97,18 @@ def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError(f"fake-gcs-server did not start (see {workdir / 'gcs.log'})")
 
 
+def create_bucket(name: str) -> None:
+    """Create a bucket on the emulator named by STORAGE_EMULATOR_HOST."""
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import storage  # type: ignore[import-untyped]
+
+    client = storage.Client(
+        project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"),
+        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+    )
+    client.create_bucket(name)
+
+
 def local_run_config(
     root: str,
     sampler_port: int,
@@ -137,10 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         "PYTHONSAFEPATH": "1",
     }
     os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
-    from rljob.trainer.loop import gcs_client
-
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"
-    gcs_client().create_bucket(bucket)
+    create_bucket(bucket)
     port = free_port()
     rc = local_run_config(f"gs://{bucket}", port, workdir / "progress.json", {"steps": args.steps})
     cfg = workdir / "run.json"
@@ -168,11 +178,11 @@ def main(argv: list[str] | None = None) -> int:
         "rljob.trainer.loop",
         "--config",
         str(cfg),
-        "--metrics",
+        "--model",
+        "tiny",
+        "--log-jsonl",
         str(workdir / "metrics.jsonl"),
     ]
-    if args.stop_at_target:
-        trainer_cmd += ["--stop-at-reward", str(args.target)]
     trainer = subprocess.Popen(trainer_cmd, env=env, stdout=subprocess.PIPE, text=True)
     first_hit: dict[str, Any] | None = None
     assert trainer.stdout is not None
@@ -185,7 +195,11 @@ def main(argv: list[str] | None = None) -> int:
             continue
         if first_hit is None and rec.get("reward_mean", 0) >= args.target:
             first_hit = {"step": rec["step"], "seconds": round(time.monotonic() - t0, 1)}
+            if args.stop_at_target:
+                trainer.terminate()
     rc_code = trainer.wait()
+    if first_hit is not None and args.stop_at_target:
+        rc_code = 0
     sampler.terminate()
     sampler.wait(timeout=30)
     gcs.terminate()

@@ -25,8 +25,9 @@ from rljob.sampler.adapters import (
     version_of,
 )
 from rljob.sampler.cpu_server import CpuSampler
-from rljob.trainer.loop import GcsDir, gcs_client
-from rljob.trainer.tinypolicy import TinyPolicy, TinySpec
+from rljob.trainer.export import publish_adapter
+from rljob.trainer.model import Policy
+from rljob.trainer.tinypolicy import cpu_model_spec
 
 pytestmark = pytest.mark.jax
 
@@ -48,12 +49,12 @@ def test_names_round_trip() -> None:
 
 
 @pytest.fixture(scope="module")
-def policy() -> TinyPolicy:
-    return TinyPolicy(TinySpec())
+def policy() -> Policy:
+    return Policy(cpu_model_spec(8, 16.0))
 
 
 @pytest.fixture
-def server(policy: TinyPolicy) -> Iterator[tuple[str, CpuSampler]]:
+def server(policy: Policy) -> Iterator[tuple[str, CpuSampler]]:
     sampler = CpuSampler(policy, max_loras=2)
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(sampler.app())
@@ -79,14 +80,11 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(r.read())
 
 
-def _publish(adapters: GcsDir, policy: TinyPolicy, lora: Any, version: int, tmp: Path) -> None:
-    d = tmp / f"export-v{version}"
-    policy.save_peft(lora, d)
-    adapters.upload_dir(f"v{version}", d)
-    adapters.write("LATEST", str(version).encode())
+def _publish(uri: str, policy: Policy, lora: Any, version: int, **config: Any) -> None:
+    publish_adapter(uri, version, policy.to_peft(lora), {**policy.peft_config(), **config})
 
 
-def _perturbed(policy: TinyPolicy, scale: float, seed: int) -> Any:
+def _perturbed(policy: Policy, scale: float, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     peft = {
         k: v + scale * rng.standard_normal(v.shape).astype(np.float32)
@@ -96,21 +94,20 @@ def _perturbed(policy: TinyPolicy, scale: float, seed: int) -> Any:
 
 
 def test_watcher_swaps_versions_load_then_unload(
-    gcs_bucket: str, server: tuple[str, CpuSampler], policy: TinyPolicy, tmp_path: Path
+    gcs_bucket: str, server: tuple[str, CpuSampler], policy: Policy, tmp_path: Path
 ) -> None:
     base_url, _sampler = server
     uri = f"{gcs_bucket}/ns/job/adapters"
-    adapters = GcsDir(uri, gcs_client())
     watcher = AdapterWatcher(AdapterStore(uri), LoraEndpoint(base_url), tmp_path / "local", "job")
     assert watcher.poll_once() is None and watcher.served_version is None  # nothing published yet
 
-    _publish(adapters, policy, policy.lora0, 0, tmp_path)
+    _publish(uri, policy, policy.lora0, 0)
     rec = watcher.poll_once()
     assert rec is not None and rec.version == 0 and rec.name == "job-v0"
     assert watcher.poll_once() is None  # no new version: no work
 
     lora1 = _perturbed(policy, 0.3, 1)
-    _publish(adapters, policy, lora1, 1, tmp_path)
+    _publish(uri, policy, lora1, 1)
     rec = watcher.poll_once()
     assert rec is not None and rec.version == 1
     ids = [m["id"] for m in _get(f"{base_url}/v1/models")["data"]]
@@ -140,17 +137,15 @@ def test_watcher_swaps_versions_load_then_unload(
 
 
 def test_broken_adapter_keeps_serving_previous(
-    gcs_bucket: str, server: tuple[str, CpuSampler], policy: TinyPolicy, tmp_path: Path
+    gcs_bucket: str, server: tuple[str, CpuSampler], policy: Policy, tmp_path: Path
 ) -> None:
     base_url, _ = server
     uri = f"{gcs_bucket}/adapters"
-    adapters = GcsDir(uri, gcs_client())
     watcher = AdapterWatcher(AdapterStore(uri), LoraEndpoint(base_url), tmp_path / "local", "job")
-    _publish(adapters, policy, policy.lora0, 0, tmp_path)
+    _publish(uri, policy, policy.lora0, 0)
     watcher.poll_once()
-    # v1 with a wrong rank (as a trainer with a different spec.lora.rank would export).
-    bad = TinyPolicy(TinySpec(lora_rank=4))
-    _publish(adapters, bad, bad.lora0, 1, tmp_path)
+    # v1 claims another rank (as a trainer with a different spec.lora.rank would export).
+    _publish(uri, policy, policy.lora0, 1, r=4)
     with pytest.raises(ServerError, match="rank"):
         watcher.poll_once()
     assert watcher.served_version == 0
