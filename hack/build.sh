@@ -15,6 +15,8 @@ BIN="$HACK/bin"
 # shellcheck source=versions.env
 source "$HACK/versions.env"
 
+# Go from the official tarball lives in /usr/local/go/bin, which a non-login shell may not have on PATH.
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 export PYTHONSAFEPATH=1
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"

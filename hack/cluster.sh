@@ -22,6 +22,7 @@ STATE="${RLJOB_CLUSTER_DIR:-$REPO/.cache/cluster}"
 NAME="${RLJOB_CLUSTER_NAME:-rljob}"
 KUBECONFIG_PATH="$STATE/kubeconfig"
 export KWOK_WORKDIR="$STATE/kwok"
+if ! command -v go >/dev/null && [ -x /usr/local/go/bin/go ]; then export PATH="/usr/local/go/bin:$PATH"; fi
 export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 # Never put the working directory on sys.path: the repo's ./operator would shadow the stdlib module.
 export PYTHONSAFEPATH=1
