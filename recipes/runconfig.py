@@ -32,13 +32,13 @@ class TpuPlan(ApiModel):
     topology: str = Field(description="Node label cloud.google.com/gke-tpu-topology value (AxBxC).")
     type_name: str = Field(description="xpk-style name, e.g. v5p-16 (TensorCores = 2 x chips).")
     machine_type: str = Field(description="GCE machine type of one host.")
-    chips: int = Field(description="Chips in one slice.")
-    hosts: int = Field(description="Hosts (VMs, pods) in one slice.")
-    chips_per_host: int = Field(description="Chips per host.")
-    devices_per_chip: int = Field(description="JAX devices per chip (1 on v5p, 2 on tpu7x).")
-    devices: int = Field(description="JAX devices in one slice.")
-    containers_per_host: int = Field(description="TPU containers per pod (2 on multi-chip tpu7x hosts).")
-    chips_per_container: int = Field(description="google.com/tpu requested by each TPU container.")
+    chips: int = Field(strict=True, ge=1, description="Chips in one slice.")
+    hosts: int = Field(strict=True, ge=1, description="Hosts (VMs, pods) in one slice.")
+    chips_per_host: int = Field(strict=True, ge=1, description="Chips per host.")
+    devices_per_chip: int = Field(strict=True, ge=1, description="JAX devices per chip (1 on v5p, 2 on tpu7x).")
+    devices: int = Field(strict=True, ge=1, description="JAX devices in one slice.")
+    containers_per_host: int = Field(strict=True, ge=1, description="TPU containers per pod (2 on multi-chip tpu7x hosts).")
+    chips_per_container: int = Field(strict=True, ge=1, description="google.com/tpu requested by each TPU container.")
 
 
 class MeshPlan(ApiModel):
