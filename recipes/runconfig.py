@@ -35,10 +35,16 @@ class TpuPlan(ApiModel):
     chips: int = Field(strict=True, ge=1, description="Chips in one slice.")
     hosts: int = Field(strict=True, ge=1, description="Hosts (VMs, pods) in one slice.")
     chips_per_host: int = Field(strict=True, ge=1, description="Chips per host.")
-    devices_per_chip: int = Field(strict=True, ge=1, description="JAX devices per chip (1 on v5p, 2 on tpu7x).")
+    devices_per_chip: int = Field(
+        strict=True, ge=1, description="JAX devices per chip (1 on v5p, 2 on tpu7x)."
+    )
     devices: int = Field(strict=True, ge=1, description="JAX devices in one slice.")
-    containers_per_host: int = Field(strict=True, ge=1, description="TPU containers per pod (2 on multi-chip tpu7x hosts).")
-    chips_per_container: int = Field(strict=True, ge=1, description="google.com/tpu requested by each TPU container.")
+    containers_per_host: int = Field(
+        strict=True, ge=1, description="TPU containers per pod (2 on multi-chip tpu7x hosts)."
+    )
+    chips_per_container: int = Field(
+        strict=True, ge=1, description="google.com/tpu requested by each TPU container."
+    )
 
 
 class MeshPlan(ApiModel):
