@@ -9,6 +9,7 @@ import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -186,16 +187,34 @@ def test_admission_refuses_bad_manifests_naming_the_field(
 def test_operator_sigkilled_while_50_rljobs_are_created(
     cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
 ) -> None:
+    """A thread SIGKILLs the operator at random moments (mid-reconcile, mid-write) and restarts it,
+    while the main thread creates 50 RLJobs (retrying while the webhook is down with the operator)."""
     rng = random.Random(4)
     names = [f"k{i:02d}" for i in range(50)]
-    for i, name in enumerate(names):
-        create_rljob(cluster, manifest(name, namespace, suspend=True))
-        if i % 10 == rng.randrange(10):
-            time.sleep(rng.random() * 0.5)
+    done = threading.Event()
+    kills = 0
+
+    def killer() -> None:
+        nonlocal kills
+        while not done.is_set():
+            time.sleep(0.2 + rng.random() * 1.5)
             rljob_operator.kill(signal.SIGKILL)
+            kills += 1
             rljob_operator.start()
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        for name in names:
+            wait_for(
+                lambda n=name: _create_tolerating_webhook_outage(cluster, namespace, n), 120, f"create {name}"
+            )
+    finally:
+        done.set()
+        thread.join(timeout=120)
     if not rljob_operator.alive():
         rljob_operator.start()
+    assert kills >= 3
 
     def converged() -> bool:
         items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
@@ -214,6 +233,18 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
 
 
 # ------------------------------------------------------------------------------------------ helpers
+
+
+def _create_tolerating_webhook_outage(c: Cluster, ns: str, name: str) -> bool:
+    try:
+        create_rljob(c, manifest(name, ns, suspend=True))
+    except ApiException as e:
+        if e.status == 409:  # created by an earlier try whose answer was lost
+            return True
+        if e.status >= 500 or "failed calling webhook" in str(e.body):
+            return False
+        raise
+    return True
 
 
 def _get_jobset(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:
