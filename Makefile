@@ -25,7 +25,7 @@ STAMP := $(VENV)/.installed-$(DEPS_HASH)
 PKGVIEW := build/pkgview
 PKGS := cli recipes operator trainer sampler
 
-.PHONY: help venv pkgview lint typecheck test test-fast demo bench clean mutation
+.PHONY: help venv pkgview lint typecheck test test-fast demo demo-down bench clean mutation
 
 help:
 	@echo "make demo   - run the main job"
@@ -61,11 +61,15 @@ typecheck: venv pkgview
 test: lint typecheck
 	$(VENV)/bin/pytest
 
+# The main job (hack/demo.py): the local cluster, the chart, the operator (a local process running as
+# the chart's ServiceAccount), examples/qwen3-8b-v5p.yaml applied and Running on the v5p pools.
 demo: venv
-	@for f in examples/*.yaml; do \
-	  echo "=== $$f"; $(VENV)/bin/rljob plan -f $$f; \
-	  $(VENV)/bin/rljob render -f $$f > /dev/null && echo "rendered OK: $$f"; \
-	done
+	@$(VENV)/bin/rljob plan -f examples/qwen3-8b-v5p.yaml
+	@$(PY) hack/demo.py
+
+# Stop the operator process `make demo` leaves running (the cluster stays: make cluster-down).
+demo-down: venv
+	@$(PY) hack/demo.py --stop
 
 bench: venv
 	@for b in bench/*.py; do $(PY) $$b; done
