@@ -278,9 +278,9 @@ def test_operator_recovers_after_the_api_server_restarts(
     _kwokctl("stop", "cluster")
     time.sleep(5)
     _kwokctl("start", "cluster")
-    wait_for(lambda: _api_up(cluster), 120, "the API server to answer again")
+    wait_for(lambda: _api_up(cluster, namespace), 120, "the API server to serve RLJobs again")
     assert rljob_operator.alive(), rljob_operator.log_tail()
-    create_rljob(cluster, manifest("after", namespace, suspend=True))
+    wait_for(lambda: _create_tolerating_webhook_outage(cluster, namespace, "after"), 60, "create RLJob after")
     wait_phase(cluster, namespace, "after", "Suspended", timeout=120)
     patch_rljob(cluster, namespace, "before", {"spec": {"suspend": False}})
     wait_rljob(
@@ -289,9 +289,10 @@ def test_operator_recovers_after_the_api_server_restarts(
     assert rljob_operator.alive()
 
 
-def _api_up(c: Cluster) -> bool:
+def _api_up(c: Cluster, namespace: str) -> bool:
     try:
-        c.core.list_namespace(limit=1)
+        c.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        c.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
     except Exception:
         return False
     return True
