@@ -53,7 +53,12 @@ def _loss_and_grads(trainer: Trainer, lora: Any, packed: list[Any]) -> tuple[flo
     return float(loss), grads
 
 
-def test_packed_equals_unpacked(tiny_policy: Any) -> None:
+@pytest.mark.parametrize(
+    "layout",
+    [{}, {"pad_position": "start", "pad_align": 8}],
+    ids=["pad-end", "pad-start"],
+)
+def test_packed_equals_unpacked(tiny_policy: Any, layout: dict[str, Any]) -> None:
     cfg = StepConfig(
         budget=64,
         rows=1,
@@ -64,8 +69,10 @@ def test_packed_equals_unpacked(tiny_policy: Any) -> None:
     trainer = Trainer(tiny_policy, cfg)
     lora = _perturbed(tiny_policy.lora0)
     rollouts = _rollouts(tiny_policy.vocab_size)
-    packed = pack_rollouts(rollouts, PackConfig(budget=64, rows=1, segment_align=8))
+    packed = pack_rollouts(rollouts, PackConfig(budget=64, rows=1, segment_align=8, **layout))
     assert len(packed) == 1 and int(packed[0].num_segments[0]) == 3
+    if layout:  # the row really moved: padding first, segments after
+        assert packed[0].segment_ids[0, 0] == 0 and packed[0].segment_ids[0, 8] != 0
     # Unpacked: each rollout alone in its own row (same per-token weights: one global token mean).
     alone = [pack_rollouts([r], PackConfig(budget=64, rows=1))[0] for r in rollouts]
     total = sum(float(b.loss_mask.sum()) for b in alone)
