@@ -42,6 +42,7 @@ from flax import nnx
 from rljob.trainer import logprobs as lp_head
 
 __all__ = [
+    "CPU_KEYS",
     "HF_PROJ",
     "LoraState",
     "ModelSpec",
@@ -89,25 +90,31 @@ def tiny_keys(**overrides: Any) -> dict[str, Any]:
         "normalization_layer_epsilon": 1e-6,
         "rope_max_timescale": 10000,
         "max_target_length": 128,
+        **CPU_KEYS,
     }
     keys.update(overrides)
     return keys
 
 
-# Keys the trainer always sets: CPU-safe numerics, the hidden-state-returning head, no MaxText I/O.
+# Keys the trainer always sets: the hidden-state-returning head, no MaxText-side I/O or jax.distributed.
 _RUNTIME_KEYS: dict[str, Any] = {
-    "run_name": "rljob",
     "enable_checkpointing": False,
+    "skip_jax_distributed_system": True,
+    "enable_dropout": False,
+    # > 1: MaxText skips its output head in train mode and sows the hidden states instead.
+    "num_vocab_tiling": 2,
+}
+
+# Keys of the tiny CPU model on top (tiny_keys() includes them): float32 numerics (qwix LoRA with
+# bf16 scanned layers hits a carry dtype mismatch), plain dot-product attention, no output directory.
+CPU_KEYS: dict[str, Any] = {
+    "run_name": "rljob",
     "per_device_batch_size": 1,
     "dtype": "float32",
     "weight_dtype": "float32",
     "matmul_precision": "highest",
     "attention": "dot_product",
     "scan_layers": True,
-    "skip_jax_distributed_system": True,
-    "enable_dropout": False,
-    # > 1: MaxText skips its output head in train mode and sows the hidden states instead.
-    "num_vocab_tiling": 2,
     "base_output_directory": "",
 }
 
@@ -143,12 +150,14 @@ class ModelSpec:
 
 
 def maxtext_config(keys: Mapping[str, Any]) -> Any:
-    """A MaxText HyperParameters from ``keys`` plus the trainer's runtime keys (which win)."""
+    """A MaxText HyperParameters from ``keys`` plus the trainer's runtime keys (which win; a larger
+    ``num_vocab_tiling`` in ``keys`` is kept)."""
     import maxtext
     from maxtext.configs import pyconfig
 
     base = str(Path(maxtext.__file__).parent / "configs" / "base.yml")
     merged = {**dict(keys), **_RUNTIME_KEYS}
+    merged["num_vocab_tiling"] = max(int(keys.get("num_vocab_tiling", 1)), 2)
     return pyconfig.initialize(["", base], **merged)
 
 
