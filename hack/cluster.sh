@@ -200,8 +200,9 @@ wait_nodes_ready() {
 
 cmd_up() {
   mkdir -p "$STATE" "$LOGS"
-  "$HACK/build.sh"
+  # One `up` at a time (several test sessions may start at once); the build happens under the lock.
   exec 9>"$STATE/lock"; flock 9
+  "$HACK/build.sh" 9>&-
   if cmd_status 2>/dev/null; then
     # Someone other than a pytest session asked for it: it is theirs now, pytest leaves it running.
     [ "${RLJOB_CLUSTER_OWNER:-}" = pytest ] || rm -f "$STATE/owner-pytest"
