@@ -160,7 +160,9 @@ def test_generate_logprobs_match_the_fused_head(tiny_policy: Any, tmp_path: Any)
     sequence) agree on the sampled tokens' log-probs; PEFT files round-trip through a directory."""
     lora = _perturbed(tiny_policy.lora0, seed=2)
     prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
-    toks, lps = tiny_policy.generate(lora, prompts, max_tokens=4, temperature=1.0, seed=0)
+    from rljob.trainer.tinypolicy import Sampler  # the CPU sampler's decoder over this Policy
+
+    toks, lps = Sampler(tiny_policy).generate(lora, prompts, max_tokens=4, temperature=1.0, seed=0)
     assert toks.shape == (2, 4) and lps.shape == (2, 4)
     for p, t, lp in zip(prompts, toks, lps, strict=True):
         seq = np.asarray([*p, *t], np.int32)[None]
