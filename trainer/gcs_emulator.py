@@ -1,0 +1,80 @@
+"""The GCS emulator for local runs and tests (contract 6): fake-gcs-server on a free loopback port.
+
+The binary is built from its Go module at the version pinned in hack/versions.env by
+hack/build-fake-gcs-server.sh (into .cache/, once per version), or taken from ``RLJOB_FAKE_GCS_SERVER``.
+Clients reach it exactly as GCS through the variables of :func:`emulator_env`: google-cloud-storage and
+gcsfs read ``STORAGE_EMULATOR_HOST``, tensorstore (orbax's array layer) ``TENSORSTORE_GCS_HTTP_URL``.
+
+  binary = fake_gcs_server_binary()
+  proc, endpoint = start_fake_gcs_server(binary, workdir)
+  os.environ.update(emulator_env(endpoint))
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+__all__ = ["BUILD_SCRIPT", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
+
+BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "hack" / "build-fake-gcs-server.sh"
+
+
+def emulator_env(endpoint: str) -> dict[str, str]:
+    """Environment variables pointing every GCS client we use at ``endpoint``."""
+    return {
+        "STORAGE_EMULATOR_HOST": endpoint,
+        "TENSORSTORE_GCS_HTTP_URL": endpoint,
+        # No ambient credentials: clients fall back to anonymous access against the emulator.
+        "GOOGLE_CLOUD_PROJECT": "rljob-test",
+    }
+
+
+def fake_gcs_server_binary() -> Path:
+    """``RLJOB_FAKE_GCS_SERVER`` or the binary hack/build-fake-gcs-server.sh builds (or reuses)."""
+    override = os.environ.get("RLJOB_FAKE_GCS_SERVER")
+    if override:
+        return Path(override)
+    out = subprocess.run([str(BUILD_SCRIPT)], check=True, capture_output=True, text=True, timeout=1200).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_fake_gcs_server(binary: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start an in-memory fake-gcs-server on a free loopback port; returns (process, endpoint) once it
+    answers. Its log goes to ``workdir/fake-gcs-server.log``."""
+    port = _free_port()
+    endpoint = f"http://127.0.0.1:{port}"
+    log_path = workdir / "fake-gcs-server.log"
+    with log_path.open("wb") as log:
+        proc = subprocess.Popen(
+            [
+                str(binary),
+                *("-scheme", "http", "-host", "127.0.0.1", "-port", str(port), "-backend", "memory"),
+                *("-public-host", f"127.0.0.1:{port}", "-external-url", endpoint, "-log-level", "warn"),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=workdir,
+        )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=2) as resp:
+                if resp.status == 200:
+                    return proc, endpoint
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            raise RuntimeError(f"fake-gcs-server did not start; see {log_path}")
+        time.sleep(0.1)
