@@ -16,4 +16,5 @@ pytest_plugins = [
     "fixtures.trainer_run",
     "fixtures.cluster",
     "fixtures.operator",
+    "fixtures.cpu_sampler",
 ]

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from aiohttp import web
 from rljob.sampler.adapters import (
     AdapterStore,
     AdapterWatcher,
@@ -27,7 +23,6 @@ from rljob.sampler.adapters import (
 from rljob.sampler.cpu_server import CpuSampler
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.model import Policy
-from rljob.trainer.tinypolicy import cpu_model_spec
 
 pytestmark = pytest.mark.jax
 
@@ -48,25 +43,14 @@ def test_names_round_trip() -> None:
     assert version_of("my-job") is None
 
 
-@pytest.fixture(scope="module")
-def policy() -> Policy:
-    return Policy(cpu_model_spec(8, 16.0))
+@pytest.fixture
+def policy(cpu_policy: Policy) -> Policy:
+    return cpu_policy
 
 
 @pytest.fixture
-def server(policy: Policy) -> Iterator[tuple[str, CpuSampler]]:
-    sampler = CpuSampler(policy, max_loras=2)
-    loop = asyncio.new_event_loop()
-    runner = web.AppRunner(sampler.app())
-    loop.run_until_complete(runner.setup())
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    loop.run_until_complete(site.start())
-    port = runner.addresses[0][1]
-    t = threading.Thread(target=loop.run_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{port}", sampler
-    loop.call_soon_threadsafe(loop.stop)
-    t.join(5)
+def server(cpu_sampler: tuple[str, CpuSampler]) -> tuple[str, CpuSampler]:
+    return cpu_sampler
 
 
 def _get(url: str) -> Any:
