@@ -119,7 +119,7 @@ class WatcherFactory:
         )
 
 
-def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) -> int:
+def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import Policy
@@ -139,7 +139,8 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int) ->
         site = web.TCPSite(runner, host, port)
         await site.start()
         log.warning("CPU sampler serving on %s:%d", host, port)
-        watcher.start()
+        if watch:
+            watcher.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -170,6 +171,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--status-port", type=int, default=None, help="vllm backend: adapter status port (port+1)")
     p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
     p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
+    p.add_argument("--no-watch", action="store_true", help="cpu backend: serve only, no adapter watcher")
     return p
 
 
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
-        return run_cpu(rc, factory, args.host, port)
+        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch)
     return run_vllm(rc, factory, port, args.status_port or port + 1)
 
 

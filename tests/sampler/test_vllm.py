@@ -7,10 +7,16 @@ argument-parser sources by tests/sampler/data/extract_vllm_args.py (regenerate c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from rljob.recipes.runconfig import RunConfig
@@ -162,3 +168,91 @@ def test_sampler_bad_config_exit_2(tmp_path: Path) -> None:
         timeout=120,
     )
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+SHIM = """#!/usr/bin/env bash
+# Stand-in for the `vllm` executable: checks what the supervisor passes, then serves the same HTTP API
+# with the CPU backend on the requested --port (no watcher: the supervisor's watcher drives it).
+set -eu
+[ "${VLLM_ALLOW_RUNTIME_LORA_UPDATING:-}" = "True" ] || { echo "runtime LoRA env missing" >&2; exit 3; }
+echo "$@" > "$ARGV_FILE"
+port=""
+prev=""
+for a in "$@"; do
+  [ "$prev" = "--port" ] && port="$a"
+  prev="$a"
+done
+exec "$PYTHON" -m rljob.sampler.main --config "$CONFIG" --backend cpu --no-watch \
+  --host 127.0.0.1 --port "$port"
+"""
+
+
+@pytest.mark.jax
+@pytest.mark.slow
+def test_vllm_supervisor_runs_the_command_and_hot_swaps(
+    gcs_bucket: str, cpu_policy: Any, tmp_path: Path
+) -> None:
+    """The `--backend vllm` path end to end, with a stand-in `vllm` on PATH and vLLM sources that pass
+    the preflight: the built argv and env reach the server, the watcher loads the published adapter
+    into it over HTTP and reports the version on the status port, SIGTERM is forwarded."""
+    from rljob.trainer.export import publish_adapter
+    from rljob.trainer.localrun import free_port
+
+    site = _site(tmp_path / "site")
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "vllm").write_text(SHIM)
+    (bindir / "vllm").chmod(0o755)
+    port, status_port = free_port(), free_port()
+    rc = local_run_config(gcs_bucket, port, tmp_path / "p.json")
+    cfg = tmp_path / "run.json"
+    cfg.write_text(rc.model_dump_json())
+    publish_adapter(rc.storage.adapters, 0, cpu_policy.to_peft(cpu_policy.lora0), cpu_policy.peft_config())
+    env = {
+        **os.environ,
+        "PATH": f"{bindir}:{os.environ['PATH']}",
+        "PYTHONPATH": str(site),
+        "PYTHONSAFEPATH": "1",
+        "ARGV_FILE": str(tmp_path / "argv"),
+        "PYTHON": sys.executable,
+        "CONFIG": str(cfg),
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rljob.sampler.main",
+            "--config",
+            str(cfg),
+            "--backend",
+            "vllm",
+            "--status-port",
+            str(status_port),
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "sampler.log").open("wb"),
+    )
+    try:
+        deadline = time.monotonic() + 400
+        status: dict[str, Any] = {}
+        while status.get("version") != 0:
+            assert proc.poll() is None, (tmp_path / "sampler.log").read_text()[-2000:]
+            assert time.monotonic() < deadline, "adapter v0 never served"
+            with contextlib.suppress(OSError), urllib.request.urlopen(
+                f"http://127.0.0.1:{status_port}/rljob/v1/adapter", timeout=2
+            ) as r:
+                status = json.loads(r.read())
+            time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+            ids = [m["id"] for m in json.loads(r.read())["data"]]
+        assert ids == ["rljob/tiny-qwen3", "rl-cpu-v0"]
+        argv = (tmp_path / "argv").read_text().split()
+        assert argv[:2] == ["serve", "rljob/tiny-qwen3"]
+        assert argv[argv.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in argv
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
