@@ -387,13 +387,22 @@ def check_jobset_controller(deployments: Sequence[Obj], probe: Probe | None) -> 
             )
             out.append(ok(check, f"JobSet controller {where} {_fmt_version(version)} is available{note}"))
     if probe is not None and not probe.forbidden:
-        if not probe.allowed:
+        if not probe.allowed and _webhook_unreachable(probe.error):
             out.append(
                 problem(
                     "jobset.webhook",
-                    f"a dry-run JobSet was refused: {probe.error}",
+                    f"JobSet's webhook is unreachable, a dry-run JobSet was refused: {probe.error}",
                     "the JobSet controller (it serves the webhook) is down or its certificate is wrong: "
                     "check the controller's pods and logs, or reinstall: " + JOBSET_INSTALL,
+                )
+            )
+        elif not probe.allowed:
+            out.append(
+                problem(
+                    "jobset.webhook",
+                    f"JobSet's webhook refused a minimal dry-run JobSet: {probe.error}",
+                    "kubectl get mutatingwebhookconfigurations,validatingwebhookconfigurations | grep jobset "
+                    "(both must exist), or reinstall: " + JOBSET_INSTALL,
                 )
             )
         elif not probe.defaulted:
@@ -588,13 +597,34 @@ def check_queue(
 # -------------------------------------------------------------------------------------------- operator
 
 
-def _webhook_covers_rljobs(hook: Obj) -> bool:
+def _webhook_covers(hook: Obj, group: str = GROUP, plural: str = PLURAL) -> bool:
     for rule in hook.get("rules", []) or []:
         groups = rule.get("apiGroups", []) or []
         resources = rule.get("resources", []) or []
-        if (GROUP in groups or "*" in groups) and (PLURAL in resources or "*" in resources):
+        if (group in groups or "*" in groups) and (plural in resources or "*" in resources):
             return True
     return False
+
+
+def check_jobset_webhook_configs(mutating: Sequence[Obj] | None, validating: Sequence[Obj]) -> list[Finding]:
+    """JobSet ships a mutating (defaults) and a validating webhook configuration; both must be there.
+    `mutating` None: not readable, nothing said."""
+    if mutating is None:
+        return []
+    out = []
+    for kind, configs in (("mutating", mutating), ("validating", validating)):
+        if not any(
+            _webhook_covers(h, JOBSET_GROUP, "jobsets") for c in configs for h in c.get("webhooks") or []
+        ):
+            out.append(
+                problem(
+                    "jobset.webhook",
+                    f"no {kind} webhook configuration covers jobsets: JobSets would run without the "
+                    f"controller's {'defaults' if kind == 'mutating' else 'validation'}",
+                    f"reinstall JobSet: {JOBSET_INSTALL}",
+                )
+            )
+    return out
 
 
 def check_operator(
@@ -683,7 +713,7 @@ def check_operator(
         (cfg.get("metadata", {}).get("name"), hook)
         for cfg in webhooks
         for hook in cfg.get("webhooks", []) or []
-        if _webhook_covers_rljobs(hook)
+        if _webhook_covers(hook)
     ]
     if not hooks:
         out.append(
@@ -760,6 +790,7 @@ class ClusterState:
     can_create_rljobs: bool | None = None
     jobset_probe: Probe | None = None
     rljob_probe: Probe | None = None
+    mutating_webhooks: list[Obj] | None = None
     unreadable: list[str] = field(default_factory=list)  # cluster-wide lists the caller may not read
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
@@ -782,6 +813,11 @@ def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
     return (
         check_jobset_crd(state.crds)
         + check_jobset_controller(state.deployments, state.jobset_probe)
+        + (
+            check_jobset_webhook_configs(state.mutating_webhooks, state.webhooks)
+            if JOBSET_CRD in state.crds
+            else []
+        )
         + check_node_pools(state.nodes, needs)
         + check_queue(state.crds, state.local_queues, needs)
         + check_operator(
@@ -894,6 +930,9 @@ def gather(
     state.deployments = lists["deployments"] or []
     state.nodes = lists["nodes"] or []
     state.webhooks = lists["validatingwebhookconfigurations"] or []
+    state.mutating_webhooks = items(
+        client.AdmissionregistrationV1Api(api).list_mutating_webhook_configuration
+    )
     custom = client.CustomObjectsApi(api)
     lq_crd = state.crds.get(LOCALQUEUE_CRD)
     if lq_crd is not None and needs is not None and needs.queue_name:

@@ -737,3 +737,48 @@ def test_unreadable_cluster_is_one_access_problem_not_a_list_of_missing_things()
     findings = doctor.run_checks(state, needs())
     assert statuses(findings) == [("access", Status.PROBLEM), ("user.rbac", Status.PROBLEM)]
     assert "customresourcedefinitions, nodes" in findings[0].message
+
+
+def _hooks(name: str, group: str, resource: str) -> dict[str, Any]:
+    return {
+        "metadata": {"name": name},
+        "webhooks": [{"name": "h", "rules": [{"apiGroups": [group], "resources": [resource]}]}],
+    }
+
+
+JS_MUTATING = _hooks("jobset-mutating-webhook-configuration", "jobset.x-k8s.io", "jobsets")
+JS_VALIDATING = _hooks("jobset-validating-webhook-configuration", "jobset.x-k8s.io", "jobsets")
+
+
+@pytest.mark.parametrize(
+    ("mutating", "validating", "missing"),
+    [
+        ([JS_MUTATING], [JS_VALIDATING], []),
+        ([], [JS_VALIDATING], ["mutating"]),
+        ([JS_MUTATING], [webhook_config()], ["validating"]),
+        ([_hooks("other", "batch", "jobs")], [], ["mutating", "validating"]),
+        (None, [], []),  # not readable: nothing said
+    ],
+)
+def test_jobset_webhook_configs(
+    mutating: list[Any] | None, validating: list[Any], missing: list[str]
+) -> None:
+    findings = doctor.check_jobset_webhook_configs(mutating, validating)
+    assert [f.message.split()[1] for f in findings] == missing
+    assert all(f.status is Status.PROBLEM and f.check == "jobset.webhook" for f in findings)
+
+
+@pytest.mark.parametrize(
+    ("error", "needle"),
+    [
+        (
+            'Internal error occurred: failed calling webhook "mjobset.kb.io": connect: connection refused',
+            "unreachable",
+        ),
+        ('admission webhook "vjobset.kb.io" denied the request: panic: runtime error', "refused a minimal"),
+    ],
+)
+def test_jobset_probe_refusals_are_told_apart(error: str, needle: str) -> None:
+    findings = doctor.check_jobset_controller([], Probe(False, False, error=error))
+    [hook] = [f for f in findings if f.check == "jobset.webhook"]
+    assert hook.status is Status.PROBLEM and needle in hook.message
