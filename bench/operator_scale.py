@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -57,13 +58,26 @@ def emit(metric: str, value: float, **context: Any) -> None:
     )
 
 
+# A cluster of its own (hack/cluster.sh with another state dir and name): the bench measures an operator
+# alone on its API server, undisturbed by tests or a demo on the shared one, and stops it afterwards.
+CLUSTER_ENV = {
+    **os.environ,
+    "PYTHONSAFEPATH": "1",
+    "RLJOB_CLUSTER_DIR": str(REPO / ".cache" / "bench-cluster"),
+    "RLJOB_CLUSTER_NAME": "rljob-bench",
+}
+
+
+def cluster_sh(action: str) -> subprocess.CompletedProcess[str]:
+    script = str(REPO / "hack" / "cluster.sh")
+    return subprocess.run(["bash", script, action], capture_output=True, text=True, env=CLUSTER_ENV, cwd="/")
+
+
 def cluster() -> Cluster:
-    up = subprocess.run(["bash", str(REPO / "hack" / "cluster.sh"), "up"], capture_output=True, text=True)
+    up = cluster_sh("up")
     if up.returncode != 0:
         sys.exit(f"hack/cluster.sh up failed:\n{up.stderr[-3000:]}")
-    path = subprocess.run(
-        ["bash", str(REPO / "hack" / "cluster.sh"), "kubeconfig"], capture_output=True, text=True
-    )
+    path = cluster_sh("kubeconfig")
     kubeconfig = Path(path.stdout.strip())
     return Cluster(kubeconfig=kubeconfig, api=config.new_client_from_config(config_file=str(kubeconfig)))
 
@@ -175,7 +189,8 @@ def main() -> int:
         emit("operator_rss_mib", rss_mib(op.proc.pid), goal=150, rljobs=args.total)
     finally:
         op.stop()
-        c.core.delete_namespace(ns)
+        if not os.environ.get("RLJOB_KEEP_CLUSTER"):
+            cluster_sh("down")
     return 0
 
 
