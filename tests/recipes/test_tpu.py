@@ -113,3 +113,21 @@ def test_topologies_sorted_by_chips(prefix: str) -> None:
     assert cubes[:5] == ["4x4x4", "4x4x8", "4x4x12", "4x4x16", "4x8x8"]
     # every i <= j <= k with i*j*k <= 140 (v5p) or 144 (tpu7x) 4x4x4 cubes, counted by brute force
     assert len(cubes) == {"v5p": 492, "tpu7x": 516}[prefix]
+
+
+@pytest.mark.parametrize(
+    ("value", "hint"),
+    [("tpu7x-4x4x2", "2x4x4"), ("v5p-8x4x4", "4x4x8"), ("v5p-4x2x1", None), ("v5p-2x1x2", None)],
+)
+def test_did_you_mean(value: str, hint: str | None) -> None:
+    with pytest.raises(tpu.TpuError) as err:
+        tpu.plan(value)
+    if hint is None:
+        assert "did you mean" not in str(err.value)
+    else:
+        assert str(err.value).endswith(f"(did you mean {hint}?)")
+
+
+def test_default_containers_at_the_smallest_split_host() -> None:
+    assert tpu.default_containers("tpu7x-8", "trainer") == 2  # 4 chips: the smallest host that splits
+    assert tpu.plan("tpu7x-8", tpu.default_containers("tpu7x-8", "trainer")).chips_per_container == 2
