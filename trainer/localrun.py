@@ -133,7 +133,8 @@ def local_run_config(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rl-cpu", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=80)
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--learning-rate", type=float, default=None, help="override spec.algorithm.learningRate")
     p.add_argument("--target", type=float, default=0.9, help="report when a step's reward_mean reaches this")
     p.add_argument("--stop-at-target", action="store_true", help="stop the run at the target")
     p.add_argument("--workdir", default=None)
@@ -152,7 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"
     create_bucket(bucket)
     port = free_port()
-    rc = local_run_config(f"gs://{bucket}", port, workdir / "progress.json", {"steps": args.steps})
+    overrides: dict[str, Any] = {"steps": args.steps}
+    if args.learning_rate:
+        overrides["learningRate"] = args.learning_rate
+    rc = local_run_config(f"gs://{bucket}", port, workdir / "progress.json", overrides)
     cfg = workdir / "run.json"
     cfg.write_text(rc.model_dump_json(indent=1))
     sampler = subprocess.Popen(
