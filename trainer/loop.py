@@ -65,6 +65,10 @@ class SamplerUnavailable(RuntimeError):
     pass
 
 
+class SamplerRejected(RuntimeError):
+    """The sampler answered 4xx (other than 404, an adapter being swapped): a request it will never take."""
+
+
 @dataclass
 class Completion:
     prompt_index: int
@@ -106,6 +110,10 @@ class SamplerClient:
                 self.waited_s += time.monotonic() - t0 if warned else 0.0
                 return out
             except (urllib.error.URLError, ConnectionError, TimeoutError, SamplerUnavailable, OSError) as e:
+                if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code != 404:
+                    # The sampler refuses the request itself: waiting would not help.
+                    body = e.read().decode(errors="replace")[:300]
+                    raise SamplerRejected(f"{what}: HTTP {e.code}: {body}") from e
                 if not warned:
                     log.warning("sampler unavailable (%s): %s; waiting", what, e)
                     warned = True
@@ -407,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except SamplerRejected as e:
+        print(f"sampler rejected a request (check spec.algorithm, spec.sampler): {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     finally:
         source.close()
