@@ -454,9 +454,15 @@ class Reconciler:
             if js is None and not (prior and prior.job_set_name):
                 if not plan.objects:
                     plan = make_plan(body, self.render)
-                for obj in plan.objects:  # ConfigMaps first: the pods mount them
-                    if obj.get("kind") != "JobSet":
-                        await self.kube.apply(owned(obj, body))
+                # The pods' ServiceAccount, RBAC and ConfigMaps (independent: applied concurrently), then
+                # the JobSet, whose pods need them.
+                await asyncio.gather(
+                    *(
+                        self.kube.apply(owned(obj, body))
+                        for obj in plan.objects
+                        if obj.get("kind") != "JobSet"
+                    )
+                )
                 jobset = owned(plan.jobset or {}, body)
                 resp = await self.kube.apply(jobset)
                 self.caches.put_jobset(key, resp)
@@ -493,11 +499,13 @@ class Reconciler:
                     return  # deleted meanwhile
                 raise
             self.caches.put_rljob(resp)
+        events = list(derived.events)
         if created:
-            await self.kube.post_event(
-                body, type_="Normal", reason=c.EVENT_JOBSET_CREATED, note=f"created JobSet {key[1]}"
-            )
-        for ev in derived.events:
+            # One event for a new run: the creation, with the phase it starts in.
+            note = f"created JobSet {key[1]}; phase {derived.status.phase}"
+            events = [e for e in events if e.reason != c.EVENT_SUSPENDED]
+            await self.kube.post_event(body, type_="Normal", reason=c.EVENT_JOBSET_CREATED, note=note)
+        for ev in events:
             await self.kube.post_event(body, type_=ev.type, reason=ev.reason, note=ev.message)
 
     async def _reconcile_mutable(
