@@ -12,7 +12,6 @@ from __future__ import annotations
 import re
 
 MAX = 63
-POD_SUFFIX = 6  # "-" + 5 random characters the Job controller appends to a Pod name
 TRAINER = "trainer"
 SAMPLER = "sampler"
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
