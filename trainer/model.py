@@ -195,7 +195,6 @@ class Policy:
                 "(final_logits_soft_cap and normalize_embedding_logits unset)"
             )
         model = build_model(self.cfg, spec.seed)
-        self.mesh: Any = model.mesh  # MaxText's device mesh (all devices of all processes)
         provider = qwix.LoraProvider(
             module_path=rf".*/({'|'.join(spec.maxtext_targets)})",
             rank=spec.lora_rank,

@@ -30,8 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
@@ -131,18 +129,6 @@ class Trainer:
             optax.clip_by_global_norm(cfg.max_grad_norm),
             optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
         )
-        # Data parallel over the mesh's batch axes: LoRA, optimizer state and base weights replicated,
-        # packed rows split over data x fsdp (XLA sums the LoRA gradients across devices and hosts).
-        mesh = policy.mesh
-        batch_axes = tuple(a for a in ("data", "fsdp") if a in mesh.axis_names)
-        shards = int(np.prod([mesh.shape[a] for a in batch_axes]))
-        if cfg.rows % shards:
-            raise ValueError(
-                f"spec.trainer.microBatchSize: {cfg.rows} rows do not split over data x fsdp = {shards}"
-            )
-        self._replicated = NamedSharding(mesh, P())  # type: ignore[no-untyped-call]
-        self._rows = NamedSharding(mesh, P(None, batch_axes, None))  # type: ignore[no-untyped-call]
-        self.base = jax.device_put(policy.base, self._replicated)
         self.accumulate = jax.jit(self._accumulate, donate_argnums=(0,))
         self.apply = jax.jit(self._apply, donate_argnums=(0,))
 
@@ -150,8 +136,7 @@ class Trainer:
 
     def init_state(self, lora: LoraState | None = None) -> TrainState:
         lora = self.policy.lora0 if lora is None else lora
-        # own copies (the step donates its inputs), replicated over the mesh
-        lora = jax.tree.map(lambda x: jax.device_put(np.asarray(x), self._replicated), lora)
+        lora = jax.tree.map(jnp.array, lora)  # own copies: the step donates its inputs
         return TrainState(lora, self.optimizer.init(lora), jnp.int32(0), jnp.int32(0))
 
     def abstract_state(self) -> TrainState:
@@ -236,18 +221,13 @@ class Trainer:
         calls = stack_micro_batches(packed, self.cfg.micro_batches, with_ref=self.with_ref)
         for call in calls:
             acc = self.accumulate(
-                acc, state.lora, self.base, {k: self._global_rows(v) for k, v in call.items()}
+                acc, state.lora, self.policy.base, {k: jnp.asarray(v) for k, v in call.items()}
             )
         state, metrics = self.apply(state, acc)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out["micro_batches"] = float(len(packed))
         out["accumulate_calls"] = float(len(calls))
         return state, out
-
-    def _global_rows(self, host: np.ndarray) -> jax.Array:
-        """A [micro_batches, rows, budget] host array (the same on every process) as a global array
-        with its rows split over the batch axes."""
-        return jax.make_array_from_callback(host.shape, self._rows, lambda idx: host[idx])
 
     def train_on_batch(
         self, state: TrainState, rollouts: list[Rollout]
