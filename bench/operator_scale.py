@@ -88,12 +88,17 @@ def new_namespace(c: Cluster, prefix: str) -> str:
     return name
 
 
-def writes(op: OperatorProcess) -> float:
-    return sum(
-        v
-        for k, v in op.metrics().items()
-        if k.startswith("rljob_operator_api_requests_total{") and 'verb="GET"' not in k
-    )
+def writes(op: OperatorProcess, *, succeeded: bool = True) -> float:
+    """Write requests the operator made (every verb but GET): the successful ones (2xx), or the others
+    (429/5xx answers and transport errors, each retried)."""
+    total = 0.0
+    for k, v in op.metrics().items():
+        if not k.startswith("rljob_operator_api_requests_total{") or 'verb="GET"' in k:
+            continue
+        ok = 'code="2' in k
+        if ok == succeeded:
+            total += v
+    return total
 
 
 def rss_mib(pid: int) -> float:
@@ -174,6 +179,7 @@ def main() -> int:
         emit("operator_vs_direct_ratio", wall / direct, goal=1.5, **ctx)
         w1 = writes(op)
         emit("api_writes_per_rljob_to_converge", (w1 - w0) / args.n, **ctx)
+        emit("api_write_retries_per_rljob_to_converge", writes(op, succeeded=False) / args.n, **ctx)
         time.sleep(RESYNC_S * 1.5)  # an idle window with a full resync in it
         emit(
             "api_writes_per_rljob_steady", (writes(op) - w1) / args.n, goal=3, window_s=RESYNC_S * 1.5, **ctx
