@@ -263,10 +263,11 @@ def _configmaps(c: Cluster, ns: str) -> list[Any]:
 def _kwokctl(*args: str) -> None:
     """kwokctl of the local cluster: `stop cluster` / `start cluster` stop and start the control plane."""
     repo = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "KWOK_WORKDIR": str(repo / ".cache" / "cluster" / "kwok")}
-    subprocess.run(
-        [str(repo / "hack" / "bin" / "kwokctl"), "--name", "rljob", *args], env=env, check=True, timeout=180
-    )
+    state = os.environ.get("RLJOB_CLUSTER_DIR", str(repo / ".cache" / "cluster"))  # as hack/cluster.sh
+    name = os.environ.get("RLJOB_CLUSTER_NAME", "rljob")
+    env = {**os.environ, "KWOK_WORKDIR": str(Path(state) / "kwok")}
+    kwokctl = str(repo / "hack" / "bin" / "kwokctl")
+    subprocess.run([kwokctl, "--name", name, *args], env=env, check=True, timeout=180)
 
 
 @pytest.mark.slow
