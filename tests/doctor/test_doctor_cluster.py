@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fixtures.cluster import Cluster
+from fixtures.cluster import Cluster, wait_for
 from fixtures.operator import OperatorProcess
 from kubernetes import client
 from rljob.cli import doctor_checks
@@ -239,6 +239,23 @@ def _jobset_mutating(admission: client.AdmissionregistrationV1Api) -> dict[str, 
     raise AssertionError("no mutating webhook configuration for jobsets")
 
 
+def probe_outcome(cluster: Cluster, namespace: str) -> str:
+    """What a dry-run JobSet meets right now: 'defaulted', 'undefaulted', 'unreachable' or 'refused'.
+    The API server picks up webhook configuration changes asynchronously: tests wait on this."""
+    try:
+        got = cluster.custom.create_namespaced_custom_object(
+            "jobset.x-k8s.io",
+            "v1alpha2",
+            namespace,
+            "jobsets",
+            doctor_checks.probe_object(namespace),
+            dry_run="All",
+        )
+    except client.exceptions.ApiException as exc:
+        return "unreachable" if "failed calling webhook" in str(exc.body) else "refused"
+    return "defaulted" if doctor_checks.probe_result(got).defaulted else "undefaulted"
+
+
 def test_jobset_webhook_down_then_missing(
     cluster: Cluster, namespace: str, rljob_operator: OperatorProcess, tmp_path: Path
 ) -> None:
@@ -254,6 +271,9 @@ def test_jobset_webhook_down_then_missing(
             hook["clientConfig"] = {**hook["clientConfig"], "url": "https://127.0.0.1:1/mutate"}
             hook["clientConfig"].pop("service", None)
         admission.replace_mutating_webhook_configuration(name, dead)
+        wait_for(
+            lambda: probe_outcome(cluster, namespace) == "unreachable", 30, "the dead webhook to be used"
+        )
         code, found = doctor(cluster.kubeconfig, "--for", manifest)
         assert code == 1
         [hook] = found["jobset.webhook"]
@@ -261,6 +281,7 @@ def test_jobset_webhook_down_then_missing(
 
         # The mutating webhook configuration gone: a dry-run JobSet comes back without the defaults.
         admission.delete_mutating_webhook_configuration(name)
+        wait_for(lambda: probe_outcome(cluster, namespace) != "unreachable", 30, "the webhook to be gone")
         # (JobSet's validating webhook then refuses the undefaulted probe: it panics on a nil field.)
         code, found = doctor(cluster.kubeconfig, "--for", manifest)
         assert code == 1
@@ -279,5 +300,7 @@ def test_jobset_webhook_down_then_missing(
                 "webhooks": saved["webhooks"],
             }
         )
+        # The next tests need JobSet's defaults back before they create JobSets.
+        wait_for(lambda: probe_outcome(cluster, namespace) == "defaulted", 60, "JobSet's webhook restored")
     code, _ = doctor(cluster.kubeconfig, "--for", manifest)
     assert code == 0, "restored"
