@@ -132,6 +132,8 @@ main() {
   if [ ${#comps[@]} -eq 0 ]; then comps=(k8s etcd kwok jobset helm); fi
   if [ "${comps[0]}" = all ]; then comps=(k8s etcd kwok jobset helm kueue); fi
   command -v go >/dev/null || { echo "go not found on PATH (needs Go >= 1.26)" >&2; exit 1; }
+  # One build at a time into hack/bin (test sessions and `make cluster-up` may start together).
+  mkdir -p "$BIN"; exec 8>"$BIN/.build.lock"; flock 8
   local c
   for c in "${comps[@]}"; do build_one "$c"; done
   link_all
