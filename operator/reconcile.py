@@ -454,15 +454,11 @@ class Reconciler:
             if js is None and not (prior and prior.job_set_name):
                 if not plan.objects:
                     plan = make_plan(body, self.render)
-                # The pods' ServiceAccount, RBAC and ConfigMaps (independent: applied concurrently), then
-                # the JobSet, whose pods need them.
-                await asyncio.gather(
-                    *(
-                        self.kube.apply(owned(obj, body))
-                        for obj in plan.objects
-                        if obj.get("kind") != "JobSet"
-                    )
-                )
+                # In waves: the ServiceAccount, Role and ConfigMaps concurrently; then the RoleBinding (the
+                # API server resolves its Role to check escalation: 404 before it exists); then the JobSet,
+                # whose pods need all of them.
+                for wave in _waves(plan.objects):
+                    await asyncio.gather(*(self.kube.apply(owned(obj, body)) for obj in wave))
                 jobset = owned(plan.jobset or {}, body)
                 resp = await self.kube.apply(jobset)
                 self.caches.put_jobset(key, resp)
@@ -534,6 +530,19 @@ class Reconciler:
         if patch:
             resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, patch)
             self.caches.put_jobset(key, resp)
+
+
+_LATER = {"RoleBinding": 1, "JobSet": 2}
+
+
+def _waves(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Children other than the JobSet, grouped by what must exist before them (see reconcile)."""
+    waves: list[list[dict[str, Any]]] = [[], []]
+    for obj in objects:
+        rank = _LATER.get(str(obj.get("kind")), 0)
+        if rank < 2:
+            waves[rank].append(obj)
+    return [w for w in waves if w]
 
 
 def _prior_status(raw: Mapping[str, Any] | None) -> RLJobStatus | None:

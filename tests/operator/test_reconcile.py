@@ -96,7 +96,9 @@ def test_first_reconcile_creates_children_and_writes_status_once() -> None:
     rec, kube = setup(rljob())
     run(rec.reconcile(("ns", "demo")))
     applied = [w[1] for w in kube.writes if w[0] == "apply"]
-    assert applied == ["ConfigMap", "ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    # The progress ConfigMap; then SA, Role, run ConfigMap together; the RoleBinding after its Role (the API
+    # server resolves the Role to check escalation); the JobSet last.
+    assert applied == ["ConfigMap", "ServiceAccount", "Role", "ConfigMap", "RoleBinding", "JobSet"]
     assert [w for w in kube.writes if w[0] == "status"] == [("status", "RLJob", "ns", "demo")]
     assert kube.writes[-1] == ("event", c.EVENT_JOBSET_CREATED, "", "")
     for (kind, _, name), obj in kube.objects.items():
