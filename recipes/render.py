@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     import jinja2
     from rljob.recipes.runconfig import RunConfig, TpuPlan
 
-TRAINER_COMMAND = ["python", "-m", "rljob.trainer"]
-SAMPLER_COMMAND = ["python", "-m", "rljob.sampler"]
+# The images' entrypoints: the package's console scripts, reading the mounted run.json.
+TRAINER_COMMAND = ["rljob-trainer", "--config", CONFIG_PATH]
+SAMPLER_COMMAND = ["rljob-sampler", "--config", CONFIG_PATH]
 JOBSET_LABELS = "jobset.sigs.k8s.io"
 
 

@@ -84,11 +84,9 @@ def test_roles_single_slice() -> None:
     assert not any(k.startswith("MEGASCALE_") for k in env)
     sc = sampler["template"]["spec"]["template"]["spec"]["containers"][0]
     assert sc["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]
-    assert sc["command"] == ["python", "-m", "rljob.sampler"] and tc["command"] == [
-        "python",
-        "-m",
-        "rljob.trainer",
-    ]
+    # The console scripts of pyproject [project.scripts], reading the mounted run config.
+    assert sc["command"] == ["rljob-sampler", "--config", "/etc/rljob/run.json"]
+    assert tc["command"] == ["rljob-trainer", "--config", "/etc/rljob/run.json"]
 
 
 def test_multislice_trainer() -> None:
