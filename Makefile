@@ -10,7 +10,6 @@ SHELL := /bin/bash
 # A top-level package named `operator` (this repo's operator/) would shadow the standard library
 # if the repo root were ever on sys.path; PYTHONSAFEPATH keeps `python -m ...` from adding it.
 export PYTHONSAFEPATH := 1
-export PYTHONDONTWRITEBYTECODE := 1
 
 PYTHON312 ?= $(shell command -v python3.12 2>/dev/null || echo $$HOME/.pyenv/versions/3.12.1/bin/python3.12)
 VENV := .venv
@@ -39,7 +38,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	@$(PY) -m pip install -q "uv==$(UV_VERSION)"
 	@if [ -f hack/constraints.txt ]; then C="-c hack/constraints.txt"; else C=""; fi; \
-	  $(VENV)/bin/uv pip install -q --python $(PY) $$C -e ".[$(EXTRAS)]"
+	  $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $$C -e ".[$(EXTRAS)]"
 	@rm -f $(VENV)/.installed-*; touch $@
 
 pkgview:
