@@ -10,6 +10,9 @@ SHELL := /bin/bash
 # A top-level package named `operator` (this repo's operator/) would shadow the standard library
 # if the repo root were ever on sys.path; PYTHONSAFEPATH keeps `python -m ...` from adding it.
 export PYTHONSAFEPATH := 1
+# Some machines export PYTHONDONTWRITEBYTECODE=1; then every test subprocess would re-compile
+# maxtext/jax from source. The venv is byte-compiled at install; let our own code cache too.
+unexport PYTHONDONTWRITEBYTECODE
 
 PYTHON312 ?= $(shell command -v python3.12 2>/dev/null || echo $$HOME/.pyenv/versions/3.12.1/bin/python3.12)
 VENV := .venv
