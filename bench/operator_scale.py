@@ -45,8 +45,8 @@ from fixtures.operator import (  # noqa: E402
     service_account_kubeconfig,
 )
 from kubernetes import client, config  # noqa: E402
-from rljob.operator.render import render  # noqa: E402
 from rljob.recipes.plan import parse_manifest  # noqa: E402
+from rljob.recipes.render import render  # noqa: E402
 
 RESYNC_S = 30
 

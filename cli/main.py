@@ -76,8 +76,7 @@ def cmd_render(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
     run = _resolve(_job(args.file))
-    objs = [render.configmap(run), render.jobset(run)]
-    sys.stdout.write(render.to_yaml(objs))
+    sys.stdout.write(render.to_yaml(render.objects(run)))
     return EXIT_OK
 
 

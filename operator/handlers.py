@@ -34,8 +34,8 @@ from rljob.operator import conditions as c
 from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
 from rljob.operator.reconcile import Reconciler, make_plan
-from rljob.operator.render import render
 from rljob.recipes.api import GROUP, PLURAL, VERSION
+from rljob.recipes.render import render
 
 logger = logging.getLogger(__name__)
 

@@ -48,11 +48,16 @@ def _env() -> jinja2.Environment:
     )
 
 
-def _load_yaml(text: str) -> Any:
+def _load_yaml_all(text: str) -> list[Any]:
     import yaml
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-    return yaml.load(text, Loader=loader)
+    return [doc for doc in yaml.load_all(text, Loader=loader) if doc is not None]
+
+
+def _load_yaml(text: str) -> Any:
+    (doc,) = _load_yaml_all(text)
+    return doc
 
 
 def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
@@ -211,6 +216,22 @@ def configmap(run: RunConfig) -> dict[str, Any]:
     return obj
 
 
+def access(run: RunConfig) -> list[dict[str, Any]]:
+    """The pods' ServiceAccount, and the Role + RoleBinding limited to the progress ConfigMap."""
+    text = (
+        _env()
+        .get_template("access.yaml.j2")
+        .render(
+            service_account=naming.service_account(run.name),
+            role=f"{run.name}-progress",
+            progress_configmap=naming.progress_configmap(run.name),
+            namespace=run.namespace,
+            labels=labels(run),
+        )
+    )
+    return _load_yaml_all(text)
+
+
 def to_yaml(objs: list[dict[str, Any]]) -> str:
     """A YAML stream of objects, as `rljob render` prints it (key order kept)."""
     return _yaml_dump(objs)
@@ -238,6 +259,12 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
 
 
 def render(job: RLJob) -> list[dict[str, Any]]:
-    """Every object of a job, in apply order: the run ConfigMap, then the JobSet. Raises PlanError."""
-    run = plan.resolve(job)
-    return [configmap(run), jobset(run)]
+    """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
+    ConfigMap, then the JobSet. `rljob render` prints exactly these and the operator applies exactly
+    these (plus the progress ConfigMap it owns). Raises PlanError."""
+    return objects(plan.resolve(job))
+
+
+def objects(run: RunConfig) -> list[dict[str, Any]]:
+    """The objects of a resolved run, in apply order (see `render`)."""
+    return [*access(run), configmap(run), jobset(run)]

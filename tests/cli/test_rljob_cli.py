@@ -28,7 +28,7 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, err) == (0, "")
     docs = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "JobSet"]
+    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
     code, out, err = run(capsys, "validate", "-f", str(path))
     assert code == 0 and out.startswith(f"{path}: valid: JobSet ")
     code, out, err = run(capsys, "plan", "-f", str(path))

@@ -17,7 +17,7 @@ import yaml
 from rljob.operator import conditions as c
 from rljob.operator import k8s
 from rljob.operator.reconcile import Reconciler, WorkQueue, make_plan, newer
-from rljob.operator.render import render
+from rljob.recipes.render import render
 
 REPO = Path(__file__).resolve().parents[2]
 

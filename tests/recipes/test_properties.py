@@ -155,7 +155,9 @@ def test_accepted_specs_render_valid_jobsets(spec: dict[str, Any], name: str) ->
         assert all(LINE.match(p) for p in plan.pydantic_problems(e)), plan.pydantic_problems(e)
         return
     event("rendered")
-    _, jobset = objs
+    *_, jobset = objs
+    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    assert all(len(o["metadata"]["name"]) <= 63 for o in objs)
     assert schema.validate_jobset(jobset) == []
     js = jobset["metadata"]["name"]
     for rj in jobset["spec"]["replicatedJobs"]:

@@ -51,7 +51,7 @@ def _env(container: dict[str, Any]) -> dict[str, Any]:
     ids=["minimal", "397b", "multislice"],
 )
 def test_webhook_defaults_written_out(doc: dict[str, Any]) -> None:
-    js = objects(doc)[1]
+    js = objects(doc)[-1]
     assert _webhook_default(js) == js
     assert js["apiVersion"] == "jobset.x-k8s.io/v1alpha2"
     assert js["spec"]["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["trainer"]}
@@ -59,7 +59,7 @@ def test_webhook_defaults_written_out(doc: dict[str, Any]) -> None:
 
 
 def test_roles_single_slice() -> None:
-    js = objects(manifest({"sampler": {"replicas": 3}}))[1]
+    js = objects(manifest({"sampler": {"replicas": 3}}))[-1]
     trainer, sampler = _role(js, "trainer"), _role(js, "sampler")
     t = trainer["template"]["spec"]
     assert (trainer["replicas"], t["parallelism"], t["completions"], t["backoffLimit"]) == (1, 1, 1, 0)
@@ -90,7 +90,7 @@ def test_roles_single_slice() -> None:
 
 
 def test_multislice_trainer() -> None:
-    js = objects(manifest({"trainer": {"tpu": "v5p-16", "slices": 2}}))[1]
+    js = objects(manifest({"trainer": {"tpu": "v5p-16", "slices": 2}}))[-1]
     trainer = _role(js, "trainer")
     assert (trainer["replicas"], trainer["template"]["spec"]["parallelism"]) == (2, 2)
     pod = trainer["template"]["spec"]["template"]["spec"]
@@ -105,7 +105,7 @@ def test_multislice_trainer() -> None:
 
 
 def test_tpu7x_two_containers() -> None:
-    js = objects(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))[1]
+    js = objects(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))[-1]
     pod = _role(js, "trainer")["template"]["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["trainer-0", "trainer-1"]
     assert [c["resources"]["limits"] for c in pod["containers"]] == [{"google.com/tpu": 2}] * 2
@@ -119,7 +119,7 @@ def test_tpu7x_two_containers() -> None:
 
 def test_run_configmap_holds_the_plan() -> None:
     doc = manifest({"queueName": "team-a", "priorityClassName": "high", "suspend": True})
-    cm, js = objects(doc)
+    *_, cm, js = objects(doc)
     assert (cm["kind"], cm["metadata"]["name"], list(cm["data"])) == ("ConfigMap", "t-run", ["run.json"])
     run = RunConfig.model_validate(json.loads(cm["data"]["run.json"]))
     assert run == RunConfig.model_validate_json(resolve(doc).model_dump_json(exclude_none=True))
@@ -134,7 +134,31 @@ def test_run_configmap_holds_the_plan() -> None:
 def test_values_cannot_break_the_yaml() -> None:
     """Every value goes through tojson: a label-ish value with YAML syntax stays one string."""
     doc = manifest({"trainer": {"image": "img: {a: [1]}\n- x #"}, "priorityClassName": "p: q"})
-    js = objects(doc)[1]
+    js = objects(doc)[-1]
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["containers"][0]["image"] == "img: {a: [1]}\n- x #"
     assert pod["priorityClassName"] == "p: q"
+
+
+def test_pods_identity_is_rendered_with_least_privilege() -> None:
+    """`rljob render | kubectl apply` alone starts pods: their ServiceAccount and its progress RBAC are
+    part of the render (the operator applies the same objects)."""
+    sa, role, binding, _cm, js = objects(manifest({}))
+    pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert (sa["kind"], sa["metadata"]["name"]) == ("ServiceAccount", pod["serviceAccountName"])
+    assert role["kind"] == "Role" and role["rules"] == [
+        {
+            "apiGroups": [""],
+            "resources": ["configmaps"],
+            "resourceNames": ["t-progress"],
+            "verbs": ["get", "patch"],
+        }
+    ]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "t-rljob", "namespace": sa["metadata"]["namespace"]}
+    ]

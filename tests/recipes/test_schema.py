@@ -48,7 +48,7 @@ def test_committed_schema_matches_module() -> None:
 
 
 def _jobset() -> dict[str, Any]:
-    return objects(MINIMAL)[1]
+    return objects(MINIMAL)[-1]
 
 
 def test_render_is_valid() -> None:
