@@ -125,7 +125,7 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
 
     s, t = sampler(), trainer()
     try:
-        _wait_for(lambda: len(_lines(metrics)) >= 4, 240, "4 steps", [s, t])
+        _wait_for(lambda: len(_lines(metrics)) >= 4, 600, "4 steps", [s, t])
         t.send_signal(signal.SIGKILL)
         t.wait()
         ckpt = Checkpointer(rc.storage.checkpoints)
@@ -134,20 +134,20 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
         assert resume_at is not None and resume_at >= 4
         done_before = [r["step"] for r in _lines(metrics)]
         t = trainer()
-        _wait_for(lambda: len(_lines(metrics)) > len(done_before), 240, "a step after restart", [s, t])
+        _wait_for(lambda: len(_lines(metrics)) > len(done_before), 600, "a step after restart", [s, t])
         first_after = _lines(metrics)[len(done_before)]["step"]
         assert first_after == resume_at + 1, (done_before, first_after)
         progress = json.loads((tmp_path / "progress.json").read_text())
         assert progress["resumedFromStep"] == resume_at
 
         # Kill the sampler: the trainer waits, then continues once a new sampler is up.
-        _wait_for(lambda: _lines(metrics)[-1]["step"] >= resume_at + 2, 240, "2 more steps", [s, t])
+        _wait_for(lambda: _lines(metrics)[-1]["step"] >= resume_at + 2, 600, "2 more steps", [s, t])
         s.send_signal(signal.SIGKILL)
         s.wait()
         time.sleep(3)
         assert t.poll() is None, "the trainer must wait for the sampler, not fail"
         s = sampler()
-        assert t.wait(timeout=300) == 0
+        assert t.wait(timeout=900) == 0
         steps = [r["step"] for r in _lines(metrics)]
         assert steps[-1] == 14
         assert steps[len(done_before) :] == list(range(resume_at + 1, 15))
