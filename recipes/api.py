@@ -213,19 +213,33 @@ class AlgorithmSpec(ApiModel):
 
 
 class PackingSpec(ApiModel):
-    """Token-budget sequence packing of training rows."""
+    """Token-budget sequence packing of training rows (first-fit decreasing into one compiled shape)."""
 
     token_budget: int | None = Field(
         default=None,
         ge=128,
         description="Tokens per packed row (MaxText max_target_length). Default: maxPromptTokens + maxTokens "
-        "rounded up to padAlign.",
+        "rounded up to a multiple of 128 and of segmentAlign.",
+    )
+    segment_align: int | None = Field(
+        default=None,
+        ge=1,
+        description="Every segment after the first in a row starts at a multiple of this many tokens. "
+        "Default 64.",
     )
     pad_position: Literal["end", "start"] | None = Field(
-        default=None, description="Where a row's padding goes: end or start. Default end."
+        default=None,
+        description="Where a row's padding goes: end (default) or start. With start each row is the end "
+        "layout moved right by its trailing padding rounded down to padAlign, so under load-balanced "
+        "context parallelism every rank skips the padding's key tiles (Splash).",
     )
     pad_align: int | None = Field(
-        default=None, ge=1, description="Segment start alignment in tokens. Default 64."
+        default=None,
+        ge=1,
+        description="With padPosition start: the shift is rounded down to a multiple of this many tokens "
+        "(a positive multiple of segmentAlign; default 4096, the largest Splash block), so segment starts "
+        "keep their place relative to the kernel's tiles. Not read with end, where only the default is "
+        "accepted.",
     )
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -29,6 +30,8 @@ from rljob.recipes.runconfig import (
 IMAGE_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
 DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
+# seed 002: pad-first rounds its shift down to the largest Splash block of the 397B recipe.
+DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 
@@ -47,7 +50,7 @@ DEFAULTS: dict[str, Any] = {
         "steps": 100,
         "klPenaltyCoef": 0.0,
     },
-    "packing": {"padPosition": "end", "padAlign": 64},
+    "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
     "failurePolicy": {"maxRestarts": 3},
     "suspend": False,
 }
@@ -219,17 +222,31 @@ def resolve(job: RLJob) -> RunConfig:
     assert alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
     seq = alg.max_prompt_tokens + alg.max_tokens
     pack = spec.packing
-    assert pack.pad_align
+    assert pack.pad_align and pack.segment_align and pack.pad_position
     if pack.token_budget is None:
-        pack.token_budget = _round_up(seq, max(pack.pad_align, 128))
+        pack.token_budget = _round_up(seq, math.lcm(pack.segment_align, 128))
     if pack.token_budget < seq:
         problems.append(
             f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
             "a full-length sequence would not fit a packed row"
         )
-    if pack.pad_align > pack.token_budget:
+    if pack.segment_align > pack.token_budget:
         problems.append(
-            f"spec.packing.padAlign: {pack.pad_align} exceeds the token budget {pack.token_budget}"
+            f"spec.packing.segmentAlign: {pack.segment_align} exceeds the token budget {pack.token_budget}"
+        )
+    if pack.pad_align % pack.segment_align:
+        problems.append(
+            f"spec.packing.padAlign: {pack.pad_align} is not a multiple of segmentAlign {pack.segment_align}"
+        )
+    if pack.pad_position == "end" and pack.pad_align != DEFAULT_PAD_ALIGN:
+        problems.append(
+            f"spec.packing.padAlign: {pack.pad_align} is only read with padPosition start; with end it "
+            "would do nothing (remove it, or set padPosition: start)"
+        )
+    if pack.pad_position == "start" and pack.pad_align >= pack.token_budget:
+        problems.append(
+            f"spec.packing.padAlign: {pack.pad_align} is not below the token budget {pack.token_budget}: "
+            "padPosition start would never move a row"
         )
 
     # ---- TPUs
@@ -266,7 +283,7 @@ def resolve(job: RLJob) -> RunConfig:
                 f"{sampler_tpu.type_name} slice"
             )
         if spec.sampler.max_model_len is None:
-            spec.sampler.max_model_len = seq
+            spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
         if spec.sampler.max_model_len < seq:
             problems.append(
                 f"spec.sampler.maxModelLen: {spec.sampler.max_model_len} is below "

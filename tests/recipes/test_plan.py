@@ -115,7 +115,7 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {
             "spec.packing.token_budget": 2048,
             "trainer.maxtext.max_target_length": 2048,
-            "sampler.max_model_len": 2000,
+            "sampler.max_model_len": 2048,  # rounded up to 128 too
         },
     ),
 ]
@@ -217,12 +217,33 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "packing",
-        {"packing": {"tokenBudget": 2048, "padAlign": 4096}},
+        {"packing": {"tokenBudget": 2048, "segmentAlign": 4096}},
         [
             "spec.packing.tokenBudget: 2048 is below maxPromptTokens + maxTokens = 3072: a full-length "
             "sequence would "
             "not fit a packed row",
-            "spec.packing.padAlign: 4096 exceeds the token budget 2048",
+            "spec.packing.segmentAlign: 4096 exceeds the token budget 2048",
+        ],
+    ),
+    (
+        "pad align with end does nothing",
+        {"packing": {"padAlign": 2048}},
+        [
+            "spec.packing.padAlign: 2048 is only read with padPosition start; with end it would do nothing "
+            "(remove it, or set padPosition: start)",
+        ],
+    ),
+    (
+        "pad align not a multiple of the segment alignment",
+        {"packing": {"padPosition": "start", "tokenBudget": 8192, "segmentAlign": 96, "padAlign": 4096}},
+        ["spec.packing.padAlign: 4096 is not a multiple of segmentAlign 96"],
+    ),
+    (
+        "pad align at least the row: start never moves a row",
+        {"packing": {"padPosition": "start", "tokenBudget": 4096}},
+        [
+            "spec.packing.padAlign: 4096 is not below the token budget 4096: padPosition start would never "
+            "move a row",
         ],
     ),
     (

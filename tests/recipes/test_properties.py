@@ -123,8 +123,12 @@ SPEC = st.fixed_dictionaries(
         ),
         "lora": st.builds(lambda r: {"rank": r}, st.integers(-1, 600)),
         "packing": st.builds(
-            lambda b, a: _drop_none({"tokenBudget": b, "padAlign": a}),
+            lambda b, s, p, a: _drop_none(
+                {"tokenBudget": b, "segmentAlign": s, "padPosition": p, "padAlign": a}
+            ),
             st.one_of(NONE, st.integers(0, 70000)),
+            st.one_of(NONE, st.integers(0, 8192)),
+            st.one_of(NONE, st.sampled_from(["end", "start"])),
             st.one_of(NONE, st.integers(0, 8192)),
         ),
         "storage": st.builds(
