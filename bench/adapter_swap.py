@@ -5,7 +5,8 @@ A rank-32 LoRA with Qwen3-8B's shapes (36 layers; q/k/v/o and gate/up/down; hidd
 8 KV heads of 128, MLP 12288) is about 170 MB in 16-bit floats (float16 here; safetensors' numpy API has
 no bfloat16; the same bytes). Random tensors, the real path otherwise, on the local GCS emulator:
 
-1. export: rljob.trainer.export.publish_adapter writes v{N}/ and then LATEST (what the trainer does);
+1. export: the trainer runtime's rljob.trainer.export.AdapterPublisher (a background thread) runs
+   publish_adapter, which writes v{N}/ and then LATEST; the trainer only waits for ``submit``;
 2. the sampler's AdapterWatcher (rljob.sampler.adapters) polls LATEST, downloads v{N}, POSTs
    /v1/load_lora_adapter, then unloads v{N-1};
 3. the serving side is a stand-in for vLLM's load: an HTTP server that reads the whole safetensors file
@@ -15,9 +16,10 @@ no bfloat16; the same bytes). Random tensors, the real path otherwise, on the lo
 
 JSON lines {"bench", "metric", "value", ...}: per version the seconds from LATEST written to served
 (`export_to_serving_s`, goal <= 5) and from export start (`export_start_to_serving_s`), then the median.
-Whether the loop waits: the trainer runtime uploads v{N} synchronously (that time blocks the trainer);
-the sampler side overlaps the next train step (the loop samples step s+2 with >= v{s+1} while step s+1
-trains), so it is waited on only when it takes longer than one train step.
+Whether the loop waits: the trainer runtime hands v{N} to the background publisher (the trainer is
+blocked only by ``submit``, `trainer_blocked_by_export_s`); the upload and the sampler side overlap
+the next train step (the loop samples step s+2 with >= v{s+1} while step s+1 trains), so they are
+waited on only when together they take longer than one train step.
 """
 
 from __future__ import annotations
@@ -113,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update({"STORAGE_EMULATOR_HOST": endpoint, "GOOGLE_CLOUD_PROJECT": "rljob-bench"})
     try:
         from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
-        from rljob.trainer.export import publish_adapter
+        from rljob.trainer.export import AdapterPublisher, publish_adapter
 
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
         create_bucket(bucket)
@@ -134,11 +136,21 @@ def main(argv: list[str] | None = None) -> int:
             "storage": "fake-gcs-server (local)",
             "poll_s": args.poll_s,
         }
-        swaps, exports, totals = [], [], []
+        latest_at: dict[int, float] = {}
+
+        def timed_publish(u: str, v: int, t: dict[str, np.ndarray], c: dict[str, Any]) -> str:
+            out = publish_adapter(u, v, t, c)
+            latest_at[v] = time.monotonic()
+            return out
+
+        publisher = AdapterPublisher(uri, config, publish=timed_publish)
+        swaps, exports, totals, blocked = [], [], [], []
         for v in range(args.versions):
             t0 = time.monotonic()
-            publish_adapter(uri, v, tensors, config)
-            t1 = time.monotonic()
+            publisher.submit(v, tensors)
+            blocked.append(time.monotonic() - t0)
+            publisher.flush()
+            t1 = latest_at[v]
             while watcher.served_version != v:
                 if time.monotonic() - t1 > 300:
                     raise RuntimeError(f"v{v} not served after 300 s")
@@ -169,22 +181,24 @@ def main(argv: list[str] | None = None) -> int:
             meets_goal=med_total <= 5.0,
             **ctx,
         )
-        # The runtime publishes synchronously after each train step: the upload blocks the trainer.
-        # The sampler side (poll, download, load, unload) overlaps the next train step.
+        # The runtime hands v{N} to the background publisher: only submit blocks the trainer; the upload
+        # and the sampler side (poll, download, load, unload) overlap the next train step.
         emit(
             "trainer_blocked_by_export_s_median",
-            round(med_export, 3),
-            loop_waits=True,
-            why="runtime.run uploads v{N} synchronously before the next step",
+            round(statistics.median(blocked), 4),
+            loop_waits=False,
+            upload_s_median=round(med_export, 3),
+            why="runtime.run submits v{N} to a background publisher (one upload in flight)",
             **ctx,
         )
         emit(
             "sampler_side_swap_s_median",
             round(med, 3),
-            loop_waits_if_train_step_s_below=round(med, 3),
-            why="step s+2 is sampled with >= v{s+1} while step s+1 trains",
+            loop_waits_if_train_step_s_below=round(med_total, 3),
+            why="step s+2 is sampled with >= v{s+1} while step s+1 trains (upload + swap overlap it)",
             **ctx,
         )
+        publisher.close()
         stop.set()
     finally:
         gcs.terminate()

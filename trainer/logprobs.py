@@ -39,6 +39,7 @@ from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
 __all__ = [
+    "DEFAULT_VOCAB_CHUNK",
     "naive_token_logprobs",
     "next_token_logprobs",
     "next_token_targets",
@@ -48,6 +49,8 @@ __all__ = [
 ]
 
 _F32 = jnp.float32
+# Vocabulary chunk of the fused head (bench/logprob_head_memory.py measured 8192 best).
+DEFAULT_VOCAB_CHUNK = 8192
 
 
 def _tile_start(i: jax.Array, tile: int, n: int) -> jax.Array:
@@ -248,7 +251,7 @@ def token_logprobs(
     mask: jax.Array | None = None,
     *,
     token_tile: int = 2048,
-    vocab_chunk: int = 8192,
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK,
     temperature: float = 1.0,
     grad_w: bool = True,
     vocab_axis: str | None = None,

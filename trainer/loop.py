@@ -16,6 +16,10 @@ the sampler's on the same weights (adapter v0): the mean absolute difference is 
 refused (exit 2) above `--parity-threshold`. The samplers come from RunConfig.endpoints.samplers (JobSet
 DNS names in a cluster, local ports here); an unreachable or restarting sampler is waited for.
 
+`rljob-trainer --config run.json` (the pods' command; rljob.trainer.main, default `--rollouts sampler`)
+initializes jax.distributed and calls :func:`main` here; `python -m rljob.trainer.loop` is the same loop
+without that step (one process):
+
     python -m rljob.trainer.loop --config run.json --model tiny
 """
 
@@ -334,10 +338,13 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        choices=["tiny"],
+        choices=["tiny", "config"],
         default="tiny",
-        help="the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec)",
+        help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
+        "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
     )
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     p.add_argument(
         "--eval-every", type=int, default=10, help="evaluate held-out prompts every N steps (0: never)"
@@ -350,7 +357,10 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:  # usage errors are bad configuration
+        return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     if not args.config:
         print("--config: no run config (pass --config or set RLJOB_CONFIG)", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -361,6 +371,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
 
     from rljob.trainer.losses import LossConfig
+    from rljob.trainer.main import BadConfig, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import RunPaths, RunSettings, run
@@ -375,17 +386,21 @@ def main(argv: list[str] | None = None) -> int:
     task: Task = SuccessorTask()
     try:
         client = SamplerClient(rc.endpoints.samplers, rc.name)
-        step_cfg = StepConfig(
-            budget=32,
-            rows=4,
-            micro_batches=8,
-            segment_align=1,
-            learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
-            loss=LossConfig(kind=alg.loss if alg and alg.loss else "importance_sampling"),
-            token_tile=32,
-            vocab_chunk=32,
-        )
-        policy = Policy(cpu_model_spec(rank, alpha))
+        if args.model == "config":
+            model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
+        else:
+            model_spec = cpu_model_spec(rank, alpha)
+            step_cfg = StepConfig(
+                budget=32,
+                rows=4,
+                micro_batches=8,
+                segment_align=1,
+                learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
+                loss=LossConfig(kind=alg.loss if alg and alg.loss else "importance_sampling"),
+                token_tile=32,
+                vocab_chunk=32,
+            )
+        policy = Policy(model_spec)
         source = SamplerSource(
             client,
             task,
@@ -395,18 +410,20 @@ def main(argv: list[str] | None = None) -> int:
             logprobs=jax.jit(policy.next_token_logprobs),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
+            seed=args.seed,
         )
-    except (LoopConfigError, ValueError) as e:
+    except (LoopConfigError, ValueError, BadConfig) as e:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
-    steplog = StepLog(None, args.log_jsonl)
+    first = jax.process_index() == 0
+    steplog = StepLog(args.tensorboard_dir if first else None, args.log_jsonl)
     source.emit = lambda rec: steplog.event(rec.pop("event"), **rec)
-    reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ))
+    reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ) if first else None)
     try:
         run(
             Trainer(policy, step_cfg),
             RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
-            RunSettings(steps=steps, checkpoint_every=args.checkpoint_every),
+            RunSettings(steps=steps, checkpoint_every=args.checkpoint_every, export_adapters=first),
             source,
             steplog=steplog,
             reporter=reporter,

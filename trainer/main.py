@@ -10,9 +10,11 @@ Contexts:
   RunConfig.progress.file.
 
 ``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
-the packed shape for a small one, keeping everything else of the run config. ``--rollouts synthetic``
-trains on fixed synthetic rollouts (a function of seed and step); the RL loop with the samplers drives
-:func:`rljob.trainer.runtime.run` with its own rollout source.
+the packed shape for a small one, keeping everything else of the run config. ``--rollouts sampler``
+(the default, what the pods run) runs the RL loop against the samplers of RunConfig.endpoints.samplers:
+this entrypoint initializes jax.distributed and hands over to :func:`rljob.trainer.loop.main` (arguments
+this parser does not know, e.g. ``--eval-every``, go to it). ``--rollouts synthetic`` trains on fixed
+synthetic rollouts (a function of seed and step), for tests and resume checks.
 
 Exit codes: 0 done; 2 bad configuration (one line ``field: message`` on stderr, no traceback); 1 any
 other failure (a restart counted against spec.failurePolicy.maxRestarts).
@@ -32,7 +34,7 @@ from pydantic import ValidationError
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 
-__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "main"]
+__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "main", "model_setup"]
 
 log = logging.getLogger("rljob.trainer")
 
@@ -94,9 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--rollouts",
-        choices=["synthetic"],
-        default="synthetic",
-        help="rollout source of this entrypoint (the sampler loop drives runtime.run itself)",
+        choices=["sampler", "synthetic"],
+        default="sampler",
+        help="sampler: the RL loop against RunConfig.endpoints.samplers; synthetic: fixed synthetic rollouts",
     )
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     p.add_argument("--seed", type=int, default=0, help="seed of the synthetic rollouts")
@@ -125,10 +127,10 @@ def load_config(path: str) -> RunConfig:
         raise BadConfig(f"--config: {path}: {str(e).splitlines()[0]}") from e
 
 
-def _settings(rc: RunConfig, args: argparse.Namespace) -> dict[str, Any]:
+def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
     spec = rc.spec
     alg, lora, pack = spec.algorithm, spec.lora, spec.packing
-    steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    steps = steps_override or (alg.steps if alg and alg.steps else 100)
     if steps <= 0:
         raise BadConfig(f"--steps: must be > 0, got {steps}")
     return {
@@ -145,47 +147,34 @@ def _settings(rc: RunConfig, args: argparse.Namespace) -> dict[str, Any]:
             pack.token_budget if pack and pack.token_budget else rc.trainer.maxtext.get("max_target_length")
         ),
         "pad_position": (pack.pad_position if pack and pack.pad_position else "end"),
+        "segment_align": (pack.segment_align if pack and pack.segment_align else None),
+        "pad_align": (pack.pad_align if pack and pack.pad_align else None),
     }
 
 
-def run_main(args: argparse.Namespace) -> int:
-    rc = load_config(args.config)
-    denv = distributed_env(rc)
-    initialize_distributed(denv)
-    import jax
-
-    if args.distributed_check:
-        print(
-            json.dumps(
-                {
-                    "process_index": jax.process_index(),
-                    "process_count": jax.process_count(),
-                    "devices": jax.device_count(),
-                    "local_devices": jax.local_device_count(),
-                }
-            ),
-            flush=True,
-        )
-        return EXIT_OK
-
+def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
+    """(ModelSpec, StepConfig, settings) of the run config (``model`` "config") or of the tiny CPU model
+    with the config's other settings; raises BadConfig naming the field."""
     from rljob.trainer.losses import LossConfig
-    from rljob.trainer.model import DEFAULT_TARGETS, ModelSpec, Policy, tiny_keys
-    from rljob.trainer.progress import Reporter, StepLog, sink_for
-    from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
-    from rljob.trainer.train_step import StepConfig, Trainer
+    from rljob.trainer.model import DEFAULT_TARGETS, ModelSpec, tiny_keys
+    from rljob.trainer.train_step import StepConfig
 
-    st = _settings(rc, args)
-    if args.model == "tiny":
+    st = _settings(rc, steps)
+    if model == "tiny":
         keys = tiny_keys()
         budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
-        groups, group_size = 4, 4
+        st.update(groups=4, group_size=4)
     else:
         keys = dict(rc.trainer.maxtext)
         budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
         base_model = (
             rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", "")
         )
-        groups, group_size = st["groups"], st["group_size"]
+    align: dict[str, int] = {}
+    if st["segment_align"] is not None:
+        align["segment_align"] = int(st["segment_align"])
+    if st["pad_align"] is not None:
+        align["pad_align"] = int(st["pad_align"])
     try:
         spec = ModelSpec(
             maxtext=keys,
@@ -202,11 +191,60 @@ def run_main(args: argparse.Namespace) -> int:
             loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
             pad_position=st["pad_position"],
             token_tile=min(2048, budget),
-            vocab_chunk=16384,
+            **align,
         )
         step_cfg.pack_config()
     except ValueError as e:
         raise BadConfig(str(e).splitlines()[0]) from e
+    return spec, step_cfg, st
+
+
+def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
+    argv = ["--config", args.config, "--model", args.model, "--checkpoint-every", str(args.checkpoint_every)]
+    argv += ["--seed", str(args.seed)]
+    if args.steps is not None:
+        argv += ["--steps", str(args.steps)]
+    if args.log_jsonl:
+        argv += ["--log-jsonl", args.log_jsonl]
+    if args.tensorboard_dir:
+        argv += ["--tensorboard-dir", args.tensorboard_dir]
+    return argv + extra
+
+
+def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
+    rc = load_config(args.config)
+    denv = distributed_env(rc)
+    if extra and (args.rollouts != "sampler" or args.distributed_check):
+        raise BadConfig(f"{extra[0]}: unrecognized argument (only the sampler loop takes it)")
+    initialize_distributed(denv)
+    import jax
+
+    if args.rollouts == "sampler" and not args.distributed_check:
+        from rljob.trainer import loop
+
+        return loop.main(_loop_argv(args, list(extra)))
+
+    if args.distributed_check:
+        print(
+            json.dumps(
+                {
+                    "process_index": jax.process_index(),
+                    "process_count": jax.process_count(),
+                    "devices": jax.device_count(),
+                    "local_devices": jax.local_device_count(),
+                }
+            ),
+            flush=True,
+        )
+        return EXIT_OK
+
+    from rljob.trainer.model import Policy
+    from rljob.trainer.progress import Reporter, StepLog, sink_for
+    from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
+    from rljob.trainer.train_step import Trainer
+
+    spec, step_cfg, st = model_setup(rc, args.model, args.steps)
+    budget, rows, groups, group_size = step_cfg.budget, step_cfg.rows, st["groups"], st["group_size"]
     policy = Policy(spec)
     trainer = Trainer(policy, step_cfg)
     steplog = StepLog(args.tensorboard_dir if jax.process_index() == 0 else None, args.log_jsonl)
@@ -255,11 +293,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
     try:
-        args = _parser().parse_args(argv)
+        args, extra = _parser().parse_known_args(argv)
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     try:
-        return run_main(args)
+        return run_main(args, extra)
     except BadConfig as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG

@@ -268,7 +268,7 @@ class Policy:
         segment_ids: jax.Array,
         *,
         token_tile: int = 2048,
-        vocab_chunk: int = 16384,
+        vocab_chunk: int = lp_head.DEFAULT_VOCAB_CHUNK,
         temperature: float = 1.0,
         base: Any = None,
     ) -> jax.Array:

@@ -8,7 +8,8 @@ Step ``s`` (0-based; the policy after ``s`` updates is adapter version ``v{s}``)
    middle of the step never samples again;
 2. one optimizer step (rljob.trainer.train_step);
 3. a checkpoint (state + meta) every ``checkpoint_every`` steps and at the end;
-4. adapter ``v{s+1}`` published (PEFT layout, LATEST last);
+4. adapter ``v{s+1}`` handed to the background publisher (PEFT layout, LATEST last; the next step does
+   not wait for the upload, the run waits for the last one before returning);
 5. a JSON log line, TensorBoard scalars and the ProgressReport.
 
 On start the newest committed checkpoint is restored (train state, optimizer state, step), so a run
@@ -29,7 +30,7 @@ from typing import Any
 import jax
 import numpy as np
 from rljob.trainer.checkpoint import Checkpointer
-from rljob.trainer.export import publish_adapter
+from rljob.trainer.export import AdapterPublisher
 from rljob.trainer.losses import NAN_SENTINEL
 from rljob.trainer.packing import Rollout
 from rljob.trainer.progress import Reporter, StepLog
@@ -171,10 +172,49 @@ def run(
         steplog.event("resume", step=resumed_from, checkpoints=ckpt.all_steps())
     start = int(state.step)
     reporter.update(step=start, resumed_from_step=resumed_from, last_checkpoint_step=ckpt.latest_step())
-    if start == 0 and settings.export_adapters and to_peft is not None:
-        publish_adapter(paths.adapters, 0, to_peft(state.lora), peft_config or {})
+    publisher = (
+        AdapterPublisher(paths.adapters, peft_config or {})
+        if settings.export_adapters and to_peft is not None
+        else None
+    )
+    try:
+        state = _steps(
+            trainer, settings, source, state, start, ckpt, cache, publisher, to_peft, steplog, reporter
+        )
+    except BaseException:
+        if publisher is not None:  # keep what was exported (a complete version) if it uploads in time
+            try:
+                publisher.close(timeout=120.0)
+            except Exception as e:  # the original failure is the one to report
+                log.warning("adapter publish after failure: %s", e)
+        raise
+    if publisher is not None:
+        publisher.close()
+        reporter.update(adapter_version=publisher.published)
+    ckpt.close()
+    jax.effects_barrier()  # type: ignore[no-untyped-call]
+    return state
+
+
+def _steps(
+    trainer: Trainer,
+    settings: RunSettings,
+    source: RolloutSource,
+    state: TrainState,
+    start: int,
+    ckpt: Checkpointer,
+    cache: Any,
+    publisher: AdapterPublisher | None,
+    to_peft: Callable[[Any], dict[str, np.ndarray]] | None,
+    steplog: StepLog,
+    reporter: Reporter,
+) -> TrainState:
+    if start == 0 and publisher is not None and to_peft is not None:
+        publisher.submit(0, to_peft(state.lora))
     for s in range(start, settings.steps):
         t0 = time.monotonic()
+        if publisher is not None:
+            publisher.check()
         key = f"step-{s:08d}.npz"
         cached = cache.read(key)
         if cached is not None:
@@ -189,8 +229,10 @@ def run(
         saved = done % settings.checkpoint_every == 0 or done == settings.steps
         if saved:
             ckpt.save(done, _state_tree(state), {"adapter_version": done})
-        if settings.export_adapters and to_peft is not None:
-            publish_adapter(paths.adapters, done, to_peft(state.lora), peft_config or {})
+        if publisher is not None and to_peft is not None:
+            publisher.submit(done, to_peft(state.lora))
+            if publisher.publish_seconds is not None:
+                metrics["adapter_publish_s"] = publisher.publish_seconds
         metrics.update(src_metrics)
         metrics.update(
             step_seconds=time.monotonic() - t0,
@@ -203,8 +245,6 @@ def run(
             step=done,
             reward_mean=metrics.get("reward_mean"),
             last_checkpoint_step=done if saved else reporter.report.last_checkpoint_step,
-            adapter_version=done if settings.export_adapters and to_peft is not None else None,
+            adapter_version=publisher.published if publisher is not None else None,
         )
-    ckpt.close()
-    jax.effects_barrier()  # type: ignore[no-untyped-call]
     return state

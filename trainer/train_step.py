@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from rljob.trainer.logprobs import DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
@@ -52,7 +53,7 @@ class StepConfig:
     weight_decay: float = 0.0
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     token_tile: int = 2048
-    vocab_chunk: int = 16384
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK
     pad_position: str = "end"
     pad_align: int = 4096
     segment_align: int = 64

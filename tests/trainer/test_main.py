@@ -8,6 +8,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -107,3 +108,47 @@ def test_two_processes_initialize_jax_distributed(tmp_path: Path) -> None:
     got = sorted((json.loads(o.strip().splitlines()[-1]) for o, _ in outs), key=lambda d: d["process_index"])
     assert [g["process_index"] for g in got] == [0, 1]
     assert all(g["process_count"] == 2 and g["devices"] == 2 * g["local_devices"] for g in got)
+
+
+def test_default_rollouts_run_the_sampler_loop(tmp_path: Path) -> None:
+    """The pods' command (no --rollouts) is the RL loop against RunConfig.endpoints.samplers: with no
+    sampler listening it builds the model, publishes adapter v0 and waits for the sampler (not exit)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    rc = local_run_config(str(tmp_path / "s"), tmp_path)
+    rc = rc.model_copy(
+        update={"endpoints": rc.endpoints.model_copy(update={"samplers": [f"http://127.0.0.1:{port}"]})}
+    )
+    cfg = write_run_config(rc, tmp_path)
+    log = tmp_path / "trainer.log"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rljob.trainer.main",
+                "--config",
+                str(cfg),
+                "--model",
+                "tiny",
+                "--steps",
+                "1",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"},
+        )
+        try:
+            deadline = time.monotonic() + 240
+            while "sampler unavailable" not in log.read_text() and proc.poll() is None:
+                assert time.monotonic() < deadline, log.read_text()[-1500:]
+                time.sleep(0.5)
+            assert proc.poll() is None, log.read_text()[-1500:]
+        finally:
+            proc.kill()
+            proc.wait()
+    text = log.read_text()
+    assert "sampler unavailable (adapter >= v0)" in text and "Traceback" not in text, text[-1500:]
+    assert (tmp_path / "s" / rc.namespace / rc.name / "adapters" / "LATEST").read_text() == "0"

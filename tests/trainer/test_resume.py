@@ -33,6 +33,8 @@ def _trainer(config: Path, tmp: Path, name: str) -> subprocess.Popen[str]:
             "rljob.trainer.main",
             "--config",
             str(config),
+            "--rollouts",
+            "synthetic",
             "--model",
             "tiny",
             "--steps",
