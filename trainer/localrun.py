@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 import uuid
 from pathlib import Path
 from typing import Any
@@ -25,9 +24,7 @@ from typing import Any
 import yaml
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
-
-REPO = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO / "hack" / "build-fake-gcs-server.sh"
+from rljob.trainer.gcs_emulator import emulator_env, fake_gcs_server_binary, start_fake_gcs_server
 
 LOCAL_MANIFEST: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1",
@@ -58,43 +55,8 @@ def free_port() -> int:
 
 
 def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    binary = (
-        os.environ.get("RLJOB_FAKE_GCS_SERVER")
-        or subprocess.run([str(BUILD_SCRIPT)], check=True, capture_output=True, text=True)
-        .stdout.strip()
-        .splitlines()[-1]
-    )
-    port = free_port()
-    endpoint = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        [
-            binary,
-            "-scheme",
-            "http",
-            "-host",
-            "127.0.0.1",
-            "-port",
-            str(port),
-            "-backend",
-            "memory",
-            "-public-host",
-            f"127.0.0.1:{port}",
-            "-external-url",
-            endpoint,
-            "-log-level",
-            "warn",
-        ],
-        stdout=(workdir / "gcs.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    for _ in range(300):
-        try:
-            with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=2):
-                return proc, endpoint
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError(f"fake-gcs-server did not start (see {workdir / 'gcs.log'})")
+    """fake-gcs-server on a free loopback port (rljob.trainer.gcs_emulator, as the tests start it)."""
+    return start_fake_gcs_server(fake_gcs_server_binary(), workdir)
 
 
 def create_bucket(name: str) -> None:
@@ -142,13 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rl-cpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     gcs, endpoint = start_gcs(workdir)
-    env = {
-        **os.environ,
-        "STORAGE_EMULATOR_HOST": endpoint,
-        "TENSORSTORE_GCS_HTTP_URL": endpoint,
-        "GOOGLE_CLOUD_PROJECT": "rljob-local",
-        "PYTHONSAFEPATH": "1",
-    }
+    env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
     os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"
     create_bucket(bucket)
