@@ -5,13 +5,10 @@ Every test gets its own namespace; the operator (tests/fixtures/operator.py) is 
 
 from __future__ import annotations
 
-import os
 import random
 import signal
-import subprocess
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -260,25 +257,15 @@ def _configmaps(c: Cluster, ns: str) -> list[Any]:
     return [x for x in c.core.list_namespaced_config_map(ns).items if x.metadata.name.startswith("life-")]
 
 
-def _kwokctl(*args: str) -> None:
-    """kwokctl of the local cluster: `stop cluster` / `start cluster` stop and start the control plane."""
-    repo = Path(__file__).resolve().parents[2]
-    state = os.environ.get("RLJOB_CLUSTER_DIR", str(repo / ".cache" / "cluster"))  # as hack/cluster.sh
-    name = os.environ.get("RLJOB_CLUSTER_NAME", "rljob")
-    env = {**os.environ, "KWOK_WORKDIR": str(Path(state) / "kwok")}
-    kwokctl = str(repo / "hack" / "bin" / "kwokctl")
-    subprocess.run([kwokctl, "--name", name, *args], env=env, check=True, timeout=180)
-
-
 @pytest.mark.slow
 def test_operator_recovers_after_the_api_server_restarts(
     cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
 ) -> None:
     create_rljob(cluster, manifest("before", namespace, suspend=True))
     wait_phase(cluster, namespace, "before", "Suspended", timeout=60)
-    _kwokctl("stop", "cluster")
+    cluster.kwokctl("stop", "cluster")
     time.sleep(5)
-    _kwokctl("start", "cluster")
+    cluster.kwokctl("start", "cluster")
     wait_for(lambda: _api_up(cluster, namespace), 120, "the API server to serve RLJobs again")
     assert rljob_operator.alive(), rljob_operator.log_tail()
     wait_for(lambda: _create_tolerating_webhook_outage(cluster, namespace, "after"), 60, "create RLJob after")
