@@ -18,3 +18,30 @@ pytest_plugins = [
     "fixtures.operator",
     "fixtures.cpu_sampler",
 ]
+
+
+EXIT_GRACE_S = 60.0
+
+
+def pytest_unconfigure(config: object) -> None:
+    """Fail fast, with every thread's stack, if the process does not exit after the run.
+
+    A thread a test leaves blocked (a non-daemon thread, or a ThreadPoolExecutor worker, which Python
+    joins at exit) keeps pytest alive after its summary; CI then hits its wall-clock limit with no clue.
+    This daemon thread dumps the stacks and exits with 3 instead."""
+    import faulthandler
+    import os
+    import threading
+    import time
+
+    def watchdog() -> None:
+        time.sleep(EXIT_GRACE_S)
+        sys.stderr.write(
+            f"\npytest: still running {EXIT_GRACE_S:.0f}s after the session ended; a test left a thread "
+            "blocked. Stacks:\n"
+        )
+        sys.stderr.flush()
+        faulthandler.dump_traceback(all_threads=True)
+        os._exit(3)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()

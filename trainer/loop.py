@@ -73,6 +73,10 @@ class SamplerRejected(RuntimeError):
     """The sampler answered 4xx (other than 404, an adapter being swapped): a request it will never take."""
 
 
+class SamplerClosed(RuntimeError):
+    """The client was closed while a request was waiting for a sampler (the loop is shutting down)."""
+
+
 @dataclass
 class Completion:
     prompt_index: int
@@ -95,6 +99,14 @@ class SamplerClient:
         self.timeout = timeout
         self.retry_s = retry_s
         self.waited_s = 0.0
+        self._closed = threading.Event()
+
+    def close(self) -> None:
+        """Stop waiting: a request that is waiting for a sampler (or for an adapter version that will never
+        come, because the trainer failed) raises SamplerClosed within retry_s, so its thread ends and the
+        process can exit. Without this a failed trainer would hang in its sampling thread at exit and its
+        pod would never fail (no restart, no status)."""
+        self._closed.set()
 
     def _request(self, url: str, body: dict[str, Any] | None = None) -> Any:
         data = json.dumps(body).encode() if body is not None else None
@@ -107,6 +119,8 @@ class SamplerClient:
         warned = False
         t0 = time.monotonic()
         while True:
+            if self._closed.is_set():
+                raise SamplerClosed(f"{what}: the sampler client was closed")
             try:
                 out = fn()
                 if warned:
@@ -121,7 +135,7 @@ class SamplerClient:
                 if not warned:
                     log.warning("sampler unavailable (%s): %s; waiting", what, e)
                     warned = True
-                time.sleep(self.retry_s)
+                self._closed.wait(self.retry_s)
 
     def served_version(self, url: str) -> int | None:
         models = self._request(f"{url}/v1/models")
@@ -325,6 +339,8 @@ class SamplerSource:
         return rollouts, metrics
 
     def close(self) -> None:
+        """Cancel queued sampling and end the one in flight (the client stops waiting)."""
+        self.client.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -12,7 +12,7 @@ import pytest
 from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
 from rljob.trainer.data import SuccessorTask
 from rljob.trainer.export import publish_adapter
-from rljob.trainer.loop import ParityError, SamplerClient, SamplerSource
+from rljob.trainer.loop import ParityError, SamplerClient, SamplerClosed, SamplerSource
 
 pytestmark = pytest.mark.jax
 
@@ -66,8 +66,13 @@ def test_source_grades_pipelines_and_passes_parity(
         watcher.poll_once()
         _, m2 = src(2, cpu_policy.lora0)
         assert m2["policy_lag"] <= 1 and m2["sampled_with"] >= 1
+        # Step 3 is now waiting for v2, which nobody publishes: close() must end that wait (a trainer that
+        # fails mid-run must exit, not hang in its sampling thread at interpreter exit).
+        waiting = src.pending[3]
     finally:
         src.close()
+    with pytest.raises(SamplerClosed):
+        waiting.result(timeout=5)
 
 
 def test_parity_gate_refuses_different_weights(
@@ -89,3 +94,29 @@ def test_parity_gate_refuses_different_weights(
         assert src.lines[0]["mean_abs_logprob_diff"] > 1e-3  # type: ignore[attr-defined]
     finally:
         src.close()
+
+
+def test_close_ends_a_wait_for_an_unreachable_sampler() -> None:
+    """No sampler listens on the port: the client waits (never fatal) until close(), then raises."""
+    import socket
+    import threading
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    client = SamplerClient([f"http://127.0.0.1:{port}"], "job", timeout=1.0, retry_s=0.05)
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            client.wait_version(client.urls[0], 0)
+        except BaseException as e:  # noqa: BLE001 - the test inspects it
+            errors.append(e)
+
+    t = threading.Thread(target=wait, daemon=True)
+    t.start()
+    t.join(0.5)
+    assert t.is_alive(), "the client gave up on a sampler that may still come up"
+    client.close()
+    t.join(3)
+    assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], SamplerClosed)
