@@ -99,6 +99,14 @@ def _mesh(m: Any) -> str:
     return " x ".join(f"{a} {getattr(m, a)}" for a in MESH_AXES if getattr(m, a) != 1) or "1 (no parallelism)"
 
 
+def _dataset(run: RunConfig) -> str:
+    d = run.spec.dataset
+    assert d
+    if d.task == "successor":
+        return "successor (the CPU toy task: token prompts, exact-match reward)"
+    return f"{d.task} problems from {d.path} ({d.eval_size} held out for evaluation), math-verify reward"
+
+
 def explain(run: RunConfig) -> str:
     """The human-readable plan of a resolved run."""
     t, s = run.trainer, run.sampler
@@ -131,6 +139,7 @@ def explain(run: RunConfig) -> str:
         f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "
         f"{spec.algorithm.group_size} completions, {spec.algorithm.steps} steps, "
         f"lr {spec.algorithm.learning_rate:g}",
+        f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
         f"restarts: {spec.failure_policy.max_restarts} counted; preemption/maintenance restarts are free; "
         "exit 2 fails at once",

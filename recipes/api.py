@@ -271,6 +271,60 @@ class FailurePolicySpec(ApiModel):
     )
 
 
+_DATA_PATH = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[^\s]*[^\s/]|/[^\s]*[^\s/])$")
+DATASET_TASKS = ("math", "successor")
+
+
+class DatasetSpec(ApiModel):
+    """The prompts the RL loop samples and how their completions are graded."""
+
+    task: Literal["math", "successor"] | None = Field(
+        default=None,
+        description="math: problems from `path`, each completion graded 1 or 0 by a math verifier "
+        "(math-verify: LaTeX and plain numbers, equivalent forms such as 1/2 and 0.5); successor: the toy "
+        "task of the CPU loop (token prompts, for development with the tiny model only). Default math.",
+    )
+    path: str | None = Field(
+        default=None,
+        description="JSON Lines of problems, one {\"question\": ..., \"answer\": ...} per line (GSM8K style: "
+        "the final answer after ####), as a gs:// object or an absolute path in the trainer's "
+        "filesystem. Default {storage.root}/data/train.jsonl. The trainer reads it at start: a missing "
+        "or malformed file fails the run at once (exit 2), it is never retried.",
+    )
+    eval_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="Problems held out from the head of the file for evaluation (never trained on). "
+        "Default 64.",
+    )
+    prompt_template: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Python format string of each prompt with the field {question}. Default "
+        "\"{question}\\nPut the final answer after ####.\\n\".",
+    )
+
+    @field_validator("path")
+    @classmethod
+    def _data_path(cls, value: str | None) -> str | None:
+        if value is not None and not _DATA_PATH.match(value):
+            raise ValueError("must be a gs://BUCKET/OBJECT or an absolute path to a file")
+        return value
+
+    @field_validator("prompt_template")
+    @classmethod
+    def _template(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            value.format(question="")
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"must be a format string whose only field is {{question}} ({e})") from None
+        if "{question}" not in value:
+            raise ValueError("must contain {question}")
+        return value
+
+
 class RLJobSpec(ApiModel):
     """Desired state of an RLJob."""
 
@@ -285,6 +339,7 @@ class RLJobSpec(ApiModel):
     lora: LoraSpec | None = Field(default=None, description="The LoRA adapter.")
     algorithm: AlgorithmSpec | None = Field(default=None, description="The RL algorithm.")
     packing: PackingSpec | None = Field(default=None, description="Sequence packing.")
+    dataset: DatasetSpec | None = Field(default=None, description="Training prompts and their grading.")
     storage: StorageSpec | None = Field(default=None, description="Run storage.")
     failure_policy: FailurePolicySpec | None = Field(default=None, description="Retry policy.")
     suspend: bool | None = Field(

@@ -34,6 +34,9 @@ DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
 DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
+DEFAULT_PROMPT_TEMPLATE = "{question}\nPut the final answer after ####.\n"
+# spec.dataset.path when unset: shared by every run under the same storage root.
+DEFAULT_DATASET_OBJECT = "data/train.jsonl"
 
 # Plain defaults of a manifest without a recipe (camelCase, as in a manifest).
 DEFAULTS: dict[str, Any] = {
@@ -51,6 +54,7 @@ DEFAULTS: dict[str, Any] = {
         "klPenaltyCoef": 0.0,
     },
     "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
+    "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
     "failurePolicy": {"maxRestarts": 3},
     "suspend": False,
 }
@@ -214,6 +218,15 @@ def resolve(job: RLJob) -> RunConfig:
     assert spec.lora and spec.packing and spec.failure_policy
     assert spec.model.name and spec.trainer.tpu and spec.sampler.tpu and spec.storage.root
 
+    # ---- dataset
+    assert spec.dataset
+    if spec.dataset.task == "math" and spec.dataset.path is None:
+        spec.dataset.path = f"{spec.storage.root.rstrip('/')}/{DEFAULT_DATASET_OBJECT}"
+    elif spec.dataset.task == "successor" and spec.dataset.path is not None:
+        problems.append(
+            "spec.dataset.path: task successor generates its prompts and reads no file (remove path, or "
+            "set task: math)"
+        )
     # ---- model
     if spec.model.maxtext_model is None:
         spec.model.maxtext_model = spec.model.name.rsplit("/", 1)[-1].lower()

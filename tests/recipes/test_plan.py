@@ -41,7 +41,20 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             "endpoints.coordinator": "t-trainer-0-0.t:8476",
             "progress.config_map": "t-progress",
             "job_set_name": "t",
+            "spec.dataset.task": "math",
+            "spec.dataset.path": "gs://bucket/runs/data/train.jsonl",  # the root's, shared by its runs
+            "spec.dataset.eval_size": 64,
         },
+    ),
+    (
+        "dataset: explicit path; the toy task reads none",
+        {"dataset": {"path": "/data/gsm8k.jsonl", "evalSize": 8}},
+        {"spec.dataset.path": "/data/gsm8k.jsonl", "spec.dataset.eval_size": 8},
+    ),
+    (
+        "dataset: the toy task",
+        {"dataset": {"task": "successor"}},
+        {"spec.dataset.task": "successor", "spec.dataset.path": None},
     ),
     (
         "two v5p-16 slices",
@@ -244,6 +257,22 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             "spec.packing.padAlign: 4096 is not below the token budget 4096: padPosition start would never "
             "move a row",
+        ],
+    ),
+    (
+        "dataset path and template",
+        {"dataset": {"path": "train.jsonl", "promptTemplate": "{prompt}"}},
+        [
+            "spec.dataset.path: must be a gs://BUCKET/OBJECT or an absolute path to a file",
+            "spec.dataset.promptTemplate: must be a format string whose only field is {question} ('prompt')",
+        ],
+    ),
+    (
+        "dataset path of the toy task",
+        {"dataset": {"task": "successor", "path": "gs://b-1/x.jsonl"}},
+        [
+            "spec.dataset.path: task successor generates its prompts and reads no file (remove path, or set "
+            "task: math)",
         ],
     ),
     (
