@@ -2,9 +2,12 @@
 
 Endpoints (same paths, bodies and response shapes as vLLM):
 - `GET /health`, `GET /v1/models` (the base model and every loaded adapter, `parent` = base);
-- `POST /v1/completions`: `prompt` as token ids (or a list of them), `n`, `max_tokens`, `temperature`,
-  `seed`, `logprobs` (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids`;
-  `model` selects the adapter by name (or the base model);
+- `POST /v1/completions`: `prompt` as token ids, text, or a list of either; `n`, `max_tokens`,
+  `temperature`, `seed`, `logprobs` (log-probs of the sampled tokens, raw logits as vLLM's default),
+  `return_token_ids` (each choice then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
+  `model` selects the adapter by name (or the base model). The tokenizer is UTF-8 bytes (token id = byte
+  value), which the tiny model's 256-token vocabulary holds exactly; completion text is the bytes
+  decoded (invalid sequences replaced);
 - `POST /v1/load_lora_adapter {lora_name, lora_path}`, `POST /v1/unload_lora_adapter {lora_name}`
   (PEFT directories);
 - `GET /rljob/v1/adapter`: the adapter version the watcher serves (also `adapter_version` in every
@@ -32,6 +35,27 @@ from rljob.trainer.tinypolicy import Sampler, load_peft_dir
 LoraState = Any
 
 
+class ByteTokenizer:
+    """The CPU backend's tokenizer: token id = UTF-8 byte (needs a vocabulary of at least 256)."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.usable = vocab_size >= 256
+
+    @staticmethod
+    def encode(text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def _bad_request(message: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "BadRequestError", "code": 400}}, status=400
+    )
+
+
 class CpuSampler:
     """Adapters by name over one Policy; generation runs in a worker thread, one batch at a time."""
 
@@ -40,6 +64,7 @@ class CpuSampler:
     ) -> None:
         self.policy = policy
         self.sampler = Sampler(policy)
+        self.tokenizer = ByteTokenizer(policy.vocab_size)
         self.base_name = policy.spec.base_model
         self.max_loras = max_loras
         self.adapters: dict[str, tuple[LoraState, str]] = {}
@@ -121,21 +146,25 @@ class CpuSampler:
                 status=404,
             )
         prompt = body.get("prompt")
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
-            prompts = [prompt]
-        elif isinstance(prompt, list) and prompt and all(isinstance(p, list) for p in prompt):
-            prompts = prompt
-        else:
-            return web.json_response(
-                {
-                    "error": {
-                        "message": "the CPU sampler takes token-id prompts only",
-                        "type": "BadRequestError",
-                        "code": 400,
-                    }
-                },
-                status=400,
-            )
+        single = isinstance(prompt, str) or (
+            isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], int)
+        )
+        items = [prompt] if single else prompt
+        if not isinstance(items, list) or not items:
+            return _bad_request("prompt: a string, a list of token ids, or a non-empty list of either")
+        prompts: list[list[int]] = []
+        for item in items:
+            if isinstance(item, str):
+                if not self.tokenizer.usable:
+                    return _bad_request(
+                        f"prompt: text needs a vocabulary of 256 byte tokens; this model has "
+                        f"{self.policy.vocab_size}: send token ids"
+                    )
+                prompts.append(self.tokenizer.encode(item))
+            elif isinstance(item, list) and item and all(isinstance(t, int) for t in item):
+                prompts.append(item)
+            else:
+                return _bad_request("prompt: a string, a list of token ids, or a non-empty list of either")
         n = int(body.get("n", 1))
         max_tokens = int(body.get("max_tokens", 16))
         temperature = float(body.get("temperature", 1.0))
@@ -151,7 +180,7 @@ class CpuSampler:
             ids = [int(t) for t in toks[i]]
             choice: dict[str, Any] = {
                 "index": i,
-                "text": " ".join(str(t) for t in ids),
+                "text": self.tokenizer.decode(ids),
                 "finish_reason": "length",
                 "stop_reason": None,
                 "token_ids": ids if body.get("return_token_ids") else None,

@@ -3,7 +3,9 @@
 Backends:
 - `vllm` (TPU, the default in a pod): preflight the installed vLLM for runtime LoRA on TPU (exit 2 with
   the reason if it cannot), run `vllm serve` built from the sampler plan, and hot-swap adapters into it;
-- `cpu` (laptop, tests, `make rl-cpu`): the same HTTP API served by rljob.sampler.cpu_server.
+- `cpu` (laptop, tests, `make rl-cpu`): the same HTTP API served by rljob.sampler.cpu_server over the
+  trainer's tiny policy, with the trainer's base weights (spec.model.checkpoint when the run config names
+  one; exit 2 naming the field if it is missing or does not fit).
 
 Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
 (`<rljob>-v<N>`), then unloads the previous one. Exit codes follow contract 3 (2 = bad configuration).
@@ -26,6 +28,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
+from typing import Any
 from urllib.parse import urlparse
 
 from pydantic import ValidationError
@@ -119,16 +122,31 @@ class WatcherFactory:
         )
 
 
-def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:
-    from aiohttp import web
-    from rljob.sampler.cpu_server import CpuSampler
+def cpu_policy(rc: RunConfig) -> Any:
+    """The cpu backend's model: the CPU loop's tiny policy with the run's LoRA shape and the trainer's base
+    weights (spec.model.checkpoint when the run config names one). Raises
+    rljob.trainer.model.CheckpointError (``spec.model.checkpoint: ...``) if that checkpoint is missing or
+    does not fit."""
     from rljob.trainer.model import Policy
     from rljob.trainer.tinypolicy import cpu_model_spec
 
     lora = rc.spec.lora
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
-    policy = Policy(cpu_model_spec(rank, alpha))
+    checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
+    return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint))
+
+
+def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:
+    from aiohttp import web
+    from rljob.sampler.cpu_server import CpuSampler
+    from rljob.trainer.model import CheckpointError
+
+    try:
+        policy = cpu_policy(rc)
+    except CheckpointError as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_CONFIG
     base = f"http://127.0.0.1:{port}"
     watcher = watcher_for(base)
     server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 import random
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from rljob.trainer.rewards import exact_match_reward, math_reward
 
@@ -84,42 +83,72 @@ class SuccessorTask:
         return exact_match_reward(completion_tokens, prompt.answer)
 
 
+class DatasetError(ValueError):
+    """A dataset the run cannot use; the message starts with the field (spec.dataset.path: ...)."""
+
+
 @dataclass
 class MathTask:
-    """Math word problems from a JSONL file of {"question": ..., "answer": ...} (GSM8K style: the final
-    answer after `####`), graded by the math verifier. Prompts are text; the sampler tokenizes."""
+    """Math word problems from JSON Lines of {"question": ..., "answer": ...} (GSM8K style: the final answer
+    after `####`), graded by the math verifier. Prompts are text; the sampler tokenizes them and returns the
+    token ids it used (vLLM's `return_token_ids`), which is what the trainer trains on.
 
-    path: Path
+    The first ``eval_size`` problems are held out for evaluation; training prompts are drawn from the rest
+    as a function of (seed, step), so a resumed run sees exactly the prompts it would have seen."""
+
+    rows: list[tuple[str, str]]
     name: str = "math"
     max_tokens: int = 1024
     eval_size: int = 64
     seed: int = 0
-    template: str = "{question}\nPut the final answer after ####.\n"
-    _rows: list[tuple[str, str]] = field(default_factory=list, init=False)
 
-    def __post_init__(self) -> None:
-        for i, line in enumerate(self.path.read_text(encoding="utf-8").splitlines()):
+    @classmethod
+    def from_jsonl(
+        cls,
+        text: str,
+        source: str,
+        template: str = "{question}",
+        **kw: Any,
+    ) -> MathTask:
+        """Parse the file's text; every problem names ``source`` and its line."""
+        rows: list[tuple[str, str]] = []
+        field_ = "spec.dataset.path"
+        for i, line in enumerate(text.splitlines(), start=1):
             if not line.strip():
                 continue
-            row = json.loads(line)
-            if "question" not in row or "answer" not in row:
-                raise ValueError(f"{self.path}:{i + 1}: each line needs 'question' and 'answer'")
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DatasetError(f"{field_}: {source}:{i}: not JSON ({e.msg})") from None
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or "answer" not in row:
+                raise DatasetError(f'{field_}: {source}:{i}: each line needs "question" (text) and "answer"')
             answer = str(row["answer"]).rsplit("####", 1)[-1].strip()
-            self._rows.append((self.template.format(question=row["question"]), answer))
-        if len(self._rows) <= self.eval_size:
-            raise ValueError(f"{self.path}: {len(self._rows)} problems, need more than {self.eval_size}")
+            if not answer:
+                raise DatasetError(f"{field_}: {source}:{i}: empty answer")
+            rows.append((template.format(question=row["question"]), answer))
+        task = cls(rows, **kw)
+        if len(rows) <= task.eval_size:
+            raise DatasetError(
+                f"{field_}: {source}: {len(rows)} problems; spec.dataset.evalSize holds out "
+                f"{task.eval_size}, so none would be left to train on"
+            )
+        return task
 
     def train_prompts(self, step: int, count: int) -> list[Prompt]:
         rng = random.Random(f"{self.seed}:{step}")
-        pool = self._rows[self.eval_size :]
-        return [Prompt(None, *pool[rng.randrange(len(pool))]) for _ in range(count)]
+        pool = self.rows[self.eval_size :]
+        out = []
+        for _ in range(count):
+            k = rng.randrange(len(pool))
+            out.append(Prompt(None, pool[k][0], pool[k][1], id=str(self.eval_size + k)))
+        return out
 
     def eval_prompts(self) -> list[Prompt]:
-        return [Prompt(None, q, a) for q, a in self._rows[: self.eval_size]]
+        return [Prompt(None, q, a, id=str(k)) for k, (q, a) in enumerate(self.rows[: self.eval_size])]
 
     def reward(self, prompt: Prompt, completion_tokens: list[int], completion_text: str) -> float:
         assert isinstance(prompt.answer, str)
         return math_reward(completion_text, prompt.answer)
 
 
-__all__ = ["MathTask", "Prompt", "SuccessorTask", "Task"]
+__all__ = ["DatasetError", "MathTask", "Prompt", "SuccessorTask", "Task"]

@@ -43,6 +43,7 @@ LOCAL_MANIFEST: dict[str, Any] = {
             "learningRate": 0.003,
             "steps": 80,
         },
+        "dataset": {"task": "successor"},
         "storage": {"root": "gs://rljob-local"},
     },
 }

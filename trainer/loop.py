@@ -405,7 +405,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         else:
-            model_spec = cpu_model_spec(rank, alpha)
+            model_spec = cpu_model_spec(rank, alpha, checkpoint=spec.model.checkpoint if spec.model else None)
             step_cfg = StepConfig(
                 budget=32,
                 rows=4,

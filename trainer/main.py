@@ -10,14 +10,18 @@ Contexts:
   RunConfig.progress.file.
 
 ``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
-the packed shape for a small one, keeping everything else of the run config. ``--rollouts sampler``
-(the default, what the pods run) runs the RL loop against the samplers of RunConfig.endpoints.samplers:
-this entrypoint initializes jax.distributed and hands over to :func:`rljob.trainer.loop.main` (arguments
-this parser does not know, e.g. ``--eval-every``, go to it). ``--rollouts synthetic`` trains on fixed
-synthetic rollouts (a function of seed and step), for tests and resume checks.
+the packed shape for a small one, keeping everything else of the run config. Either way the frozen base
+weights come from spec.model.checkpoint when the run config names one (a converted MaxText checkpoint,
+which must fit the model built; rljob.trainer.base_checkpoint), else from a random initialization.
+``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
+RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and hands over to
+:func:`rljob.trainer.loop.main` (arguments this parser does not know, e.g. ``--eval-every``, go to it).
+``--rollouts synthetic`` trains on fixed synthetic rollouts (a function of seed and step), for tests and
+resume checks.
 
-Exit codes: 0 done; 2 bad configuration (one line ``field: message`` on stderr, no traceback); 1 any
-other failure (a restart counted against spec.failurePolicy.maxRestarts).
+Exit codes: 0 done; 2 bad configuration (one line ``field: message`` on stderr, no traceback; a base
+checkpoint that is missing or does not fit the model is ``spec.model.checkpoint: ...``); 1 any other
+failure (a restart counted against spec.failurePolicy.maxRestarts).
 """
 
 from __future__ import annotations
@@ -160,6 +164,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     from rljob.trainer.train_step import StepConfig
 
     st = _settings(rc, steps)
+    checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
     if model == "tiny":
         keys = tiny_keys()
         budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
@@ -182,6 +187,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             lora_alpha=st["alpha"] or 2.0 * st["rank"],
             lora_targets=st["targets"] or DEFAULT_TARGETS,
             base_model=str(base_model),
+            checkpoint=checkpoint,
         )
         step_cfg = StepConfig(
             budget=budget,
@@ -238,14 +244,17 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
         )
         return EXIT_OK
 
-    from rljob.trainer.model import Policy
+    from rljob.trainer.model import CheckpointError, Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
     from rljob.trainer.train_step import Trainer
 
     spec, step_cfg, st = model_setup(rc, args.model, args.steps)
     budget, rows, groups, group_size = step_cfg.budget, step_cfg.rows, st["groups"], st["group_size"]
-    policy = Policy(spec)
+    try:
+        policy = Policy(spec)
+    except CheckpointError as e:
+        raise BadConfig(str(e)) from e
     trainer = Trainer(policy, step_cfg)
     steplog = StepLog(args.tensorboard_dir if jax.process_index() == 0 else None, args.log_jsonl)
     reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)

@@ -15,10 +15,15 @@ Packed rows carry per-token segment ids (0 = padding) and per-segment positions;
 masks by segment id and causality, and RoPE uses the positions, so a packed row computes what its
 segments compute alone (tests/trainer/test_model.py checks it).
 
-  spec = ModelSpec.tiny()                 # or ModelSpec.from_run_config(rc)
+  spec = ModelSpec.tiny()                 # or rljob.trainer.main.model_setup(rc, ...)
   policy = Policy(spec)                   # builds MaxText + qwix LoRA; policy.lora0 is the initial adapter
   h = policy.hidden_states(lora, tokens, positions, segment_ids)     # [B, T, H]
   lp = policy.next_token_logprobs(lora, tokens, positions, segment_ids)  # [B, T], fused head
+
+The frozen base weights come from ``spec.checkpoint`` (the RLJob's ``spec.model.checkpoint``, a converted
+MaxText checkpoint, loaded by :mod:`rljob.trainer.base_checkpoint` before qwix adds LoRA) or, without
+one, from a random initialization by ``spec.seed`` (tests, the CPU loop). A checkpoint that does not
+fit raises :class:`CheckpointError` (``spec.model.checkpoint: ...``; the entrypoints exit 2).
 """
 
 from __future__ import annotations
@@ -40,10 +45,12 @@ import numpy as np
 import qwix
 from flax import nnx
 from rljob.trainer import logprobs as lp_head
+from rljob.trainer.base_checkpoint import CheckpointError, check_checkpoint_path, load_base_params
 
 __all__ = [
     "CPU_KEYS",
     "HF_PROJ",
+    "CheckpointError",
     "LoraState",
     "ModelSpec",
     "Policy",
@@ -121,13 +128,16 @@ CPU_KEYS: dict[str, Any] = {
 
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
-    """What to build: MaxText keys, the adapter, the seed of the base weights (when not loaded)."""
+    """What to build: MaxText keys, the adapter, the base weights: the converted MaxText checkpoint at
+    ``checkpoint`` (gs:// or local; ``spec.model.checkpoint``) or, without one, a random initialization
+    from ``seed``."""
 
     maxtext: Mapping[str, Any]
     lora_rank: int = 8
     lora_alpha: float = 16.0
     lora_targets: tuple[str, ...] = DEFAULT_TARGETS
     seed: int = 0
+    checkpoint: str | None = None
     base_model: str = "rljob/tiny-qwen3"
     hf_layers_prefix: str = "base_model.model.model.layers"
 
@@ -162,7 +172,8 @@ def maxtext_config(keys: Mapping[str, Any]) -> Any:
 
 
 def build_model(cfg: Any, seed: int = 0) -> Any:
-    """The MaxText NNX Transformer for ``cfg``, base weights initialized from ``seed``."""
+    """The MaxText NNX Transformer for ``cfg``, base weights initialized from ``seed`` (see
+    :func:`rljob.trainer.base_checkpoint.load_base_params` for a checkpoint's)."""
     from maxtext.models import models
     from maxtext.utils import maxtext_utils
 
@@ -194,7 +205,11 @@ class Policy:
                 "spec.trainer.maxtext: the fused log-prob head needs a linear output head "
                 "(final_logits_soft_cap and normalize_embedding_logits unset)"
             )
+        if spec.checkpoint:
+            check_checkpoint_path(spec.checkpoint)  # a missing path fails before the model is built
         model = build_model(self.cfg, spec.seed)
+        if spec.checkpoint:
+            load_base_params(model, self.cfg, spec.checkpoint)
         provider = qwix.LoraProvider(
             module_path=rf".*/({'|'.join(spec.maxtext_targets)})",
             rank=spec.lora_rank,

@@ -7,9 +7,13 @@ task of the CPU loop grades token ids by exact match.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 from math_verify import parse, verify  # type: ignore[import-untyped]
+
+_TIMEOUT_S = 5
+MAX_GRADED_CHARS = 2000
 
 
 def math_reward(completion: str, answer: str) -> float:
@@ -20,12 +24,16 @@ def math_reward(completion: str, answer: str) -> float:
     """
     if "####" in completion:
         completion = completion.rsplit("####", 1)[1]
-    gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$")
-    pred = parse(completion)
+    # math-verify bounds its sympy work with signal.alarm, which only the main thread may set; elsewhere it
+    # runs unbounded, so the text it sees is capped (the final answer is at the end).
+    timeout = _TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    completion = completion[-MAX_GRADED_CHARS:]
+    gold = parse(answer if "$" in answer or "\\" in answer else f"${answer}$", parsing_timeout=timeout)
+    pred = parse(completion, parsing_timeout=timeout)
     if not gold or not pred:
         return 0.0
     try:
-        return 1.0 if verify(gold, pred) else 0.0
+        return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
     except Exception:  # math-verify raises on pathological expressions; those are wrong answers
         return 0.0
 

@@ -1,10 +1,11 @@
 """The CPU loop's model and its sampler: the trainer's tiny MaxText policy (rljob.trainer.model), decoded.
 
-Both processes of the CPU loop build the same `Policy` from `cpu_model_spec` (same MaxText keys, same
-seed, hence bit-identical base weights; the step-0 parity gate checks it): the trainer trains its LoRA
-through rljob.trainer.train_step, the CPU sampler (rljob.sampler.cpu_server) serves it with
-`Sampler.generate`, a jitted decode loop over `Policy.logits` (the sequences of the toy task are a few
-tokens, so a full forward per generated token is cheap and needs no KV cache).
+Both processes of the CPU loop build the same `Policy` from `cpu_model_spec` (same MaxText keys, and the
+same base weights: the run config's `spec.model.checkpoint` when it names one, else the same seed; the
+step-0 parity gate checks they agree): the trainer trains its LoRA through rljob.trainer.train_step,
+the CPU sampler (rljob.sampler.cpu_server) serves it with `Sampler.generate`, a jitted decode loop over
+`Policy.logits` (the sequences of the toy task are a few tokens, so a full forward per generated token
+is cheap and needs no KV cache).
 """
 
 from __future__ import annotations
@@ -27,12 +28,17 @@ TOY_VOCAB = 32
 TOY_MAX_LEN = 32
 
 
-def cpu_model_spec(lora_rank: int, lora_alpha: float) -> ModelSpec:
-    """The tiny model of the CPU loop (trainer and CPU sampler build exactly this)."""
+def cpu_model_spec(
+    lora_rank: int, lora_alpha: float, *, checkpoint: str | None = None, seed: int = 0
+) -> ModelSpec:
+    """The tiny model of the CPU loop (trainer and CPU sampler build exactly this); base weights from
+    ``checkpoint`` (a converted MaxText checkpoint of this model, spec.model.checkpoint) or ``seed``."""
     return ModelSpec(
         maxtext=tiny_keys(vocab_size=TOY_VOCAB, max_target_length=TOY_MAX_LEN),
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
+        seed=seed,
+        checkpoint=checkpoint,
     )
 
 
