@@ -77,5 +77,14 @@ PY
 fi
 "$VENV/bin/cosmic-ray" exec cosmic-ray.toml session.sqlite
 "$VENV/bin/cr-report" session.sqlite | tail -n 40
-SURVIVAL=$("$VENV/bin/cr-rate" session.sqlite)
-echo "{\"bench\": \"mutation\", \"metric\": \"kill_rate_percent\", \"value\": $(python3 -c "print(round(100 - float('$SURVIVAL'), 2))"), \"survival_percent\": $SURVIVAL, \"modules\": \"$MODULES\", \"tool\": \"cosmic-ray\", \"sample\": \"${MUTATION_SAMPLE:-all}\", \"seed\": ${MUTATION_SEED:-0}}"
+# The kill rate over the mutants that ran (cr-rate counts the filtered, never-run ones as not surviving).
+"$VENV/bin/python" - "$MODULES" "${MUTATION_SAMPLE:-all}" "${MUTATION_SEED:-0}" <<'PY'
+import json, sqlite3, sys
+db = sqlite3.connect("session.sqlite")
+n = dict(db.execute("select test_outcome, count(*) from work_results where test_outcome is not null group by 1"))
+killed = n.get("KILLED", 0) + n.get("INCOMPETENT", 0)
+ran = killed + n.get("SURVIVED", 0)
+print(json.dumps({"bench": "mutation", "metric": "kill_rate_percent", "value": round(100 * killed / max(ran, 1), 2),
+                  "killed": killed, "survived": n.get("SURVIVED", 0), "ran": ran, "modules": sys.argv[1],
+                  "tool": "cosmic-ray", "sample": sys.argv[2], "seed": int(sys.argv[3])}))
+PY
