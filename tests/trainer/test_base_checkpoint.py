@@ -7,12 +7,17 @@ seed loads it: every base parameter equals the saved one. The CPU sampler (built
 code path from the same run config) serves the same weights: the step-0 parity gate passes against it
 and fails against a sampler without the checkpoint. Broken checkpoints (a wrong shape, a missing weight,
 no such path, the conversion's output directory instead of its step) are refused with the field named,
-and the trainer, loop and sampler entrypoints exit 2 with one line.
+and the trainer, loop and sampler entrypoints exit 2 with one line. On four CPU devices (fsdp=4) the
+weights come back sharded as MaxText's logical rules say.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +196,75 @@ def test_cpu_sampler_serves_the_checkpoint_weights(
     # The session's CPU sampler has the random seed-0 weights: the gate must refuse it.
     lines, err = gate(cpu_sampler[0])
     assert isinstance(err, ParityError) and lines[0]["mean_abs_logprob_diff"] > 1e-2
+
+
+SHARDED = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from flax import nnx
+    from rljob.trainer.base_checkpoint import save_converted_checkpoint
+    from rljob.trainer.model import ModelSpec, Policy, build_model, maxtext_config, tiny_keys
+
+    keys = tiny_keys(ici_fsdp_parallelism=4)
+    cfg = maxtext_config(keys)
+    shapes = nnx.state(nnx.eval_shape(lambda: build_model(cfg, 0)), nnx.Param).to_pure_dict()
+    rng = np.random.default_rng(7)
+    values = jax.tree.map(lambda x: rng.standard_normal(x.shape).astype(np.float32) * 0.1, shapes)
+    path = save_converted_checkpoint(sys.argv[1], values, cfg)
+    policy = Policy(ModelSpec(maxtext=keys, seed=5, checkpoint=path))
+    got = nnx.to_pure_dict(policy.base.filter(nnx.Param))
+    out = {"devices": jax.device_count(), "equal": True, "params": {}}
+    for (kp, a), (_, v) in zip(
+        jax.tree_util.tree_flatten_with_path(got)[0], jax.tree_util.tree_flatten_with_path(values)[0]
+    ):
+        name = "/".join(str(k.key) for k in kp)
+        out["equal"] &= bool(np.array_equal(np.asarray(a), v))
+        out["params"][name] = {
+            "spec": [str(x) for x in a.sharding.spec],
+            "shape": list(a.shape),
+            "shard": list(a.addressable_shards[0].data.shape),
+        }
+    toks = np.ones((4, 8), np.int32)
+    pos = np.tile(np.arange(8, dtype=np.int32), (4, 1))
+    lp = jax.jit(policy.next_token_logprobs)(policy.lora0, toks, pos, toks)
+    out["forward_finite"] = bool(np.isfinite(np.asarray(lp)).all())
+    print(json.dumps(out))
+    """
+)
+
+
+@pytest.mark.slow
+def test_restores_into_the_sharded_parameters(tmp_path: Path) -> None:
+    """Four CPU devices, fsdp=4 (a subprocess: the device count is fixed at JAX start; a local directory):
+    every weight comes back with the saved values, laid out as MaxText's logical rules shard it (the big
+    kernels split four ways along fsdp), and the jitted forward pass with LoRA runs on them."""
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONSAFEPATH": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SHARDED, str(tmp_path / "tiny-qwen3")],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 4 and out["equal"] and out["forward_finite"], out
+    params = out["params"]
+    assert len(params) == 14
+    split = {n for n, p in params.items() if "fsdp" in p["spec"]}
+    big = {n for n in params if n.endswith(("kernel", "embedding"))}
+    assert big <= split, sorted(big - split)
+    for name in split:
+        p = params[name]
+        axis = p["spec"].index("fsdp")
+        assert p["shard"][axis] * 4 == p["shape"][axis], (name, p)
 
 
 # ------------------------------------------------------------------------------------- refusals
