@@ -128,13 +128,14 @@ def cpu_policy(rc: RunConfig) -> Any:
     rljob.trainer.model.CheckpointError (``spec.model.checkpoint: ...``) if that checkpoint is missing or
     does not fit."""
     from rljob.trainer.model import Policy
-    from rljob.trainer.tinypolicy import cpu_model_spec
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
 
     lora = rc.spec.lora
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
     checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
-    return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint))
+    vocab, max_len = cpu_shape(rc)
+    return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len))
 
 
 def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:

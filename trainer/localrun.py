@@ -78,6 +78,7 @@ def local_run_config(
     progress_file: Path,
     overrides: dict[str, Any] | None = None,
     name: str = "rl-cpu",
+    dataset: dict[str, Any] | None = None,
 ) -> RunConfig:
     """The RunConfig of a local run: the renderer's resolution, then local endpoints, storage and progress."""
     manifest = json.loads(json.dumps(LOCAL_MANIFEST))
@@ -85,6 +86,8 @@ def local_run_config(
     manifest["spec"]["storage"]["root"] = root
     for k, v in (overrides or {}).items():
         manifest["spec"]["algorithm"][k] = v
+    if dataset is not None:  # spec.dataset instead of the toy task
+        manifest["spec"]["dataset"] = dataset
     rc = resolve(parse_manifest(yaml.safe_dump(manifest)))
     return rc.model_copy(
         update={

@@ -44,8 +44,9 @@ import jax.numpy as jnp
 import numpy as np
 from pydantic import ValidationError
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
-from rljob.trainer.data import Prompt, SuccessorTask, Task
+from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
 from rljob.trainer.losses import group_advantages
 from rljob.trainer.packing import Rollout
 
@@ -84,6 +85,18 @@ class Completion:
     logprobs: list[float]
     text: str
     adapter: str
+    prompt_tokens: list[int] | None = None  # the sampler's tokenization of a text prompt
+
+    def prompt_ids(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids as the sampler saw them: the trainer trains on exactly those."""
+        if prompt.tokens is not None:
+            return list(prompt.tokens)
+        if self.prompt_tokens is None:
+            raise SamplerRejected(
+                "a text prompt's completion came back without prompt_token_ids: the sampler must return "
+                "them for return_token_ids (vLLM >= 0.10.2)"
+            )
+        return self.prompt_tokens
 
 
 class SamplerClient:
@@ -195,6 +208,9 @@ class SamplerClient:
                         logprobs=[float(x) for x in lp.get("token_logprobs", [])],
                         text=str(ch.get("text", "")),
                         adapter=model,
+                        prompt_tokens=(
+                            [int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") else None
+                        ),
                     )
                 )
         out.sort(key=lambda c: c.prompt_index)
@@ -262,11 +278,22 @@ class SamplerSource:
             self.seed * 100003 + step,
             min_version,
         )
-        rewards = np.asarray(
-            [self.task.reward(prompts[c.prompt_index], c.tokens, c.text) for c in comps], np.float32
-        )
+        # Graded later, on the caller's thread (see grade()).
         return Batch(
-            step, prompts, comps, rewards, time.monotonic() - t0, {version_of(c.adapter) for c in comps}
+            step,
+            prompts,
+            comps,
+            np.zeros(0, np.float32),
+            time.monotonic() - t0,
+            {version_of(c.adapter) for c in comps},
+        )
+
+    def grade(self, batch: Batch) -> np.ndarray:
+        """Rewards of a batch, computed on the loop's (main) thread: graders such as math-verify time
+        themselves out with signal.alarm, which only works there."""
+        return np.asarray(
+            [self.task.reward(batch.prompts[c.prompt_index], c.tokens, c.text) for c in batch.completions],
+            np.float32,
         )
 
     def _prefetch(self, step: int, min_version: int) -> None:
@@ -277,11 +304,10 @@ class SamplerSource:
         """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights)."""
         diffs = []
         for c in batch.completions:
-            p = batch.prompts[c.prompt_index]
-            assert p.tokens is not None, "the parity gate needs token prompts"
-            seq = np.asarray([list(p.tokens) + list(c.tokens)], np.int32)
+            ids = c.prompt_ids(batch.prompts[c.prompt_index])
+            seq = np.asarray([ids + list(c.tokens)], np.int32)
             pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-            lp = np.asarray(self.logprobs(lora, seq, pos, np.ones_like(seq)))[0, len(p.tokens) :]
+            lp = np.asarray(self.logprobs(lora, seq, pos, np.ones_like(seq)))[0, len(ids) :]
             diffs.append(np.abs(lp - np.asarray(c.logprobs, np.float32)))
         return float(np.mean(np.concatenate(diffs)))
 
@@ -294,6 +320,7 @@ class SamplerSource:
         # The runtime calls this after publishing v{step}: sample step `step` with >= v{step-1}.
         self._prefetch(step, max(step - 1, 0))
         batch = self.pending.pop(step).result()
+        batch.rewards = self.grade(batch)
         if not self.parity_checked and min(batch.versions) == step:
             diff = self.parity(batch, lora)
             self.emit(
@@ -316,11 +343,10 @@ class SamplerSource:
         adv = group_advantages(jnp.asarray(batch.rewards), self.group_size)
         rollouts = []
         for c, a in zip(batch.completions, np.asarray(adv.advantages), strict=True):
-            p = batch.prompts[c.prompt_index]
-            assert p.tokens is not None, "training needs token prompts"
+            ids = c.prompt_ids(batch.prompts[c.prompt_index])
             rollouts.append(
                 Rollout(
-                    prompt_ids=np.asarray(p.tokens, np.int32),
+                    prompt_ids=np.asarray(ids, np.int32),
                     completion_ids=np.asarray(c.tokens, np.int32),
                     advantage=float(a),
                     per_token={"old_logprobs": np.asarray(c.logprobs, np.float32)},
@@ -345,6 +371,41 @@ class SamplerSource:
 
 
 # ------------------------------------------------------------------------------------------ main
+
+
+def task_of(rc: RunConfig, seed: int = 0) -> Task:
+    """The run's prompts and grader (spec.dataset): the math problems it names, read once at start (a
+    missing or malformed file is bad configuration: exit 2, never retried), or the CPU toy task."""
+    d = rc.spec.dataset
+    if d is None or d.task == "successor":
+        return SuccessorTask()  # its train/eval split is fixed; the seed varies only the sampling
+    from rljob.trainer.storage import open_store
+
+    assert d.path, "the plan fills spec.dataset.path for task math"
+    parent, _, name = d.path.rpartition("/")
+    from google.api_core import exceptions as gexc
+
+    try:
+        data = open_store(parent).read(name)
+    except (PermissionError, IsADirectoryError, gexc.Forbidden, gexc.Unauthorized, gexc.BadRequest) as e:
+        # Access the run will never get by retrying. Anything else (a 503, a timeout) propagates: a
+        # crash, restarted and counted like any other.
+        raise DatasetError(f"spec.dataset.path: cannot read {d.path}: {type(e).__name__}: {e}") from None
+    if data is None:
+        raise DatasetError(f"spec.dataset.path: {d.path} does not exist (upload the problems there)")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise DatasetError(f"spec.dataset.path: {d.path} is not UTF-8 text") from None
+    alg = rc.spec.algorithm
+    return MathTask.from_jsonl(
+        text,
+        d.path,
+        template=d.prompt_template or DEFAULT_PROMPT_TEMPLATE,
+        eval_size=d.eval_size or 64,
+        max_tokens=alg.max_tokens if alg and alg.max_tokens else 1024,
+        seed=seed,
+    )
 
 
 def parser() -> argparse.ArgumentParser:
@@ -391,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import RunPaths, RunSettings, run
-    from rljob.trainer.tinypolicy import cpu_model_spec
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from rljob.trainer.train_step import StepConfig, Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
@@ -399,15 +460,22 @@ def main(argv: list[str] | None = None) -> int:
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
     steps = args.steps or (alg.steps if alg and alg.steps else 100)
-    task: Task = SuccessorTask()
     try:
+        task = task_of(rc, args.seed)
         client = SamplerClient(rc.endpoints.samplers, rc.name)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         else:
-            model_spec = cpu_model_spec(rank, alpha, checkpoint=spec.model.checkpoint if spec.model else None)
+            vocab, max_len = cpu_shape(rc)
+            model_spec = cpu_model_spec(
+                rank,
+                alpha,
+                checkpoint=spec.model.checkpoint if spec.model else None,
+                vocab_size=vocab,
+                max_len=max_len,
+            )
             step_cfg = StepConfig(
-                budget=32,
+                budget=max_len,
                 rows=4,
                 micro_batches=8,
                 segment_align=1,
@@ -428,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
             parity_threshold=args.parity_threshold,
             seed=args.seed,
         )
-    except (LoopConfigError, ValueError, BadConfig) as e:
+    except (LoopConfigError, ValueError, BadConfig, DatasetError) as e:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
     first = jax.process_index() == 0

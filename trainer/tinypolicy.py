@@ -18,6 +18,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.model import ModelSpec, Policy, tiny_keys
 from safetensors.numpy import load_file
 
@@ -26,15 +27,35 @@ PEFT_CONFIG = "adapter_config.json"
 # A small vocabulary: the toy task's answer is one token, so chance is 1/vocab for an untrained model.
 TOY_VOCAB = 32
 TOY_MAX_LEN = 32
+# Text tasks (spec.dataset.task math) on the tiny model: the CPU sampler's tokenizer is UTF-8 bytes.
+BYTE_VOCAB = 256
+MAX_BYTE_LEN = 256
+
+
+def cpu_shape(rc: RunConfig) -> tuple[int, int]:
+    """(vocabulary, sequence length) of the tiny CPU model for a run: the toy task's, or byte tokens long
+    enough for maxPromptTokens + maxTokens (rounded up to 32, at most MAX_BYTE_LEN) for a text task."""
+    d, alg = rc.spec.dataset, rc.spec.algorithm
+    if d is None or d.task == "successor" or alg is None:
+        return TOY_VOCAB, TOY_MAX_LEN
+    seq = (alg.max_prompt_tokens or 0) + (alg.max_tokens or 0)
+    return BYTE_VOCAB, min(MAX_BYTE_LEN, max(TOY_MAX_LEN, -(-seq // 32) * 32))
 
 
 def cpu_model_spec(
-    lora_rank: int, lora_alpha: float, *, checkpoint: str | None = None, seed: int = 0
+    lora_rank: int,
+    lora_alpha: float,
+    *,
+    checkpoint: str | None = None,
+    seed: int = 0,
+    vocab_size: int = TOY_VOCAB,
+    max_len: int = TOY_MAX_LEN,
 ) -> ModelSpec:
-    """The tiny model of the CPU loop (trainer and CPU sampler build exactly this); base weights from
-    ``checkpoint`` (a converted MaxText checkpoint of this model, spec.model.checkpoint) or ``seed``."""
+    """The tiny model of the CPU loop (trainer and CPU sampler build exactly this, shaped by cpu_shape);
+    base weights from ``checkpoint`` (a converted MaxText checkpoint of this model, spec.model.checkpoint)
+    or ``seed``."""
     return ModelSpec(
-        maxtext=tiny_keys(vocab_size=TOY_VOCAB, max_target_length=TOY_MAX_LEN),
+        maxtext=tiny_keys(vocab_size=vocab_size, max_target_length=max_len),
         lora_rank=lora_rank,
         lora_alpha=lora_alpha,
         seed=seed,
@@ -125,4 +146,13 @@ def load_peft_dir(policy: Policy, directory: Path) -> Any:
     return policy.from_peft(load_file(str(directory / PEFT_WEIGHTS)))
 
 
-__all__ = ["PEFT_CONFIG", "PEFT_WEIGHTS", "TOY_VOCAB", "Sampler", "cpu_model_spec", "load_peft_dir"]
+__all__ = [
+    "BYTE_VOCAB",
+    "PEFT_CONFIG",
+    "PEFT_WEIGHTS",
+    "TOY_VOCAB",
+    "Sampler",
+    "cpu_model_spec",
+    "cpu_shape",
+    "load_peft_dir",
+]

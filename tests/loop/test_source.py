@@ -120,3 +120,49 @@ def test_close_ends_a_wait_for_an_unreachable_sampler() -> None:
     client.close()
     t.join(3)
     assert not t.is_alive() and len(errors) == 1 and isinstance(errors[0], SamplerClosed)
+
+
+@pytest.fixture(scope="module")
+def byte_policy() -> Any:
+    """The tiny model with a 256-token vocabulary: the CPU sampler's byte tokenizer fits it."""
+    from rljob.trainer.model import ModelSpec, Policy, tiny_keys
+
+    return Policy(ModelSpec(maxtext=tiny_keys(vocab_size=256, max_target_length=64), lora_rank=8))
+
+
+def test_text_prompts_train_on_the_samplers_tokens(gcs_bucket: str, byte_policy: Any, tmp_path: Path) -> None:
+    """The math task's text prompts: the sampler tokenizes (UTF-8 bytes on the CPU backend) and returns
+    prompt_token_ids; the loop trains on exactly those, grades the decoded text with math-verify, and the
+    parity gate runs on them too."""
+    from fixtures.cpu_sampler import serve_cpu_sampler
+    from rljob.trainer.data import MathTask
+
+    cpu_policy = byte_policy
+    served = serve_cpu_sampler(cpu_policy)
+    url, _ = served.__enter__()
+    _setup(f"{gcs_bucket}/adapters", url, cpu_policy, tmp_path)
+    rows = "".join(f'{{"question": "{i} + 1 = ?", "answer": "#### {i + 1}"}}\n' for i in range(6))
+    task = MathTask.from_jsonl(rows, "mem", template="Q: {question} A:", eval_size=2, max_tokens=3)
+    src = SamplerSource(
+        SamplerClient([url], "job"),
+        task,
+        steps=2,
+        group_size=2,
+        groups_per_batch=3,
+        logprobs=jax.jit(cpu_policy.next_token_logprobs),
+        eval_every=1,
+        emit=lambda rec: None,
+    )
+    try:
+        rollouts, m = src(0, cpu_policy.lora0)
+        assert src.parity_checked  # the gate ran on the text prompts' token ids
+        prompts = task.train_prompts(0, 3)
+        assert len(rollouts) == 6
+        for k, r in enumerate(rollouts):
+            assert r.prompt_ids.tolist() == list(prompts[k // 2].text.encode())  # type: ignore[union-attr]
+            assert len(r.completion_ids) == 3 and len(r.per_token["old_logprobs"]) == 3
+        assert set(np.unique(np.asarray([m["reward_mean"]]))) <= {0.0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0}
+        assert 0.0 <= m["eval_reward"] <= 1.0
+    finally:
+        src.close()
+        served.__exit__(None, None, None)
