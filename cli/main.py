@@ -121,6 +121,12 @@ def explain(run: RunConfig) -> str:
             else ""
         ),
         f"model: {spec.model.name} (MaxText {spec.model.maxtext_model})",
+        "  base weights: "
+        + (
+            spec.model.checkpoint
+            if spec.model.checkpoint
+            else "RANDOM (no spec.model.checkpoint): a smoke test, not a post-training run"
+        ),
         "trainer:",
         f"  tpu: {t.tpu.type_name} = {t.tpu.accelerator} {t.tpu.topology}, machine {t.tpu.machine_type}",
         f"  per slice: {t.tpu.chips} chips, {t.tpu.hosts} hosts, {t.tpu.devices} JAX devices "

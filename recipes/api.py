@@ -84,8 +84,11 @@ class ModelSpec(ApiModel):
     )
     checkpoint: str | None = Field(
         default=None,
-        description="gs:// path of a converted MaxText checkpoint (load_parameters_path). Optional: "
-        "without it the trainer converts the Hugging Face weights into the run's cache.",
+        description="gs:// path of the base weights as a MaxText checkpoint (load_parameters_path: the "
+        "step's items directory that maxtext.checkpoint_conversion.to_maxtext writes, e.g. "
+        "gs://BUCKET/qwen3-8b/0/items). The trainer loads it before applying LoRA and refuses one that "
+        "does not fit the model (exit 2). Without it the base weights are randomly initialized: a smoke "
+        "test of the machinery, not a post-training run.",
         pattern=r"^gs://[^/]+(/.*)?$",
     )
 
