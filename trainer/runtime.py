@@ -44,6 +44,7 @@ __all__ = [
     "decode_rollouts",
     "encode_rollouts",
     "run",
+    "share_from_first",
     "synthetic_rollouts",
 ]
 
@@ -196,6 +197,23 @@ def run(
     return state
 
 
+def share_from_first(blob: bytes | None) -> bytes:
+    """Process 0's bytes on every process (one process: ``blob`` itself).
+
+    Only process 0 samples, grades and caches a step's rollouts; every process must then train on the
+    same batch (each feeds its shard of one global array: different rollouts per host would silently
+    train on an inconsistent batch), so the encoded rollouts are broadcast, length first."""
+    if jax.process_count() == 1:
+        assert blob is not None
+        return blob
+    from jax.experimental import multihost_utils
+
+    first = jax.process_index() == 0
+    n = int(multihost_utils.broadcast_one_to_all(np.int64(len(blob) if first and blob is not None else 0)))
+    buf = np.frombuffer(blob, np.uint8) if first and blob is not None else np.zeros(n, np.uint8)
+    return bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf)))
+
+
 def _steps(
     trainer: Trainer,
     settings: RunSettings,
@@ -215,15 +233,15 @@ def _steps(
         t0 = time.monotonic()
         if publisher is not None:
             publisher.check()
-        key = f"step-{s:08d}.npz"
-        cached = cache.read(key)
-        if cached is not None:
-            rollouts, src_metrics = decode_rollouts(cached)
-            from_cache = True
-        else:
-            rollouts, src_metrics = source(s, state.lora)
-            cache.write(key, encode_rollouts(rollouts, src_metrics))
-            from_cache = False
+        blob, from_cache = None, False
+        if jax.process_index() == 0:
+            key = f"step-{s:08d}.npz"
+            blob = cache.read(key)
+            from_cache = blob is not None
+            if blob is None:
+                blob = encode_rollouts(*source(s, state.lora))
+                cache.write(key, blob)
+        rollouts, src_metrics = decode_rollouts(share_from_first(blob))
         state, metrics = trainer.train_on_batch(state, rollouts)
         done = s + 1
         saved = done % settings.checkpoint_every == 0 or done == settings.steps
