@@ -84,7 +84,7 @@ def initialize_distributed(denv: DistributedEnv) -> None:
     if denv.num_processes > 1:
         # CPU (the local multi-process runs and tests) needs a collectives backend across processes;
         # without one a cross-process computation waits forever. TPUs ignore this setting.
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")  # type: ignore[no-untyped-call]
         jax.distributed.initialize(
             coordinator_address=denv.coordinator,
             num_processes=denv.num_processes,
