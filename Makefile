@@ -85,8 +85,10 @@ clean:
 cluster-build:
 	@hack/build.sh
 
+# KUEUE=1 (or RLJOB_KUEUE=1 in the environment): the Kueue manager too (hack/README.md).
+KUEUE ?= $(RLJOB_KUEUE)
 cluster-up:
-	@hack/cluster.sh up
+	@RLJOB_KUEUE=$(KUEUE) hack/cluster.sh up
 
 cluster-down:
 	@hack/cluster.sh down

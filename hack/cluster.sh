@@ -2,11 +2,15 @@
 # The local Kubernetes cluster: real kube-apiserver/controller-manager/scheduler/etcd run by kwokctl's
 # `binary` runtime from the binaries hack/build.sh makes (nothing is downloaded), kwok nodes shaped like
 # GKE TPU node pools (hack/cluster/nodes.py), kwok Stages that move pods (hack/cluster/stages.yaml), and
-# the JobSet controller as a local process with its admission webhooks registered by URL.
+# the JobSet controller as a local process with its admission webhooks registered by URL; optionally
+# the Kueue manager the same way (RLJOB_KUEUE=1 at `up`, or `kueue-up` on a running cluster).
 #
 #   hack/cluster.sh up        build what is missing, start (or reuse) the cluster, print `export KUBECONFIG=...`
+#                             (RLJOB_KUEUE=1: Kueue too, built first if missing)
 #   hack/cluster.sh down      stop everything this script started and delete the cluster's state
 #   hack/cluster.sh status    exit 0 when the API server answers and the JobSet controller runs
+#   hack/cluster.sh kueue-up  build Kueue if missing and start it on the running cluster (no-op if it runs)
+#   hack/cluster.sh kueue-status  exit 0 when the cluster is up and Kueue runs
 #   hack/cluster.sh kubeconfig  print the kubeconfig path
 #
 # State lives in $RLJOB_CLUSTER_DIR (default: <repo>/.cache/cluster, ignored by git).
@@ -27,6 +31,10 @@ export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
 # Never put the working directory on sys.path: the repo's ./operator would shadow the stdlib module.
 export PYTHONSAFEPATH=1
 JS_DIR="$STATE/jobset"
+KQ_DIR="$STATE/kueue"
+# Kueue reads its metrics-server certificate from this fixed path whenever its internal certificate
+# management is off (cmd/kueue/main.go); its internal management cannot serve 127.0.0.1 (see start_kueue).
+KUEUE_METRICS_CERTS="${RLJOB_KUEUE_METRICS_CERTS:-/etc/kueue/metrics/certs}"
 LOGS="$STATE/logs"
 
 log() { printf '[cluster] %s\n' "$*" >&2; }
@@ -51,17 +59,27 @@ cmd_status() {
   return 0
 }
 
-# Stop the JobSet controller (by its pid file), then every kwokctl component.
-stop_all() {
-  if [ -f "$JS_DIR/pid" ]; then
-    local pid; pid="$(cat "$JS_DIR/pid")"
-    if kill -0 "$pid" 2>/dev/null; then
-      kill "$pid" 2>/dev/null || true
-      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
-      kill -9 "$pid" 2>/dev/null || true
-    fi
-    rm -f "$JS_DIR/pid"
+cmd_kueue_status() {
+  cmd_status || return 1
+  pid_alive "$KQ_DIR/pid" || { log "Kueue not running"; return 1; }
+  return 0
+}
+
+stop_pidfile() {
+  [ -f "$1" ] || return 0
+  local pid; pid="$(cat "$1")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
   fi
+  rm -f "$1"
+}
+
+# Stop Kueue and the JobSet controller (by their pid files), then every kwokctl component.
+stop_all() {
+  stop_pidfile "$KQ_DIR/pid"
+  stop_pidfile "$JS_DIR/pid"
   if [ -d "$KWOK_WORKDIR/clusters/$NAME" ]; then
     kwokctl delete cluster --name "$NAME" >/dev/null 2>&1 || true
     # kwokctl stops components through their pid files; make sure none survived.
@@ -186,6 +204,93 @@ EOF
   die "JobSet webhooks do not answer (log: $LOGS/jobset.log)"
 }
 
+module_dir() {  # module_dir COMPONENT MODULE VERSION: the module's source in the Go module cache
+  (cd "$HACK/$1" && go mod download "$2@$3" >/dev/null 2>&1 || true
+   go list -m -f '{{.Dir}}' "$2")
+}
+
+# Kueue as a local process, like the JobSet controller: the CRDs and webhook configurations of its module
+# (hack/cluster/kueue_manifests.py: conversion and admission webhooks by URL, with the CA of make_certs;
+# only the JobSet integration), a config with leader election, internal cert management and the
+# visibility server off. Kueue's internal cert management would issue a certificate for
+# <service>.<namespace>.svc only, which the API server cannot reach here; so it serves the 127.0.0.1
+# certificate of make_certs, and its (unused) metrics server reads the same one from KUEUE_METRICS_CERTS.
+start_kueue() {
+  mkdir -p "$KQ_DIR" "$LOGS"
+  make_certs
+  local certs="$JS_DIR/certs"
+  if ! [ -r "$KUEUE_METRICS_CERTS/tls.crt" ] || ! [ -r "$KUEUE_METRICS_CERTS/tls.key" ]; then
+    mkdir -p "$KUEUE_METRICS_CERTS" 2>/dev/null && cp "$certs/tls.crt" "$certs/tls.key" "$KUEUE_METRICS_CERTS/" \
+      || die "Kueue needs a certificate in $KUEUE_METRICS_CERTS (tls.crt, tls.key) and it cannot be written here"
+  fi
+  local port health moddir i
+  port="$(free_port)"; health="$(free_port)"
+  moddir="$(module_dir kueue sigs.k8s.io/kueue "$KUEUE_VERSION")"
+  [ -f "$moddir/config/components/crd/kustomization.yaml" ] || die "Kueue module not found in the Go module cache ($moddir)"
+  KUBECTL="$BIN/kubectl" python3 "$HACK/cluster/kueue_manifests.py" crds "$moddir" "https://127.0.0.1:$port" \
+    "$certs/ca.crt" > "$KQ_DIR/crds.json"
+  kubectl apply --server-side --force-conflicts -f "$KQ_DIR/crds.json" >/dev/null
+  kubectl wait --for condition=Established --timeout 60s -f "$KQ_DIR/crds.json" >/dev/null
+  kubectl get namespace kueue-system >/dev/null 2>&1 || kubectl create namespace kueue-system >/dev/null
+  cat > "$KQ_DIR/config.yaml" <<CONFIG
+apiVersion: config.kueue.x-k8s.io/v1beta2
+kind: Configuration
+namespace: kueue-system
+leaderElection:
+  leaderElect: false
+internalCertManagement:
+  enable: false
+webhook:
+  host: 127.0.0.1
+  port: $port
+  certDir: $certs
+metrics:
+  bindAddress: "0"
+health:
+  healthProbeBindAddress: 127.0.0.1:$health
+manageJobsWithoutQueueName: false
+integrations:
+  frameworks:
+  - jobset.x-k8s.io/jobset
+featureGates:
+  VisibilityOnDemand: false
+CONFIG
+  KUBECONFIG="$KUBECONFIG_PATH" setsid "$BIN/kueue" --config "$KQ_DIR/config.yaml" --zap-devel=false \
+    >"$LOGS/kueue.log" 2>&1 </dev/null 9>&- &
+  echo $! > "$KQ_DIR/pid"
+  KUBECTL="$BIN/kubectl" python3 "$HACK/cluster/kueue_manifests.py" webhooks "$moddir" "https://127.0.0.1:$port" \
+    "$certs/ca.crt" > "$KQ_DIR/webhooks.json"
+  kubectl apply -f "$KQ_DIR/webhooks.json" >/dev/null
+  for i in $(seq 240); do
+    pid_alive "$KQ_DIR/pid" || { tail -20 "$LOGS/kueue.log" >&2; die "Kueue exited"; }
+    if curl -sf "http://127.0.0.1:$health/readyz" >/dev/null 2>&1; then break; fi
+    sleep 0.5
+  done
+  # Ready means its JobSet webhook answers: Kueue suspends a new JobSet that names a queue.
+  local got
+  for i in $(seq 120); do
+    got="$(kubectl label --local -f "$HACK/cluster/probe-jobset.yaml" -o json kueue.x-k8s.io/queue-name=probe \
+      | kubectl create --dry-run=server -f - -o jsonpath='{.spec.suspend}' 2>"$LOGS/kueue-probe.err")" || true
+    [ "$got" = true ] && { log "Kueue $KUEUE_VERSION running (log: $LOGS/kueue.log)"; return 0; }
+    pid_alive "$KQ_DIR/pid" || break
+    sleep 0.5
+  done
+  cat "$LOGS/kueue-probe.err" >&2
+  tail -20 "$LOGS/kueue.log" >&2
+  die "Kueue webhooks do not answer (log: $LOGS/kueue.log)"
+}
+
+cmd_kueue_up() {
+  mkdir -p "$STATE" "$LOGS"
+  exec 9>"$STATE/lock"; flock 9
+  "$HACK/build.sh" kueue 9>&-
+  cmd_status || die "the cluster is not running (hack/cluster.sh up)"
+  if pid_alive "$KQ_DIR/pid"; then log "Kueue already running"; return 0; fi
+  local start; start=$(date +%s)
+  start_kueue
+  log "Kueue up in $(( $(date +%s) - start ))s"
+}
+
 # (kubectl wait fails at once on a node whose status has no conditions yet, so poll.)
 wait_nodes_ready() {
   local want got i
@@ -203,7 +308,9 @@ cmd_up() {
   # One `up` at a time (several test sessions may start at once); the build happens under the lock.
   exec 9>"$STATE/lock"; flock 9
   "$HACK/build.sh" 9>&-
+  if [ -n "${RLJOB_KUEUE:-}" ]; then "$HACK/build.sh" kueue 9>&-; fi
   if cmd_status 2>/dev/null; then
+    if [ -n "${RLJOB_KUEUE:-}" ] && ! pid_alive "$KQ_DIR/pid"; then start_kueue; fi
     # Someone other than a pytest session asked for it: it is theirs now, pytest leaves it running.
     [ "${RLJOB_CLUSTER_OWNER:-}" = pytest ] || rm -f "$STATE/owner-pytest"
     log "cluster $NAME already running"
@@ -226,6 +333,7 @@ cmd_up() {
   kubectl config use-context "kwok-$NAME" >/dev/null
   python3 "$HACK/cluster/nodes.py" | kubectl apply -f - >/dev/null
   start_jobset
+  if [ -n "${RLJOB_KUEUE:-}" ]; then start_kueue; fi
   wait_nodes_ready
   UP_OK=1
   # Who started it: a pytest session stops it when its last user leaves (tests/fixtures/cluster.py).
@@ -238,6 +346,8 @@ case "${1:-}" in
   up) cmd_up ;;
   down) cmd_down ;;
   status) cmd_status ;;
+  kueue-up) cmd_kueue_up ;;
+  kueue-status) cmd_kueue_status ;;
   kubeconfig) echo "$KUBECONFIG_PATH" ;;
-  *) echo "usage: $0 up|down|status|kubeconfig" >&2; exit 2 ;;
+  *) echo "usage: $0 up|down|status|kueue-up|kueue-status|kubeconfig" >&2; exit 2 ;;
 esac

@@ -32,7 +32,7 @@ from typing import Any
 
 import pydantic
 from rljob.operator import conditions as c
-from rljob.operator import k8s, metrics
+from rljob.operator import k8s, kueue, metrics
 from rljob.operator.status import (
     TERMINAL,
     JobSetView,
@@ -334,6 +334,8 @@ class Reconciler:
         self.resync_s = resync_s
         self._tasks: list[asyncio.Task[None]] = []
         self._retries: dict[Key, int] = {}
+        # RLJobs whose queued JobSet's Workload this operator deactivated (spec.suspend), by JobSet uid.
+        self._deactivated: dict[Key, str] = {}
 
     # ----------------------------------------------------------------------------- watch callbacks
 
@@ -342,6 +344,7 @@ class Reconciler:
         key = (str(meta.get("namespace", "")), str(meta.get("name", "")))
         if event_type == "DELETED":
             self.caches.drop_rljob(key)
+            self._deactivated.pop(key, None)
             return
         if self.caches.put_rljob(body):
             self.queue.add(key)
@@ -478,7 +481,7 @@ class Reconciler:
                 prior=prior,
                 spec_error=plan.error,
                 suspend=bool(spec.get("suspend", False)),
-                queue_name=spec.get("queueName"),
+                queue_name=spec.get("queueName") or (js.queue_name if js is not None else None),
                 max_restarts=plan.max_restarts,
                 jobset_name=(plan.jobset or {}).get("metadata", {}).get("name") if plan.objects else None,
                 jobset=js,
@@ -509,24 +512,35 @@ class Reconciler:
     ) -> None:
         """The two mutable spec fields, in one merge patch of the JobSet when either differs.
 
-        spec.suspend → JobSet spec.suspend. With a queue, Kueue owns un-suspending: the operator only
-        suspends (spec.suspend true) and releases its own suspension (back to Kueue) on resume.
-        spec.queueName → label kueue.x-k8s.io/queue-name (the CRD allows changing it only while suspended).
+        spec.queueName → label kueue.x-k8s.io/queue-name (the CRD allows changing it only while suspended);
+        a queue label the operator did not ask for (Kueue's LocalQueue defaulting) is left in place.
+        spec.suspend → JobSet spec.suspend, unless the JobSet has a queue: Kueue owns that one's
+        spec.suspend, and the operator suspends and resumes through the Workload instead
+        (rljob.operator.kueue), so it never unsuspends a JobSet Kueue holds nor re-suspends one it admitted.
         """
         if js.completed or js.failed:
             return
         patch: dict[str, Any] = {}
         queue = spec.get("queueName") or None
-        if queue != js.queue_name:
+        if queue is not None and queue != js.queue_name:
             patch["metadata"] = {"labels": {c.QUEUE_LABEL: queue}}
         want = bool(spec.get("suspend", False))
-        if js.suspended != want:
+        if queue or js.queue_name:
             by_user = prior is not None and any(
                 x.type == c.SUSPENDED and x.status == "True" and x.reason == c.REASON_SUSPENDED_BY_USER
                 for x in prior.conditions
             )
-            if want or not queue or by_user:  # never un-suspend what Kueue suspended
-                patch["spec"] = {"suspend": want}
+            deactivated = self._deactivated.get(key) == js.uid
+            outcome = await kueue.reconcile_suspend(
+                self.kube, js, want=want, by_user=by_user, deactivated=deactivated
+            )
+            if outcome.deactivated:
+                self._deactivated[key] = js.uid
+            else:
+                self._deactivated.pop(key, None)
+            patch.update(kueue.outcome_patch(outcome))
+        elif js.suspended != want:
+            patch["spec"] = {"suspend": want}
         if patch:
             resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, patch)
             self.caches.put_jobset(key, resp)

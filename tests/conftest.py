@@ -17,6 +17,7 @@ pytest_plugins = [
     "fixtures.cluster",
     "fixtures.operator",
     "fixtures.cpu_sampler",
+    "fixtures.kueue",
 ]
 
 
