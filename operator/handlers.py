@@ -33,7 +33,7 @@ import kopf
 from rljob.operator import conditions as c
 from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
-from rljob.operator.reconcile import Reconciler, make_plan
+from rljob.operator.reconcile import PlanCache, Reconciler
 from rljob.recipes.api import GROUP, PLURAL, VERSION
 from rljob.recipes.render import render
 
@@ -41,6 +41,8 @@ logger = logging.getLogger(__name__)
 
 WEBHOOK_ID = "validate-rljob"
 MUTABLE = frozenset({"suspend", "queueName"})
+# Plans the webhook made, reused by the reconcile of the same RLJob (one render per RLJob, not two).
+PLANS = PlanCache()
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -96,7 +98,9 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     config = OperatorConfig.from_env()
     configure(settings, config)
     memo.metrics_runner = await metrics.start_server(config.metrics_addr, config.metrics_port)
-    reconciler = Reconciler(k8s.Kube(login), render, workers=config.workers, resync_s=config.resync_s)
+    reconciler = Reconciler(
+        k8s.Kube(login), render, workers=config.workers, resync_s=config.resync_s, plans=PLANS
+    )
     memo.reconciler = reconciler  # before the first await that may be cancelled: cleanup closes it
     await reconciler.prefill()
     reconciler.start()
@@ -164,6 +168,6 @@ async def on_validate(body: kopf.Body, **kwargs: Any) -> None:
             raise kopf.AdmissionError(
                 f"{fields}: immutable (only spec.suspend and spec.queueName may change)", 422
             )
-    plan = make_plan(dict(body), render)
+    plan = PLANS.make_plan(dict(body), render)
     if plan.error is not None:
         raise kopf.AdmissionError(plan.error, code=422)

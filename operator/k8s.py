@@ -8,6 +8,9 @@ its synchronous calls would need a thread per in-flight request. Credentials com
 operator's watches and its writes authenticate as the same identity.
 
 Every write goes through here with the fixed field manager `rljob-operator`:
+- `create`: a POST of a whole object we own that the caches say does not exist yet; if it exists after
+  all (409 AlreadyExists: a run interrupted half-way), it is server-side applied instead. A create costs
+  the API server about a quarter less CPU than an apply of a new object (bench/operator_scale.py);
 - `apply`: server-side apply (`application/apply-patch+yaml`, force) of a whole object we own;
 - `apply_status`: server-side apply of `.status` through the status subresource (one per reconcile);
 - `merge_patch`: a JSON merge patch of a single field we do not own exclusively (JobSet
@@ -214,6 +217,23 @@ class Kube:
                 return items
 
     # --------------------------------------------------------------------------------------- writes
+
+    async def create(self, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """Create a whole object we own; server-side apply it instead when it already exists."""
+        kind = kind_of(obj)
+        meta = obj["metadata"]
+        try:
+            return await self.request(
+                "POST",
+                kind.path(meta.get("namespace")),
+                resource=kind.plural,
+                params={"fieldManager": FIELD_MANAGER},
+                body=obj,
+            )
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+        return await self.apply(obj)
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of a whole object (we own every field we send; force resolves conflicts)."""

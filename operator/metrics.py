@@ -20,6 +20,11 @@ RECONCILE_SECONDS: Final = Histogram(
     "Duration of one reconcile (render, writes, status).",
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
+PLANS: Final = Counter(
+    "rljob_operator_plans",
+    "Plans (parse + render) the webhook and the reconcile asked for, by result: hit (reused), miss (made).",
+    ["result"],
+)
 QUEUE_DEPTH: Final = Gauge("rljob_operator_queue_depth", "RLJobs waiting to be reconciled.")
 RLJOBS: Final = Gauge("rljob_operator_rljobs", "RLJobs known to the operator, by phase.", ["phase"])
 

@@ -8,8 +8,10 @@ at a time per key:
 
 1. read the RLJob, its JobSet, its progress report and the newest pod failure from the caches (no GETs);
 2. if the run is not finished and its JobSet does not exist: render (`rljob.recipes.render`, the same
-   function `rljob render` prints) and server-side apply the ConfigMaps and the JobSet, with owner
-   references, labels and the fixed field manager; if `suspend` or `queueName` differ: patch the JobSet;
+   function `rljob render` prints; the admission webhook's render of the same input is reused, see
+   `PlanCache`) and create the objects, the progress ConfigMap and the JobSet, with owner references,
+   labels and the fixed field manager (server-side apply for any that exists already); if `suspend` or
+   `queueName` differ: patch the JobSet;
 3. derive the complete new status (`rljob.operator.status.derive_status`, pure);
 4. write it with exactly one server-side apply of `.status` if it differs from what is stored;
 5. post the events of the transitions, after the status write.
@@ -21,6 +23,7 @@ finds nothing to do. With no changes, a reconcile makes no API call at all.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import json
@@ -85,19 +88,47 @@ Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
 
 def parse(body: Mapping[str, Any]) -> RLJob:
     """The RLJob model of an API body (server-added metadata is ignored; status is not parsed)."""
+    return RLJob.model_validate(_parse_input(body))
+
+
+def _parse_input(body: Mapping[str, Any]) -> dict[str, Any]:
+    """What `parse` reads. Not annotations: the reconcile's cache drops them (`slim_rljob`: kubectl's
+    last-applied-configuration alone is a copy of the manifest), so the admission webhook, which shares
+    `PlanCache` with the reconcile, must not read them either; the render does not use them."""
     meta = body.get("metadata") or {}
-    return RLJob.model_validate(
-        {
-            "apiVersion": body.get("apiVersion", API_VERSION),
-            "kind": body.get("kind", KIND),
-            "metadata": {
-                k: meta[k]
-                for k in ("name", "namespace", "labels", "annotations", "uid", "generation")
-                if k in meta
-            },
-            "spec": body.get("spec") or {},
-        }
-    )
+    return {
+        "apiVersion": body.get("apiVersion", API_VERSION),
+        "kind": body.get("kind", KIND),
+        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "uid", "generation") if k in meta},
+        "spec": body.get("spec") or {},
+    }
+
+
+class PlanCache:
+    """The last plans made, by everything `parse` reads, so that the admission webhook's render of a new
+    RLJob is reused by the reconcile that follows it instead of being made again (parse + render take
+    ~3 ms of the event loop, which also serves the webhook). Bounded (LRU; a reconcile that lags the
+    webhook by more than `size` RLJobs renders again); the objects are kept as JSON text (~14 KB a
+    plan) and decoded on every hit, so no caller shares a mutable dict."""
+
+    def __init__(self, size: int = 256) -> None:
+        self.size = size
+        self._plans: collections.OrderedDict[str, tuple[Plan, str]] = collections.OrderedDict()
+
+    def make_plan(self, body: Mapping[str, Any], render: Renderer) -> Plan:
+        key = json.dumps(_parse_input(body), sort_keys=True, separators=(",", ":"))
+        hit = self._plans.get(key)
+        if hit is not None:
+            metrics.PLANS.labels("hit").inc()
+            self._plans.move_to_end(key)
+            plan, objects = hit
+            return dataclasses.replace(plan, objects=tuple(json.loads(objects)))
+        metrics.PLANS.labels("miss").inc()
+        plan = make_plan(body, render)
+        self._plans[key] = (dataclasses.replace(plan, objects=()), json.dumps(plan.objects))
+        while len(self._plans) > self.size:
+            self._plans.popitem(last=False)
+        return plan
 
 
 def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
@@ -324,10 +355,17 @@ class Reconciler:
     """Caches + work queue + workers; `reconcile(key)` is the one place that decides and writes."""
 
     def __init__(
-        self, kube: k8s.Kube, render: Renderer, *, workers: int = 8, resync_s: float = 600.0
+        self,
+        kube: k8s.Kube,
+        render: Renderer,
+        *,
+        workers: int = 8,
+        resync_s: float = 600.0,
+        plans: PlanCache | None = None,
     ) -> None:
         self.kube = kube
         self.render = render
+        self.plans = plans if plans is not None else PlanCache()
         self.caches = Caches()
         self.queue = WorkQueue()
         self.workers = workers
@@ -433,7 +471,7 @@ class Reconciler:
     def plan_for(self, key: Key, entry: RLJobEntry) -> Plan:
         plan = self.caches.plans.get(key)
         if plan is None or plan.generation != entry.generation:
-            plan = make_plan(entry.body, self.render)
+            plan = self.plans.make_plan(entry.body, self.render)
             # Keep only the error and maxRestarts in memory; the objects are rendered again if needed.
             self.caches.plans[key] = dataclasses.replace(plan, objects=())
         return plan
@@ -450,23 +488,32 @@ class Reconciler:
         created = False
 
         if not latched and plan.error is None:
-            if key not in self.caches.progress:
-                resp = await self.kube.apply(progress_configmap(body))
-                self.caches.put_progress(key, resp)
             js = self.caches.jobsets.get(key)
             if js is None and not (prior and prior.job_set_name):
                 if not plan.objects:
-                    plan = make_plan(body, self.render)
-                # In waves: the ServiceAccount, Role and ConfigMaps concurrently; then the RoleBinding (the
-                # API server resolves its Role to check escalation: 404 before it exists); then the JobSet,
-                # whose pods need all of them.
+                    plan = self.plans.make_plan(body, self.render)
+                # In waves: the ServiceAccount, Role and ConfigMaps (the progress one too) concurrently; then
+                # the RoleBinding (the API server resolves its Role to check escalation: 404 before it
+                # exists); then the JobSet, whose pods need all of them. Created (POST), or server-side
+                # applied where one exists already (k8s.Kube.create).
+                first = key not in self.caches.progress
                 for wave in _waves(plan.objects):
-                    await asyncio.gather(*(self.kube.apply(owned(obj, body)) for obj in wave))
+                    if first:
+                        wave = [progress_configmap(body), *(owned(obj, body) for obj in wave)]
+                    else:
+                        wave = [owned(obj, body) for obj in wave]
+                    resps = await asyncio.gather(*(self.kube.create(obj) for obj in wave))
+                    if first:
+                        self.caches.put_progress(key, resps[0])
+                        first = False
                 jobset = owned(plan.jobset or {}, body)
-                resp = await self.kube.apply(jobset)
+                resp = await self.kube.create(jobset)
                 self.caches.put_jobset(key, resp)
                 created = True
-            elif js is not None:
+            elif key not in self.caches.progress:
+                resp = await self.kube.create(progress_configmap(body))
+                self.caches.put_progress(key, resp)
+            if js is not None:
                 await self._reconcile_mutable(key, js, spec, prior)
 
         js = self.caches.jobsets.get(key)

@@ -16,7 +16,7 @@ import pytest
 import yaml
 from rljob.operator import conditions as c
 from rljob.operator import k8s
-from rljob.operator.reconcile import Reconciler, WorkQueue, make_plan, newer
+from rljob.operator.reconcile import PlanCache, Reconciler, WorkQueue, make_plan, newer
 from rljob.recipes.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,9 +34,19 @@ class MemoryKube:
         self.rv += 1
         return str(self.rv)
 
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """k8s.Kube.create: a POST, or a server-side apply when the object exists."""
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        self.writes.append(("apply", *key))
+        if key in self.objects:
+            return await self.apply(obj)
+        return await self._store("create", obj)
+
+    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
+        return await self._store("apply", obj)
+
+    async def _store(self, verb: str, obj: dict[str, Any]) -> dict[str, Any]:
+        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        self.writes.append((verb, *key))
         stored = copy.deepcopy(obj)
         stored["metadata"].update(uid=f"uid-{key[2]}", resourceVersion=self._next_rv())
         self.objects[key] = stored
@@ -95,10 +105,11 @@ def run(coro: Any) -> Any:
 def test_first_reconcile_creates_children_and_writes_status_once() -> None:
     rec, kube = setup(rljob())
     run(rec.reconcile(("ns", "demo")))
-    applied = [w[1] for w in kube.writes if w[0] == "apply"]
-    # The progress ConfigMap; then SA, Role, run ConfigMap together; the RoleBinding after its Role (the API
-    # server resolves the Role to check escalation); the JobSet last.
-    assert applied == ["ConfigMap", "ServiceAccount", "Role", "ConfigMap", "RoleBinding", "JobSet"]
+    created = [w[1] for w in kube.writes if w[0] in ("create", "apply")]
+    # The progress ConfigMap, SA, Role, run ConfigMap together; the RoleBinding after its Role (the API
+    # server resolves the Role to check escalation); the JobSet last. All created (POST), none applied.
+    assert created == ["ConfigMap", "ServiceAccount", "Role", "ConfigMap", "RoleBinding", "JobSet"]
+    assert not [w for w in kube.writes if w[0] == "apply"]
     assert [w for w in kube.writes if w[0] == "status"] == [("status", "RLJob", "ns", "demo")]
     assert kube.writes[-1] == ("event", c.EVENT_JOBSET_CREATED, "", "")
     for (kind, _, name), obj in kube.objects.items():
@@ -161,7 +172,45 @@ def test_terminal_phase_never_creates_a_jobset(phase: str) -> None:
     body["status"] = {"phase": phase, "jobSetName": "demo"}
     rec, kube = setup(body)
     run(rec.reconcile(("ns", "demo")))
-    assert not [w for w in kube.writes if w[0] == "apply"]
+    assert not [w for w in kube.writes if w[0] in ("create", "apply")]
+
+
+def test_children_left_by_an_interrupted_run_are_applied_not_created() -> None:
+    rec, kube = setup(rljob())
+    run(
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ServiceAccount",
+                "metadata": {"name": "demo-rljob", "namespace": "ns"},
+            }
+        )
+    )
+    kube.writes.clear()
+    run(rec.reconcile(("ns", "demo")))
+    verbs = {w[1]: w[0] for w in kube.writes if w[0] in ("create", "apply")}
+    assert verbs["ServiceAccount"] == "apply"
+    assert verbs["JobSet"] == "create" and verbs["RoleBinding"] == "create"
+
+
+def test_plan_cache_renders_each_input_once() -> None:
+    calls: list[str] = []
+
+    def counting(job: Any) -> Any:
+        calls.append(job.metadata.name)
+        return render(job)
+
+    cache = PlanCache(size=2)
+    body = rljob()
+    first = cache.make_plan(body, counting)
+    again = cache.make_plan({**body, "metadata": {**body["metadata"], "annotations": {"a": "b"}}}, counting)
+    assert calls == ["demo"] and again == first
+    assert again.objects[0] is not first.objects[0]  # no caller shares a mutable object
+    cache.make_plan(rljob(suspend=True), counting)  # another spec
+    cache.make_plan({**body, "metadata": {**body["metadata"], "generation": 2}}, counting)
+    assert len(calls) == 3
+    cache.make_plan(body, counting)  # evicted (size 2)
+    assert len(calls) == 4
 
 
 def test_invalid_spec_fails_without_children() -> None:
