@@ -120,12 +120,17 @@ def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Deep merge key by key; `tpu` and lists are replaced whole; a maxtext key set to null is removed."""
+    """Deep merge key by key; `tpu` and lists are replaced whole; a maxtext key set to null is removed.
+
+    Any other null is no value, as the API server prunes it from a stored RLJob (the CRD declares no
+    field nullable): the lower layer's value stays, so `rljob render` of a file with `maxTokens: null`
+    gives what the operator renders from the stored object."""
     out = copy.deepcopy(base)
     for key, value in over.items():
         here = (*path, key)
-        if path and path[-1] == "maxtext" and value is None:
-            out.pop(key, None)
+        if value is None:
+            if path and path[-1] == "maxtext":
+                out.pop(key, None)
         elif key != "tpu" and isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value, here)
         else:

@@ -1,0 +1,200 @@
+"""The plan at its edges: problem paths of odd manifests, YAML errors, nulls, and resolved values the
+main tables (test_plan.py) leave out."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from fixtures.recipes import manifest, problems, recipe_manifest, resolve
+from rljob.recipes import plan, recipe_catalog
+from rljob.recipes.api import RLJob
+
+HEAD = "apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata: {name: t}\n"
+
+# ------------------------------------------------------------------ `path: message` of odd manifests
+
+PARSE: list[tuple[str, str, list[str]]] = [
+    (
+        "numeric key: quoted, not an index",
+        HEAD + "spec: {1: x}\n",
+        ['spec["1"]: Keys should be strings'],
+    ),
+    (
+        "odd keys quoted, indexes and the tpu union",
+        HEAD.replace("{name: t}", "{name: t, labels: {a/b: 1}}")
+        + "spec: {trainer: {mesh: {a.b: 1}, tpu: 5}, model: {name: 5}, lora: {targets: [q_proj, 1]}}\n",
+        [
+            'metadata.labels["a/b"]: Input should be a valid string',
+            "spec.model.name: Input should be a valid string",
+            "spec.trainer.tpu: Input should be a valid string",
+            "spec.trainer.tpu: Input should be a valid dictionary or instance of TpuSlice",
+            'spec.trainer.mesh["a.b"]: unknown field',
+            "spec.lora.targets[1]: Input should be a valid string",
+        ],
+    ),
+    (
+        "a tpu object with a bad field: only the object's problem",
+        HEAD + "spec: {sampler: {tpu: {accelerator: tpu7x, topology: 2x2x2, chips: 8}}}\n",
+        ["spec.sampler.tpu.chips: unknown field"],
+    ),
+    (
+        "odd key at the root",
+        HEAD + "spec: {}\nx y: 1\n",
+        ['(root)["x y"]: unknown field'],
+    ),
+    (
+        "two documents",
+        HEAD + "spec: {}\n---\n" + HEAD + "spec: {}\n",
+        ["(yaml): expected one RLJob document, found 2"],
+    ),
+    ("no document", "---\n", ["(yaml): expected one RLJob document, found 0"]),
+    ("not a mapping", "- a\n", ["(root): expected a mapping (an RLJob), got list"]),
+    (
+        "yaml error: line and column",
+        "a:\n  - b\n - c\n",
+        ["(yaml): line 3, column 2: did not find expected key"],
+    ),
+    (
+        "yaml error at column 3",
+        "a: b\n c: d\n",
+        ["(yaml): line 2, column 3: mapping values are not allowed in this context"],
+    ),
+    (
+        "yaml reader error: its first line",
+        "a: \x00\n",
+        ["(yaml): unacceptable character #x0000: control characters are not allowed"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "text", "expected"), PARSE, ids=[p[0] for p in PARSE])
+def test_parse_problems(name: str, text: str, expected: list[str]) -> None:
+    with pytest.raises(plan.PlanError) as err:
+        plan.parse_manifest(text)
+    assert err.value.problems == expected
+
+
+# ------------------------------------------------------------------ nulls: no value, as the API server
+
+
+def _with(spec: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A manifest with `spec` merged in, keeping its nulls (the fixture's manifest() deletes them)."""
+    doc = copy.deepcopy(base) if base is not None else manifest({})
+    for key, value in spec.items():
+        if isinstance(value, dict) and isinstance(doc["spec"].get(key), dict):
+            doc["spec"][key].update(value)
+        else:
+            doc["spec"][key] = value
+    return doc
+
+
+NULLS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("algorithm.maxTokens", {"algorithm": {"maxTokens": None}}, {"spec.algorithm.max_tokens": 2048}),
+    ("algorithm", {"algorithm": None}, {"spec.algorithm.steps": 100, "spec.packing.token_budget": 3072}),
+    ("sampler.replicas", {"sampler": {"replicas": None}}, {"sampler.replicas": 1}),
+    ("trainer.slices", {"trainer": {"slices": None}}, {"trainer.slices": 1}),
+    ("lora.rank", {"lora": {"rank": None}}, {"sampler.lora_max_rank": 16, "spec.lora.alpha": 32.0}),
+    ("packing.padAlign", {"packing": {"padAlign": None}}, {"spec.packing.pad_align": 4096}),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "expected"), NULLS, ids=[n[0] for n in NULLS])
+def test_null_is_no_value(name: str, spec: dict[str, Any], expected: dict[str, Any]) -> None:
+    run = resolve(_with(spec))
+    assert {k: _get(run, k) for k in expected} == expected
+
+
+def test_null_keeps_the_recipe_value_and_removes_a_recipe_maxtext_key() -> None:
+    base = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
+    recipe = resolve(base)
+    run = resolve(_with({"trainer": {"tpu": None, "maxtext": {"num_vocab_tiling": None}}}, base))
+    assert run.trainer.tpu == recipe.trainer.tpu
+    assert recipe.spec.trainer and recipe.spec.trainer.maxtext
+    assert recipe.spec.trainer.maxtext["num_vocab_tiling"] == 16
+    # removed from the resolved spec (run.json) as from the MaxText keys
+    assert run.spec.trainer and run.spec.trainer.maxtext is not None
+    assert "num_vocab_tiling" not in run.spec.trainer.maxtext
+    assert "num_vocab_tiling" not in run.trainer.maxtext
+    assert set(run.spec.trainer.maxtext) == set(recipe.spec.trainer.maxtext) - {"num_vocab_tiling"}
+
+
+# ------------------------------------------------------------------ a job edited after parsing
+
+
+def test_merged_spec_is_checked_again() -> None:
+    """pydantic does not check assignments: a job edited in code is checked when resolved, its fields
+    named after the recipe's problems."""
+    job = RLJob.model_validate(manifest({}))
+    assert job.spec.trainer is not None
+    job.spec.trainer.slices = 0
+    with pytest.raises(plan.PlanError) as err:
+        plan.resolve(job)
+    assert err.value.problems == ["spec.trainer.slices: Input should be greater than or equal to 1"]
+    job.spec.recipe = "nope"
+    with pytest.raises(plan.PlanError) as err:
+        plan.resolve(job)
+    assert err.value.problems == [
+        f"spec.recipe: unknown recipe 'nope'; known: {', '.join(recipe_catalog.names())}",
+        "spec.trainer.slices: Input should be greater than or equal to 1",
+    ]
+
+
+# ------------------------------------------------------------------ resolved values
+
+
+def _get(obj: Any, path: str) -> Any:
+    for part in path.split("."):
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
+    return obj
+
+
+GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    (
+        "model name without an organization",
+        {"model": {"name": "Qwen3-8B"}},
+        {"spec.model.maxtext_model": "qwen3-8b"},
+    ),
+    (
+        "sampler of two hosts: TP = one host's devices, a divisor of the slice's",
+        {"sampler": {"tpu": "v5p-16"}},
+        {"sampler.tensor_parallel": 4, "sampler.tpu.devices": 8, "sampler.tpu.hosts": 2},
+    ),
+    (
+        "sampler TP below a host",
+        {"sampler": {"tensorParallel": 2}},
+        {"sampler.tensor_parallel": 2},
+    ),
+    (
+        "three two-host slices",
+        {"trainer": {"tpu": "v5p-16", "slices": 3}},
+        {"trainer.hosts": 6, "trainer.chips": 24, "trainer.devices": 24, "trainer.dcn.data": 3},
+    ),
+    (
+        "pad first with a smaller alignment",
+        {"packing": {"padPosition": "start", "padAlign": 2048, "tokenBudget": 8192}},
+        {"spec.packing.pad_align": 2048, "trainer.maxtext.max_target_length": 8192},
+    ),
+]
+
+
+@pytest.mark.parametrize(("name", "spec", "expected"), GOOD, ids=[g[0] for g in GOOD])
+def test_resolves(name: str, spec: dict[str, Any], expected: dict[str, Any]) -> None:
+    assert problems(manifest(spec)) == []
+    run = resolve(manifest(spec))
+    assert {k: _get(run, k) for k in expected} == expected
+
+
+def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = recipe_catalog.load("qwen3-8b-v5p")
+    spec = real.spec.model_copy(deep=True)
+    assert spec.trainer is not None
+    spec.trainer.profile = "long-context"
+    monkeypatch.setattr(recipe_catalog, "load", lambda name: real.model_copy(update={"spec": spec}))
+    run = resolve(recipe_manifest("qwen3-8b-v5p"))
+    assert run.spec.packing and run.spec.packing.token_budget == 20480
+    assert (run.trainer.maxtext["num_vocab_tiling"], run.trainer.maxtext_sources["num_vocab_tiling"]) == (
+        4,
+        "profile",
+    )
