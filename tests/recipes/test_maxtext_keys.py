@@ -168,6 +168,27 @@ RULES = [
         {"ici_context_parallelism": 8, "context_parallel_strategy": "all_gather", "max_target_length": 65568},
         [],
     ),
+    ({"ici_context_parallelism": 8, "context_parallel_strategy": "ulysses", "max_target_length": 65568}, []),
+    # the ring spans the slices too: ici x dcn context ranks
+    (
+        {
+            "ici_context_parallelism": 2,
+            "dcn_context_parallelism": 2,
+            "context_parallel_strategy": "ring",
+            "max_target_length": 65544,
+        },
+        [
+            (
+                "context_parallel_strategy",
+                "ring context parallelism 4 needs max_target_length % 16 == 0, max_target_length is 65544",
+            )
+        ],
+    ),
+    # MaxText's rules fire above one chunk and above a zero buffer factor, as rljob's
+    ({"num_moe_token_chunks": 0}, []),
+    ({"use_ring_of_experts": True, "ragged_buffer_factor": 0}, []),
+    # a value that is not a number counts as 0: no numeric rule fires (MaxText's type check reports it)
+    ({"use_ring_of_experts": True, "ragged_buffer_factor": "auto"}, []),
     (
         {"model_name": "qwen3-8b", "base_num_kv_heads": 4},
         [
