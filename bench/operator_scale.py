@@ -6,6 +6,8 @@
 1. Baseline: the JobSets of N RLJobs (rendered by rljob.recipes.render, suspended so no pods start)
    created directly, one after the other, with one kubernetes client: wall time. Its namespace is then
    deleted, and the deletion waited for outside any timing, so that it does not load step 2.
+   A second baseline creates every object the render makes (ServiceAccount, Role, RoleBinding, run
+   ConfigMap, JobSet: `rljob render | kubectl create`), what a run needs without the operator.
 2. The operator (chart installed, operator as a local process authenticated as the chart's
    ServiceAccount): N RLJobs created the same way, wall time until every one has its JobSet and a
    written status (phase Suspended, observedGeneration current). Ratio to (1); goal <= 1.5x.
@@ -120,18 +122,25 @@ def converged(c: Cluster, ns: str, n: int) -> bool:
     return done == n
 
 
-def baseline(c: Cluster, n: int) -> float:
+def baseline(c: Cluster, n: int, every_object: bool = False) -> float:
+    """JobSets only (the issue's baseline), or every object the render makes (`rljob render | kubectl
+    create`: ServiceAccount, Role, RoleBinding, run ConfigMap, JobSet), which is what a run needs."""
+    from kubernetes import utils
+
     ns = new_namespace(c, "bench-direct")
     template = manifest("x", ns, suspend=True)
     bodies = []
     for i in range(n):
         body = copy.deepcopy(template)
         body["metadata"]["name"] = f"b{i:04d}"
-        js = next(o for o in render(parse_manifest(yaml.safe_dump(body))) if o["kind"] == "JobSet")
-        bodies.append(js)
+        objs = render(parse_manifest(yaml.safe_dump(body)))
+        bodies += objs if every_object else [o for o in objs if o["kind"] == "JobSet"]
     t0 = time.perf_counter()
-    for js in bodies:
-        c.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", js)
+    for obj in bodies:
+        if obj["kind"] == "JobSet":
+            c.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", obj)
+        else:
+            utils.create_from_dict(c.api, obj, namespace=ns)
     wall = time.perf_counter() - t0
     c.core.delete_namespace(ns)
     # Wait until the namespace is gone: its deletion (500 JobSets, their Jobs and Services) loads the API
@@ -161,6 +170,8 @@ def main() -> int:
 
     direct = baseline(c, args.n)
     emit("direct_jobset_create_wall_s", direct, **ctx)
+    rendered = baseline(c, args.n, every_object=True)
+    emit("direct_rendered_objects_create_wall_s", rendered, objects_per_run=5, **ctx)
 
     work = Path(tempfile.mkdtemp(prefix="rljob-bench-"))
     webhook_port = free_port()
@@ -185,6 +196,8 @@ def main() -> int:
         wall = time.perf_counter() - t0
         emit("operator_wall_s", wall, **ctx)
         emit("operator_vs_direct_ratio", wall / direct, goal=1.5, **ctx)
+        # Like for like: the same objects created by one client (the JobSets alone could not run).
+        emit("operator_vs_rendered_objects_ratio", wall / rendered, **ctx)
         w1 = writes(op)
         emit("api_writes_per_rljob_to_converge", (w1 - w0) / args.n, **ctx)
         emit("api_write_retries_per_rljob_to_converge", writes(op, succeeded=False) / args.n, **ctx)
