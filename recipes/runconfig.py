@@ -45,6 +45,11 @@ class TpuPlan(ApiModel):
     chips_per_container: int = Field(
         strict=True, ge=1, description="google.com/tpu requested by each TPU container."
     )
+    placement_policy: str | None = Field(
+        default=None,
+        description="GKE workload policy of a multi-host tpu7x slice's node pool (node label "
+        "cloud.google.com/placement-policy-name); None where pools are chosen by topology alone.",
+    )
 
 
 class MeshPlan(ApiModel):

@@ -23,6 +23,7 @@ from rljob.recipes.runconfig import TpuPlan
 ACCELERATOR_LABEL = "cloud.google.com/gke-tpu-accelerator"
 TOPOLOGY_LABEL = "cloud.google.com/gke-tpu-topology"
 TPU_RESOURCE = "google.com/tpu"
+PLACEMENT_POLICY_LABEL = "cloud.google.com/placement-policy-name"
 TENSORCORES_PER_CHIP = 2
 
 
@@ -37,11 +38,14 @@ class Generation:
     devices_per_chip: int
     max_cubes: int
     split_containers: bool  # two containers x 2 chips per host is possible
+    # Multi-host node pools are created with a GKE workload policy (--placement-policy) instead of
+    # --tpu-topology; pods then select it by name (xpk: requires_workload_policy).
+    workload_policy: bool = False
 
 
 GENERATIONS: dict[str, Generation] = {
     "v5p": Generation("v5p", "tpu-v5p-slice", "ct5p-hightpu-4t", None, 1, 140, False),
-    "tpu7x": Generation("tpu7x", "tpu7x", "tpu7x-standard-4t", "tpu7x-standard-1t", 2, 144, True),
+    "tpu7x": Generation("tpu7x", "tpu7x", "tpu7x-standard-4t", "tpu7x-standard-1t", 2, 144, True, True),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}
 
@@ -138,6 +142,7 @@ def plan(value: str | TpuSlice, containers_per_host: int | None = None) -> TpuPl
         raise TpuError(f"two containers per host need a 4-chip tpu7x host, not {gen.prefix} {topo}")
     machine = gen.single_chip_machine_type if chips_per_host == 1 else gen.machine_type
     assert machine is not None
+    policy = placement_policy_name(gen, chips, topo) if gen.workload_policy and hosts > 1 else None
     return TpuPlan(
         accelerator=gen.accelerator,
         topology=topo,
@@ -150,7 +155,14 @@ def plan(value: str | TpuSlice, containers_per_host: int | None = None) -> TpuPl
         devices=chips * gen.devices_per_chip,
         containers_per_host=containers,
         chips_per_container=chips_per_host // containers,
+        placement_policy=policy,
     )
+
+
+def placement_policy_name(gen: Generation, chips: int, topology: str) -> str:
+    """The workload policy of a multi-host slice's node pool, named as xpk and docs/gke.md name it:
+    `tpu7x-<TensorCores>-<topology>-placement-policy`."""
+    return f"{gen.prefix}-{chips * TENSORCORES_PER_CHIP}-{topology}-placement-policy"
 
 
 def default_containers(value: str | TpuSlice, role: str) -> int:

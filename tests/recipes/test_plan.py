@@ -81,6 +81,19 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         },
     ),
     (
+        "multi-host tpu7x pools are chosen by their workload policy too; single-host and v5p by topology",
+        {"trainer": {"tpu": "tpu7x-16"}, "sampler": {"tpu": "tpu7x-8"}},
+        {
+            "trainer.tpu.placement_policy": "tpu7x-16-2x2x2-placement-policy",
+            "sampler.tpu.placement_policy": None,
+        },
+    ),
+    (
+        "v5p multi-host: no workload policy",
+        {"trainer": {"tpu": "v5p-16"}},
+        {"trainer.tpu.placement_policy": None},
+    ),
+    (
         "tpu7x trainer with 1 container",
         {"trainer": {"tpu": "tpu7x-16", "containersPerHost": 1}},
         {
