@@ -45,7 +45,7 @@ from rljob.recipes.api import GROUP, PLURAL
 from rljob.recipes.api import VERSION as RLJOB_VERSION
 from rljob.recipes.placement import NODEPOOL_LABEL
 from rljob.recipes.runconfig import TpuPlan
-from rljob.recipes.tpu import ACCELERATOR_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
+from rljob.recipes.tpu import ACCELERATOR_LABEL, PLACEMENT_POLICY_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_OK", "EXIT_PROBLEMS"]
 
@@ -442,6 +442,7 @@ class Pool:
     nodes: int = 0
     ready: int = 0
     tpu_per_node: int | None = None  # smallest allocatable google.com/tpu over its nodes
+    placement_policy: str = ""  # label cloud.google.com/placement-policy-name (multi-host tpu7x)
 
 
 def tpu_pools(nodes: Sequence[Obj]) -> dict[str, Pool]:
@@ -453,7 +454,15 @@ def tpu_pools(nodes: Sequence[Obj]) -> dict[str, Pool]:
         if not accelerator:
             continue
         name = labels.get(NODEPOOL_LABEL) or f"node/{meta.get('name')}"
-        pool = pools.setdefault(name, Pool(name, accelerator, labels.get(TOPOLOGY_LABEL, "")))
+        pool = pools.setdefault(
+            name,
+            Pool(
+                name,
+                accelerator,
+                labels.get(TOPOLOGY_LABEL, ""),
+                placement_policy=labels.get(PLACEMENT_POLICY_LABEL, ""),
+            ),
+        )
         pool.nodes += 1
         if _conditions(node).get("Ready", {}).get("status") == "True":
             pool.ready += 1
@@ -469,8 +478,8 @@ def create_pool_command(plan: TpuPlan, name: str) -> str:
         f"gcloud container node-pools create {name} --cluster=$CLUSTER --location=$LOCATION "
         f"--node-locations=$ZONE --machine-type={plan.machine_type} --num-nodes={plan.hosts}"
     )
-    if plan.accelerator == "tpu7x" and plan.hosts > 1:
-        policy = f"{plan.type_name}-{plan.topology}-placement-policy"
+    if plan.placement_policy:
+        policy = plan.placement_policy
         return (
             f"gcloud compute resource-policies create workload-policy {policy} --type=HIGH_THROUGHPUT "
             f"--accelerator-topology={plan.topology} --region=$REGION && {base} --placement-policy={policy}"
@@ -500,7 +509,14 @@ def check_node_pools(nodes: Sequence[Obj], needs: Needs | None) -> list[Finding]
         wanted = sum(r.slices for r in roles)
         who = " and ".join(f"{r.role} ({_count(r.slices, _UNIT[r.role])})" for r in roles)
         shape = f"{accelerator} {topology} ({plan.type_name}, {_count(plan.hosts, 'node')} each)"
-        same = [p for p in pools.values() if p.accelerator == accelerator and p.topology == topology]
+        # A multi-host tpu7x slice's pods also select the pool's workload policy (recipes/placement.py).
+        same = [
+            p
+            for p in pools.values()
+            if p.accelerator == accelerator
+            and p.topology == topology
+            and (not plan.placement_policy or p.placement_policy == plan.placement_policy)
+        ]
         full = [p for p in same if p.nodes >= plan.hosts]
         short = [p for p in same if p.nodes < plan.hosts]
         if len(full) < wanted:

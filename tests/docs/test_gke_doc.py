@@ -85,6 +85,11 @@ def doc_nodes() -> list[dict[str, Any]]:
             continue
         flags = _flags(argv)
         topology = flags.get("tpu-topology") or policies[flags["placement-policy"]]
+        extra = (
+            {"cloud.google.com/placement-policy-name": flags["placement-policy"]}
+            if "placement-policy" in flags
+            else {}
+        )
         for i in range(repeat):
             pool = argv[4].replace("$i", str(i))
             for n in range(int(flags["num-nodes"])):
@@ -96,6 +101,7 @@ def doc_nodes() -> list[dict[str, Any]]:
                                 "cloud.google.com/gke-nodepool": pool,
                                 "cloud.google.com/gke-tpu-accelerator": by_machine[flags["machine-type"]],
                                 "cloud.google.com/gke-tpu-topology": topology,
+                                **extra,
                             },
                         },
                         "status": {

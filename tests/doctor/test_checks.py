@@ -73,16 +73,24 @@ def deployment(
     }
 
 
-def node(name: str, pool: str, accelerator: str, topology: str, tpu: int = 4, ready: bool = True) -> Any:
+def node(
+    name: str,
+    pool: str,
+    accelerator: str,
+    topology: str,
+    tpu: int = 4,
+    ready: bool = True,
+    policy: str | None = None,
+) -> Any:
+    labels = {
+        "cloud.google.com/gke-nodepool": pool,
+        "cloud.google.com/gke-tpu-accelerator": accelerator,
+        "cloud.google.com/gke-tpu-topology": topology,
+    }
+    if policy:  # a pool created with --placement-policy (multi-host tpu7x)
+        labels["cloud.google.com/placement-policy-name"] = policy
     return {
-        "metadata": {
-            "name": name,
-            "labels": {
-                "cloud.google.com/gke-nodepool": pool,
-                "cloud.google.com/gke-tpu-accelerator": accelerator,
-                "cloud.google.com/gke-tpu-topology": topology,
-            },
-        },
+        "metadata": {"name": name, "labels": labels},
         "status": {
             "allocatable": {"google.com/tpu": str(tpu), "cpu": "200"},
             "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
@@ -91,6 +99,8 @@ def node(name: str, pool: str, accelerator: str, topology: str, tpu: int = 4, re
 
 
 def pool(name: str, accelerator: str, topology: str, hosts: int, **kw: Any) -> list[Any]:
+    if accelerator == "tpu7x" and hosts > 1:
+        kw.setdefault("policy", f"tpu7x-{hosts * 8}-{topology}-placement-policy")
     return [node(f"{name}-{i}", name, accelerator, topology, **kw) for i in range(hosts)]
 
 
@@ -368,6 +378,12 @@ def pools(*specs: tuple[str, tuple[str, str, int]]) -> list[Any]:
             needs("tpu7x-128", 1, "tpu7x-8", 2),
             [("nodepools.trainer", Status.OK), ("nodepools.sampler", Status.OK)],
             id="ironwood",
+        ),
+        pytest.param(
+            pool("t0", *T7X128, policy="my-own-policy") + pools(("s0", T7X8), ("s1", T7X8)),
+            needs("tpu7x-128", 1, "tpu7x-8", 2),
+            [("nodepools.trainer", Status.PROBLEM), ("nodepools.sampler", Status.OK)],
+            id="ironwood-pool-of-another-workload-policy",  # the pods select tpu7x-128-4x4x4-placement-policy
         ),
         pytest.param([], None, [("nodepools", Status.WARNING)], id="no-manifest-no-tpus"),
         pytest.param(pools(("a", V5P8)), None, [("nodepools", Status.OK)], id="no-manifest"),
