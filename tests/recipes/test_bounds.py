@@ -3,6 +3,7 @@ with the field named (the CRD's minimum/maximum come from the same pydantic fiel
 
 from __future__ import annotations
 
+import copy
 import json
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from fixtures.recipes import MINIMAL, manifest, problems, resolve
 from pydantic import ValidationError
 from rljob.recipes.api import RLJobSpec, RLJobStatus
-from rljob.recipes.runconfig import RunConfig
+from rljob.recipes.runconfig import MESH_AXES, RunConfig
 
 SHORT = {"algorithm": {"maxPromptTokens": 64, "maxTokens": 64}}  # seq 128: the smallest maxModelLen fits
 
@@ -52,6 +53,34 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
         "spec.sampler.maxModelLen: Input should be greater than or equal to 128",
     ),
     (
+        "trainer.microBatchSize min",
+        {"trainer": {"mesh": {"fsdp": 1, "tensor": -1}, "microBatchSize": 1}},
+        ("trainer.micro_batch_size", 1),
+        {"trainer": {"microBatchSize": 0}},
+        "spec.trainer.microBatchSize: Input should be greater than or equal to 1",
+    ),
+    (
+        "sampler.replicas min",
+        {"sampler": {"replicas": 1}},
+        ("sampler.replicas", 1),
+        {"sampler": {"replicas": 0}},
+        "spec.sampler.replicas: Input should be greater than or equal to 1",
+    ),
+    (
+        "sampler.replicas max",
+        {"sampler": {"replicas": 256}},
+        ("sampler.replicas", 256),
+        {"sampler": {"replicas": 257}},
+        "spec.sampler.replicas: Input should be less than or equal to 256",
+    ),
+    (
+        "sampler.maxLoras min",
+        {"sampler": {"maxLoras": 1}},
+        ("sampler.max_loras", 1),
+        {"sampler": {"maxLoras": 0}},
+        "spec.sampler.maxLoras: Input should be greater than or equal to 1",
+    ),
+    (
         "sampler.maxLoras max",
         {"sampler": {"maxLoras": 64}},
         ("sampler.max_loras", 64),
@@ -80,6 +109,34 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
         "spec.lora.targets: List should have at least 1 item after validation, not 0",
     ),
     (
+        "algorithm.groupSize min",
+        {"algorithm": {"groupSize": 1}},
+        ("spec.algorithm.group_size", 1),
+        {"algorithm": {"groupSize": 0}},
+        "spec.algorithm.groupSize: Input should be greater than or equal to 1",
+    ),
+    (
+        "algorithm.steps min",
+        {"algorithm": {"steps": 1}},
+        ("trainer.maxtext.steps", 1),
+        {"algorithm": {"steps": 0}},
+        "spec.algorithm.steps: Input should be greater than or equal to 1",
+    ),
+    (
+        "algorithm.learningRate above 0",
+        {"algorithm": {"learningRate": 0.5}},
+        ("trainer.maxtext.learning_rate", 0.5),
+        {"algorithm": {"learningRate": 0}},
+        "spec.algorithm.learningRate: Input should be greater than 0",
+    ),
+    (
+        "algorithm.learningRate below 1",
+        {"algorithm": {"learningRate": 0.5}},
+        ("spec.algorithm.learning_rate", 0.5),
+        {"algorithm": {"learningRate": 1}},
+        "spec.algorithm.learningRate: Input should be less than 1",
+    ),
+    (
         "algorithm.groupsPerBatch min",
         {"algorithm": {"groupsPerBatch": 1}},
         ("spec.algorithm.groups_per_batch", 1),
@@ -106,6 +163,20 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
         ("spec.algorithm.kl_penalty_coef", 0.0),
         {"algorithm": {"klPenaltyCoef": -0.5}},
         "spec.algorithm.klPenaltyCoef: Input should be greater than or equal to 0",
+    ),
+    (
+        "packing.tokenBudget min",
+        {**SHORT, "packing": {"tokenBudget": 128}},
+        ("trainer.maxtext.max_target_length", 128),
+        {**SHORT, "packing": {"tokenBudget": 127}},
+        "spec.packing.tokenBudget: Input should be greater than or equal to 128",
+    ),
+    (
+        "packing.padAlign min",
+        {"packing": {"padPosition": "start", "segmentAlign": 1, "padAlign": 1}},
+        ("spec.packing.pad_align", 1),
+        {"packing": {"padPosition": "start", "padAlign": 0}},
+        "spec.packing.padAlign: Input should be greater than or equal to 1",
     ),
     (
         "packing.segmentAlign min",
@@ -163,12 +234,19 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
         {"queueName": "q" * 64},
         "spec.queueName: String should have at most 63 characters",
     ),
+    (
+        "priorityClassName max",
+        {"priorityClassName": "p" * 253},
+        ("spec.priority_class_name", "p" * 253),
+        {"priorityClassName": "p" * 254},
+        "spec.priorityClassName: String should have at most 253 characters",
+    ),
 ]
 
 
 def _get(obj: Any, path: str) -> Any:
     for part in path.split("."):
-        obj = getattr(obj, part)
+        obj = obj[part] if isinstance(obj, dict) else getattr(obj, part)
     return obj
 
 
@@ -187,6 +265,18 @@ def test_namespace_length() -> None:
     assert resolve(doc).storage.root == f"gs://bucket/runs/{'n' * 63}/t"
     doc["metadata"]["namespace"] = "n" * 64
     assert problems(doc) == ["metadata.namespace: String should have at most 63 characters"]
+    doc["metadata"]["namespace"] = ""
+    assert problems(doc) == ["metadata.namespace: String should have at least 1 character"]
+
+
+def test_name_length() -> None:
+    assert problems(manifest({}, name="")) == ["metadata.name: String should have at least 1 character"]
+    # 63 is a valid object name: refused by rljob's own limit (the pods' DNS names), not the model's
+    got = problems(manifest({}, name="a" * 63))
+    assert got and all(p.startswith("metadata.name: too long: ") for p in got)
+    assert problems(manifest({}, name="a" * 64)) == [
+        "metadata.name: String should have at most 63 characters"
+    ]
 
 
 def test_tpu_fields_preserve_unknown_fields_in_the_crd_schema() -> None:
@@ -199,6 +289,16 @@ def test_tpu_fields_preserve_unknown_fields_in_the_crd_schema() -> None:
 
 
 # ------------------------------------------------------------------ status and progress
+
+
+@pytest.mark.parametrize("field", ["used", "left"])
+def test_restarts_are_not_negative(field: str) -> None:
+    assert RLJobStatus.model_validate({"restarts": {field: 0}}).restarts is not None
+    with pytest.raises(ValidationError) as err:
+        RLJobStatus.model_validate({"restarts": {field: -1}})
+    assert [(".".join(map(str, e["loc"])), e["type"]) for e in err.value.errors()] == [
+        (f"restarts.{field}", "greater_than_equal")
+    ]
 
 
 def test_status_defaults_count_from_zero() -> None:
@@ -235,25 +335,45 @@ def test_progress_steps_and_versions_start_at_zero(progress: dict[str, Any], err
 # ------------------------------------------------------------------ run.json (what the pods load)
 
 
+_COUNTS = [
+    *(
+        f"{role}.tpu.{f}"
+        for role in ("trainer", "sampler")
+        for f in (
+            "chips",
+            "hosts",
+            "chipsPerHost",
+            "devicesPerChip",
+            "devices",
+            "containersPerHost",
+            "chipsPerContainer",
+        )
+    ),
+    *(f"trainer.{kind}.{axis}" for kind in ("ici", "dcn") for axis in MESH_AXES),
+]
+
+
+@pytest.fixture(scope="module")
+def run_json() -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(resolve(MINIMAL).model_dump_json())
+    return doc
+
+
+@pytest.mark.parametrize("path", _COUNTS)
 @pytest.mark.parametrize(
-    ("path", "value", "error"),
-    [
-        ("trainer.tpu.chips", "4", "int_type"),
-        ("sampler.tpu.devices", 4.0, "int_type"),
-        ("trainer.ici.expert", "1", "int_type"),
-        ("trainer.dcn.data", "1", "int_type"),
-        ("trainer.ici.context", 0, "greater_than_equal"),
-        ("trainer.ici.fsdp", 0, "greater_than_equal"),
-        ("trainer.dcn.expert", 0, "greater_than_equal"),
-        ("trainer.tpu.containersPerHost", 0, "greater_than_equal"),
-    ],
+    ("value", "error"),
+    [("1", "int_type"), (1.0, "int_type"), (True, "int_type"), (0, "greater_than_equal")],
+    ids=["string", "float", "bool", "zero"],
 )
-def test_run_json_counts_are_positive_integers(path: str, value: Any, error: str) -> None:
-    doc = json.loads(resolve(MINIMAL).model_dump_json())
+def test_run_json_counts_are_positive_integers(
+    run_json: dict[str, Any], path: str, value: Any, error: str
+) -> None:
+    doc = copy.deepcopy(run_json)
     node = doc
     *parents, last = path.split(".")
     for part in parents:
         node = node[part]
+    assert type(node[last]) is int and node[last] >= 1
     node[last] = value
     with pytest.raises(ValidationError) as err:
         RunConfig.model_validate_json(json.dumps(doc))

@@ -5,6 +5,7 @@ The committed key list must equal what hack/gen_maxtext_keys.py produces from th
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any
@@ -186,6 +187,21 @@ RULES = [
     ),
     # MaxText's rules fire above one chunk and above a zero buffer factor, as rljob's
     ({"num_moe_token_chunks": 0}, []),
+    (
+        {**ROE, "num_moe_token_chunks": 0, "moe_chunk_pipeline": True},
+        [("moe_chunk_pipeline", "requires num_moe_token_chunks > 1 (set it false at one chunk)")],
+    ),
+    # numbers written as strings count
+    ({"num_moe_token_chunks": "2"}, [("num_moe_token_chunks", "2 chunks require use_ring_of_experts=true")]),
+    (
+        {"ici_context_parallelism": 2, "context_parallel_strategy": "ring", "max_target_length": 65538},
+        [
+            (
+                "context_parallel_strategy",
+                "ring context parallelism 2 needs max_target_length % 4 == 0, max_target_length is 65538",
+            )
+        ],
+    ),
     ({"use_ring_of_experts": True, "ragged_buffer_factor": 0}, []),
     # a value that is not a number counts as 0: no numeric rule fires (MaxText's type check reports it)
     ({"use_ring_of_experts": True, "ragged_buffer_factor": "auto"}, []),
@@ -212,3 +228,20 @@ def test_rules(keys: dict[str, Any], problems: list[tuple[str, str]]) -> None:
 def test_rules_about_undefined_keys_never_fire_at_025() -> None:
     ks = maxtext_keys.load("0.2.5")
     assert maxtext_keys.check_rules({**OK_BASE, "moe_roe_packed_routing_gather": True}, ks) == []
+
+
+def test_rules_need_their_keys_in_the_version() -> None:
+    """A version without the chunk keys (or without max_target_length) checks no chunk rule."""
+    no_chunks = maxtext_keys.KeySet(version="old", defaults={"use_ring_of_experts": False}, models={})
+    assert maxtext_keys.check_rules({}, no_chunks) == []
+    no_target = maxtext_keys.KeySet(
+        version="old", defaults={"use_ring_of_experts": False, "num_moe_token_chunks": 1}, models={}
+    )
+    assert maxtext_keys.check_rules({"use_ring_of_experts": True, "num_moe_token_chunks": 3}, no_target) == []
+
+
+def test_key_sets_are_immutable() -> None:
+    """load() caches one KeySet per version, shared by every resolve: nothing may change it."""
+    ks = maxtext_keys.load("0.2.5")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ks.version = "0.2.6"  # type: ignore[misc]

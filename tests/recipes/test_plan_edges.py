@@ -198,3 +198,31 @@ def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) 
         4,
         "profile",
     )
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        (
+            {"packing": {"padPosition": "start"}},  # padAlign 4096 above the 3072 budget
+            [
+                "spec.packing.padAlign: 4096 is not below the token budget 3072: padPosition start would "
+                "never move a row"
+            ],
+        ),
+    ],
+)
+def test_refused(spec: dict[str, Any], expected: list[str]) -> None:
+    assert problems(manifest(spec)) == expected
+
+
+@pytest.mark.parametrize("other", ["a-recipe", "z-recipe"])
+def test_a_catalog_file_must_name_itself(monkeypatch: pytest.MonkeyPatch, other: str) -> None:
+    text = recipe_catalog.source("qwen3-8b-v5p")
+    assert text.count("name: qwen3-8b-v5p\n") == 1
+    monkeypatch.setattr(
+        recipe_catalog, "source", lambda name: text.replace("name: qwen3-8b-v5p", f"name: {other}")
+    )
+    with pytest.raises(ValueError) as err:
+        recipe_catalog.load.__wrapped__("qwen3-8b-v5p")
+    assert str(err.value) == f"catalog/qwen3-8b-v5p.yaml names itself '{other}'"
