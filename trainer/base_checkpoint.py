@@ -39,6 +39,7 @@ __all__ = [
     "CheckpointError",
     "check_checkpoint_path",
     "load_base_params",
+    "logical_shardings",
     "restore_base_params",
     "save_converted_checkpoint",
 ]
@@ -94,15 +95,23 @@ def _one_line(err: BaseException) -> str:
     return f"does not match the model: {shown}{more}"
 
 
-def _target(params: Any, cfg: Any) -> Any:
-    """ShapeDtypeStructs of ``params`` (an nnx.State of nnx.Param) with MaxText's NamedSharding per
-    variable (logical axis rules of ``cfg`` on its mesh, the scan axis included)."""
+def logical_shardings(state: Any, cfg: Any, mesh: Any = None) -> Any:
+    """MaxText's NamedSharding for every variable of ``state`` (an nnx.State, concrete or abstract): the
+    variable's logical axis names through the logical axis rules of ``cfg`` onto ``mesh`` (default: the
+    config's mesh), the scan axis included; a variable without names is replicated. Same tree as
+    ``state``, NamedSharding values."""
     import flax.linen as nn
     from maxtext.utils import maxtext_utils, sharding
 
-    mesh = maxtext_utils.get_mesh_from_config(cfg)
+    mesh = maxtext_utils.get_mesh_from_config(cfg) if mesh is None else mesh
     with nn.logical_axis_rules(cfg.logical_axis_rules):
-        shardings = sharding.nnx_construct_named_sharding(params, mesh)
+        return sharding.nnx_construct_named_sharding(state, mesh)
+
+
+def _target(params: Any, cfg: Any) -> Any:
+    """ShapeDtypeStructs of ``params`` (an nnx.State of nnx.Param) with MaxText's NamedSharding per
+    variable (:func:`logical_shardings`)."""
+    shardings = logical_shardings(params, cfg)
     return jax.tree.map(
         lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),  # type: ignore[no-untyped-call]
         params,

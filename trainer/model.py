@@ -15,6 +15,11 @@ Packed rows carry per-token segment ids (0 = padding) and per-segment positions;
 masks by segment id and causality, and RoPE uses the positions, so a packed row computes what its
 segments compute alone (tests/trainer/test_model.py checks it).
 
+On the config's mesh (``ici_*``/``dcn_*`` keys) the base and LoRA parameters are placed as MaxText's
+logical axis rules say, the forward pass is traced under those rules (MaxText's activation constraints
+name logical axes; without the rules they would pin every activation replicated), and the fused head runs
+on each device's own rows (``shard_map`` over the batch axes of :meth:`Policy.batch_axes`).
+
   spec = ModelSpec.tiny()                 # or rljob.trainer.main.model_setup(rc, ...)
   policy = Policy(spec)                   # builds MaxText + qwix LoRA; policy.lora0 is the initial adapter
   h = policy.hidden_states(lora, tokens, positions, segment_ids)     # [B, T, H]
@@ -39,13 +44,21 @@ from typing import Any
 
 os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 import qwix
 from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from rljob.trainer import logprobs as lp_head
-from rljob.trainer.base_checkpoint import CheckpointError, check_checkpoint_path, load_base_params
+from rljob.trainer.base_checkpoint import (
+    CheckpointError,
+    check_checkpoint_path,
+    load_base_params,
+    logical_shardings,
+)
 
 __all__ = [
     "CPU_KEYS",
@@ -56,6 +69,7 @@ __all__ = [
     "Policy",
     "build_model",
     "maxtext_config",
+    "put_global",
     "tiny_keys",
 ]
 
@@ -228,13 +242,21 @@ class Policy:
         nnx.pop(lora_model, nnx.Intermediate)
         parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
         self.graphdef: Any = parts[0]
-        self.base: Any = parts[2]
+        # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (a random
+        # initialization leaves some on one device and the rest replicated; a checkpoint's come sharded).
+        self.mesh: Any = model.mesh
+        self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
         self._lora_template = jax.tree.map(
             _lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
         )
         # The trainable state is a plain nested dict of arrays (optax and orbax see ordinary pytrees).
-        self.lora0: dict[str, Any] = nnx.to_pure_dict(self._lora_template)
+        self.lora_sharding: dict[str, Any] = nnx.to_pure_dict(
+            logical_shardings(self._lora_template, self.cfg, self.mesh)
+        )
+        self.lora0: dict[str, Any] = jax.tree.map(
+            put_global, nnx.to_pure_dict(self._lora_template), self.lora_sharding
+        )
         self.num_layers = int(self.cfg.num_decoder_layers)
         self.vocab_size = int(self.cfg.vocab_size)
         self.hidden_size = int(self.cfg.emb_dim)
@@ -254,7 +276,11 @@ class Policy:
         ``base``: the frozen parameters (default ``self.base``); pass them as a jit argument so they
         are not baked into the compiled program as constants."""
         model = nnx.merge(self.graphdef, self.as_state(lora), self.base if base is None else base)
-        logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False)
+        # MaxText's activation sharding constraints name logical axes; only under the config's rules do
+        # they map onto the mesh (without them every constraint says "replicated": each device would
+        # compute every row). MaxText's trainers trace under the same rules.
+        with nn.logical_axis_rules(self.cfg.logical_axis_rules):
+            logits = model(tokens, positions, decoder_segment_ids=segment_ids, enable_dropout=False)
         assert logits is None, "num_vocab_tiling > 1 must skip MaxText's output head"
         sown: Any = nnx.pop(model, nnx.Intermediate)  # discard every sown intermediate
         y = sown["decoder"]["hidden_states"].get_value()[0]
@@ -291,16 +317,42 @@ class Policy:
 
         The fused head: no ``[B, T, V]`` array is ever formed."""
         h = self.hidden_states(lora, tokens, positions, segment_ids, base)
-        return lp_head.next_token_logprobs(
-            h,
-            self.head_weight(lora, base),
-            tokens,
-            segment_ids,
+        head = partial(
+            lp_head.next_token_logprobs,
             token_tile=token_tile,
             vocab_chunk=vocab_chunk,
             temperature=temperature,
             grad_w=False,
         )
+        rows, _ = self.batch_axes(*tokens.shape)
+        if rows is None:
+            return head(h, self.head_weight(lora, base), tokens, segment_ids)
+        # Rows split over the mesh: each device runs the head on its own rows (the frozen head weight
+        # gathered whole); left to the partitioner, every device would run it on every row.
+        r, whole = P(rows), P()  # type: ignore[no-untyped-call]
+        sharded = jax.shard_map(head, mesh=self.mesh, in_specs=(r, whole, r, r), out_specs=r, check_vma=False)
+        return sharded(h, self.head_weight(lora, base), tokens, segment_ids)
+
+    def batch_axes(self, rows: int, tokens: int) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
+        """Mesh axes that split ``rows`` packed rows of ``tokens`` tokens: MaxText's input data sharding
+        (``input_data_sharding_logical_axes``: rows over the batch axes, data and fsdp among them; tokens
+        over the sequence axes) without the axes of size 1, and without an axis whose size does not divide
+        what is left to split (the rows are then whole on it). None: not split."""
+        from maxtext.utils import sharding
+
+        spec = tuple(sharding.get_input_data_sharding(self.cfg, self.mesh).spec)
+        spec = (spec[1:] if self.cfg.enable_diloco else spec) + (None, None)
+
+        def fit(entry: Any, size: int) -> tuple[str, ...] | None:
+            kept: list[str] = []
+            for a in (entry,) if isinstance(entry, str) else tuple(entry or ()):
+                n = int(self.mesh.shape[a])
+                if n > 1 and size % n == 0:
+                    kept.append(a)
+                    size //= n
+            return tuple(kept) or None
+
+        return fit(spec[0], rows), fit(spec[1], tokens)
 
     @partial(jax.jit, static_argnums=0)
     def logits(
@@ -396,6 +448,28 @@ class Policy:
             "inference_mode": True,
             "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
         }
+
+
+def put_global(x: Any, sharding: NamedSharding) -> Any:
+    """``x``, an array with the same value on every process (local, or global and replicated), as a global
+    array laid out by ``sharding`` (on several processes ``jax.device_put`` cannot place a local array
+    on other processes' devices: each process supplies its own devices' shards). An array already laid
+    out so is returned as is."""
+    if not isinstance(x, jax.Array):
+        x = jnp.asarray(x)
+    if x.sharding == sharding:  # the very sharding: jit's cache keys on it (an equivalent one recompiles)
+        return x
+    if x.is_fully_addressable and sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: place their key data
+        data = jax.random.key_data(x)
+        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
+        return jax.random.wrap_key_data(
+            put_global(data, NamedSharding(sharding.mesh, P(*spec))),  # type: ignore[no-untyped-call]
+            impl=jax.random.key_impl(x),
+        )
+    host = np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
 
 
 def _lora_sharding_meta(var: Any) -> Any:

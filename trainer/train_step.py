@@ -16,6 +16,14 @@ Per-token loss weights are fixed on the host for the whole step (``loss_mask / t
 or a packed ``loss_weight`` field), so the loss and its gradient do not depend on the layout:
 packed == unpacked, one micro-batch == many.
 
+On the policy's mesh (the spec's MaxText ``ici_*``/``dcn_*`` keys): the base parameters lie as MaxText's
+logical axis rules shard them, the LoRA parameters, optimizer state and gradient buffer as their logical
+names say (replicated but for the scan axis), and each call's batch is one global array with its rows
+split over the batch axes (data, fsdp, ...) as MaxText's input data sharding says (:func:`batch_sharding`).
+Both functions are compiled with these shardings for their arguments and results, so a step's output
+state feeds the next step without a reshard or a second compilation. tests/trainer/test_sharded_step.py
+checks a four-device run against one device.
+
   trainer = Trainer(policy, StepConfig(...))
   state = trainer.init_state()
   state, metrics = trainer.train_on_batch(state, rollouts)     # rollouts: list[packing.Rollout]
@@ -30,12 +38,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 from rljob.trainer.logprobs import DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
-from rljob.trainer.model import LoraState, Policy
+from rljob.trainer.model import LoraState, Policy, put_global
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
 
-__all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "stack_micro_batches"]
+__all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "weights", "advantages", "old_logprobs")
 _INT_FIELDS = ("tokens", "segment_ids", "positions")
@@ -119,6 +129,13 @@ def stack_micro_batches(
     return calls
 
 
+def batch_sharding(policy: Policy, rows: int, budget: int) -> NamedSharding:
+    """How the stacked micro-batches ``[micro_batches, rows, budget]`` lie on the policy's mesh: rows and
+    tokens as :meth:`Policy.batch_axes` splits them (MaxText's input data sharding), the micro-batch
+    axis whole on every device."""
+    return NamedSharding(policy.mesh, P(None, *policy.batch_axes(rows, budget)))  # type: ignore[no-untyped-call]
+
+
 class Trainer:
     """Compiled accumulate/apply functions of one run (see the module docstring)."""
 
@@ -130,15 +147,43 @@ class Trainer:
             optax.clip_by_global_norm(cfg.max_grad_norm),
             optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
         )
-        self.accumulate = jax.jit(self._accumulate, donate_argnums=(0,))
-        self.apply = jax.jit(self._apply, donate_argnums=(0,))
+        # Shardings of the compiled functions' arguments and results, fixed for the run (so each compiles
+        # once): base and LoRA parameters as the policy lays them out (MaxText's logical axis rules), the
+        # optimizer state like the LoRA parameters, the batch per batch_sharding, scalars replicated.
+        self.replicated = NamedSharding(policy.mesh, P())  # type: ignore[no-untyped-call]
+        self.batch_sharding = batch_sharding(policy, cfg.rows, cfg.budget)
+        lora_s = policy.lora_sharding
+        opt_s = optax.tree_map_params(
+            self.optimizer,
+            lambda _, s: s,
+            jax.eval_shape(self.optimizer.init, policy.lora0),
+            lora_s,
+            transform_non_params=lambda _: self.replicated,
+        )
+        self.state_sharding = TrainState(lora_s, opt_s, self.replicated, self.replicated)  # type: ignore[arg-type]
+        self.acc_sharding = (lora_s, self.replicated)
+        base_s = jax.tree.map(lambda x: x.sharding, policy.base)
+        self.accumulate = jax.jit(
+            self._accumulate,
+            donate_argnums=(0,),
+            in_shardings=(self.acc_sharding, lora_s, base_s, self.batch_sharding),
+            out_shardings=self.acc_sharding,
+        )
+        self.apply = jax.jit(
+            self._apply,
+            donate_argnums=(0,),
+            in_shardings=(self.state_sharding, self.acc_sharding),
+            out_shardings=(self.state_sharding, self.replicated),
+        )
 
     # ------------------------------------------------------------------ state
 
     def init_state(self, lora: LoraState | None = None) -> TrainState:
         lora = self.policy.lora0 if lora is None else lora
         lora = jax.tree.map(jnp.array, lora)  # own copies: the step donates its inputs
-        return TrainState(lora, self.optimizer.init(lora), jnp.int32(0), jnp.int32(0))
+        state = TrainState(lora, self.optimizer.init(lora), jnp.int32(0), jnp.int32(0))
+        out: TrainState = jax.tree.map(put_global, state, self.state_sharding)
+        return out
 
     def abstract_state(self) -> TrainState:
         out: TrainState = jax.eval_shape(self.init_state)
@@ -193,7 +238,8 @@ class Trainer:
         }
         if self.with_ref:
             metrics["kl"] = jnp.float32(0)
-        return jax.tree.map(jnp.zeros_like, lora), metrics
+        grads = jax.tree.map(lambda x, s: put_global(jnp.zeros_like(x), s), lora, self.policy.lora_sharding)
+        return grads, {k: put_global(v, self.replicated) for k, v in metrics.items()}
 
     def _apply(
         self, state: TrainState, acc: tuple[Any, dict[str, jax.Array]]
@@ -221,14 +267,21 @@ class Trainer:
         acc = self.zero_acc(state.lora)
         calls = stack_micro_batches(packed, self.cfg.micro_batches, with_ref=self.with_ref)
         for call in calls:
-            acc = self.accumulate(
-                acc, state.lora, self.policy.base, {k: jnp.asarray(v) for k, v in call.items()}
-            )
+            acc = self.accumulate(acc, state.lora, self.policy.base, self.device_batch(call))
         state, metrics = self.apply(state, acc)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out["micro_batches"] = float(len(packed))
         out["accumulate_calls"] = float(len(calls))
         return state, out
+
+    def device_batch(self, call: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+        """One call's host arrays as global arrays laid out per :attr:`batch_sharding` (every process
+        holds the whole batch and supplies its own devices' shards)."""
+
+        def put(host: np.ndarray) -> jax.Array:
+            return jax.make_array_from_callback(host.shape, self.batch_sharding, lambda index: host[index])
+
+        return {k: put(v) for k, v in call.items()}
 
     def train_on_batch(
         self, state: TrainState, rollouts: list[Rollout]
