@@ -97,6 +97,18 @@ def local_run_config(
     )
 
 
+def sampler_command(cfg: Path) -> list[str]:
+    """The CPU sampler of a local run (rljob-sampler's cpu backend) on a loopback port of the config."""
+    module = ["-m", "rljob.sampler.main", "--config", str(cfg)]
+    return [sys.executable, *module, "--backend", "cpu", "--host", "127.0.0.1"]
+
+
+def trainer_command(cfg: Path, metrics: Path, *extra: str) -> list[str]:
+    """The trainer loop of a local run on the tiny CPU model, its JSON lines appended to ``metrics``."""
+    module = ["-m", "rljob.trainer.loop", "--config", str(cfg)]
+    return [sys.executable, *module, "--model", "tiny", "--log-jsonl", str(metrics), *extra]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="rl-cpu", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=120)
@@ -120,33 +132,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = workdir / "run.json"
     cfg.write_text(rc.model_dump_json(indent=1))
     sampler = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rljob.sampler.main",
-            "--config",
-            str(cfg),
-            "--backend",
-            "cpu",
-            "--host",
-            "127.0.0.1",
-        ],
+        sampler_command(cfg),
         env=env,
         stdout=(workdir / "sampler.log").open("wb"),
         stderr=subprocess.STDOUT,
     )
     t0 = time.monotonic()
-    trainer_cmd = [
-        sys.executable,
-        "-m",
-        "rljob.trainer.loop",
-        "--config",
-        str(cfg),
-        "--model",
-        "tiny",
-        "--log-jsonl",
-        str(workdir / "metrics.jsonl"),
-    ]
+    trainer_cmd = trainer_command(cfg, workdir / "metrics.jsonl")
     trainer = subprocess.Popen(trainer_cmd, env=env, stdout=subprocess.PIPE, text=True)
     first_hit: dict[str, Any] | None = None
     assert trainer.stdout is not None

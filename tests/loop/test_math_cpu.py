@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rljob.trainer.localrun import free_port, local_run_config
+from rljob.trainer.localrun import free_port, local_run_config, sampler_command, trainer_command
 from rljob.trainer.storage import open_store
 
 pytestmark = [pytest.mark.jax]
@@ -47,36 +47,14 @@ def test_math_task_runs_end_to_end(gcs_emulator: Any, tmp_path: Path) -> None:
     cfg = _config(bucket, tmp_path, port)
     metrics = tmp_path / "metrics.jsonl"
     sampler = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rljob.sampler.main",
-            "--config",
-            str(cfg),
-            "--backend",
-            "cpu",
-            "--host",
-            "127.0.0.1",
-        ],
+        sampler_command(cfg),
         env=_env(),
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "sampler.log").open("ab"),
     )
     try:
         trainer = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "rljob.trainer.loop",
-                "--config",
-                str(cfg),
-                "--model",
-                "tiny",
-                "--log-jsonl",
-                str(metrics),
-                "--eval-every",
-                "2",
-            ],
+            trainer_command(cfg, metrics, "--eval-every", "2"),
             env=_env(),
             capture_output=True,
             text=True,

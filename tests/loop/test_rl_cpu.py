@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 from rljob.trainer.checkpoint import Checkpointer
-from rljob.trainer.localrun import free_port, local_run_config
+from rljob.trainer.localrun import free_port, local_run_config, sampler_command, trainer_command
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
 
@@ -87,17 +87,7 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
 
     def sampler() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rljob.sampler.main",
-                "--config",
-                str(cfg),
-                "--backend",
-                "cpu",
-                "--host",
-                "127.0.0.1",
-            ],
+            sampler_command(cfg),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / "sampler.log").open("ab"),
@@ -105,19 +95,7 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
 
     def trainer() -> subprocess.Popen[bytes]:
         return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "rljob.trainer.loop",
-                "--config",
-                str(cfg),
-                "--model",
-                "tiny",
-                "--log-jsonl",
-                str(metrics),
-                "--eval-every",
-                "0",
-            ],
+            trainer_command(cfg, metrics, "--eval-every", "0"),
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=(tmp_path / "trainer.log").open("ab"),
