@@ -60,14 +60,20 @@ env PYTHONSAFEPATH=1 PYTHONPATH="$W/build/pkgview" "$VENV/bin/pytest" -x -q -p n
 "$VENV/bin/cr-filter-operators" session.sqlite cosmic-ray.toml
 if [ -n "${MUTATION_SAMPLE:-}" ]; then
   # A seeded random sample of the mutants still to run (the kill rate of a sample of n estimates the
-  # whole with a standard error of about sqrt(p(1-p)/n): ~2.5 points at n=150, p=0.9).
+  # whole with a standard error of about sqrt(p(1-p)/n): ~2.5 points at n=150, p=0.9). Each mutant is
+  # ranked by a hash of the seed and what it is (module, operator, occurrence), not by cosmic-ray's job
+  # id (a random UUID per `init`): the same seed on the same code picks the same mutants every time.
   "$VENV/bin/python" - "$MUTATION_SAMPLE" "${MUTATION_SEED:-0}" <<'PY'
-import random, sqlite3, sys
+import hashlib, sqlite3, sys
 n, seed = int(sys.argv[1]), int(sys.argv[2])
 db = sqlite3.connect("session.sqlite")
-todo = sorted(r[0] for r in db.execute(
-    "select job_id from work_items where job_id not in (select job_id from work_results)"))
-keep = set(random.Random(seed).sample(todo, min(n, len(todo))))
+rows = db.execute(
+    "select job_id, module_path, operator_name, operator_args, occurrence from mutation_specs "
+    "where job_id not in (select job_id from work_results)").fetchall()
+def rank(r):
+    return hashlib.sha256("\0".join(map(str, (seed, *r[1:]))).encode()).hexdigest()
+keep = {r[0] for r in sorted(rows, key=rank)[:n]}
+todo = [r[0] for r in rows]
 drop = [(j,) for j in todo if j not in keep]
 db.executemany("delete from mutation_specs where job_id = ?", drop)
 db.executemany("delete from work_items where job_id = ?", drop)
