@@ -147,6 +147,16 @@ RULES = [
         [("use_jax_splash", "at most one of use_tokamax_splash and use_jax_splash can be true")],
     ),
     ({"num_vocab_tiling": 16}, []),
+    ({"num_vocab_tiling": 16, "per_device_batch_size": 0.25, "max_target_length": 64}, []),  # 16 tokens
+    (
+        {"num_vocab_tiling": 2, "per_device_batch_size": 0.125, "max_target_length": 100},
+        [
+            (
+                "num_vocab_tiling",
+                "per_device_batch_size x max_target_length = 12.5 is not divisible by num_vocab_tiling 2",
+            )
+        ],
+    ),
     (
         {"num_vocab_tiling": 16, "per_device_batch_size": 0.125, "max_target_length": 100},
         [
