@@ -286,6 +286,8 @@ def test_tpu_fields_preserve_unknown_fields_in_the_crd_schema() -> None:
     for role in ("TrainerSpec", "SamplerSpec"):
         branches = defs[role]["properties"]["tpu"]["anyOf"]
         assert [b.get("x-kubernetes-preserve-unknown-fields") for b in branches] == [True, None]
+    # trainer.maxtext is a free-form map: kept whole too
+    assert defs["TrainerSpec"]["properties"]["maxtext"]["x-kubernetes-preserve-unknown-fields"] is True
 
 
 # ------------------------------------------------------------------ status and progress
@@ -302,10 +304,11 @@ def test_restarts_are_not_negative(field: str) -> None:
 
 
 def test_status_defaults_count_from_zero() -> None:
-    status = RLJobStatus.model_validate({"restarts": {}, "progress": {}})
+    status = RLJobStatus.model_validate({"restarts": {}, "progress": {}, "roles": {}})
     assert status.model_dump(mode="json", by_alias=True, exclude_none=True) == {
         "conditions": [],
         "restarts": {"used": 0, "left": 0},
+        "roles": {"trainer": {"ready": 0, "total": 0}, "sampler": {"ready": 0, "total": 0}},
         "progress": {"step": 0},
     }
 

@@ -215,6 +215,7 @@ RULES = [
     ({"use_ring_of_experts": True, "ragged_buffer_factor": 0}, []),
     # a value that is not a number counts as 0: no numeric rule fires (MaxText's type check reports it)
     ({"use_ring_of_experts": True, "ragged_buffer_factor": "auto"}, []),
+    ({**ROE, "num_moe_token_chunks": 2, "moe_chunk_pipeline": True, "num_moe_emb_chunks": "auto"}, []),
     (
         {"model_name": "qwen3-8b", "base_num_kv_heads": 4},
         [
@@ -227,6 +228,16 @@ RULES = [
     ),
     ({"model_name": "qwen3-8b", "base_num_kv_heads": 4, "override_model_config": True}, []),
     ({"model_name": "qwen3-8b", "base_num_kv_heads": 8}, []),
+    (
+        {"model_name": "qwen3-8b", "vocab_size": 1000},
+        [
+            (
+                "vocab_size",
+                "the qwen3-8b model config sets vocab_size=151936; MaxText refuses another value unless "
+                "override_model_config=true",
+            )
+        ],
+    ),
 ]
 
 

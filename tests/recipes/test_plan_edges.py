@@ -22,6 +22,11 @@ PARSE: list[tuple[str, str, list[str]]] = [
         ['spec["1"]: Keys should be strings'],
     ),
     (
+        "numeric key deeper",
+        HEAD + "spec: {trainer: {1: x}}\n",
+        ['spec.trainer["1"]: Keys should be strings'],
+    ),
+    (
         "odd keys quoted, indexes and the tpu union",
         HEAD.replace("{name: t}", "{name: t, labels: {a/b: 1}}")
         + "spec: {trainer: {mesh: {a.b: 1}, tpu: 5}, model: {name: 5}, lora: {targets: [q_proj, 1]}}\n",
