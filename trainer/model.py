@@ -26,8 +26,10 @@ on each device's own rows (``shard_map`` over the batch axes of :meth:`Policy.ba
   lp = policy.next_token_logprobs(lora, tokens, positions, segment_ids)  # [B, T], fused head
 
 The frozen base weights come from ``spec.checkpoint`` (the RLJob's ``spec.model.checkpoint``, a converted
-MaxText checkpoint, loaded by :mod:`rljob.trainer.base_checkpoint` before qwix adds LoRA) or, without
-one, from a random initialization by ``spec.seed`` (tests, the CPU loop). A checkpoint that does not
+MaxText checkpoint, restored by :mod:`rljob.trainer.base_checkpoint` before qwix adds LoRA) or, without
+one, from a random initialization by ``spec.seed`` (tests, the CPU loop). Either way they are created
+sharded (:func:`build_model`: an abstract model, then the restore into its sharded target or a jit
+initialization with the logical out_shardings), never whole on one device. A checkpoint that does not
 fit raises :class:`CheckpointError` (``spec.model.checkpoint: ...``; the entrypoints exit 2).
 """
 
@@ -56,8 +58,8 @@ from rljob.trainer import logprobs as lp_head
 from rljob.trainer.base_checkpoint import (
     CheckpointError,
     check_checkpoint_path,
-    load_base_params,
     logical_shardings,
+    restore_base_params,
 )
 
 __all__ = [
@@ -67,6 +69,7 @@ __all__ = [
     "LoraState",
     "ModelSpec",
     "Policy",
+    "abstract_model",
     "build_model",
     "maxtext_config",
     "put_global",
@@ -185,16 +188,72 @@ def maxtext_config(keys: Mapping[str, Any]) -> Any:
     return pyconfig.initialize(["", base], **merged)
 
 
-def build_model(cfg: Any, seed: int = 0) -> Any:
-    """The MaxText NNX Transformer for ``cfg``, base weights initialized from ``seed`` (see
-    :func:`rljob.trainer.base_checkpoint.load_base_params` for a checkpoint's)."""
+def _create_fn(cfg: Any, mesh: Any, seed: int) -> Any:
+    """The zero-argument constructor of the MaxText NNX Transformer for ``cfg`` on ``mesh``, its random
+    initialization drawn from ``seed`` (only ever called abstractly or inside a jit)."""
     from maxtext.models import models
+
+    def create() -> Any:
+        rngs = nnx.Rngs(params=seed, dropout=seed + 1, aqt=seed + 2)
+        return models.Transformer(cfg, mesh, quant=None, rngs=rngs, model_mode="train")
+
+    return create
+
+
+def abstract_model(cfg: Any, seed: int = 0) -> tuple[Any, Any, Any]:
+    """(graphdef, abstract state, shardings) of the MaxText NNX Transformer for ``cfg``: the state's leaves
+    are ShapeDtypeStructs carrying MaxText's logical-axis NamedSharding on the config's mesh
+    (:func:`rljob.trainer.base_checkpoint.logical_shardings`), ``shardings`` the same tree of
+    NamedShardings. Nothing is allocated: the constructor runs under ``nnx.eval_shape``, as in MaxText's
+    ``model_creation_utils.create_nnx_abstract_model``."""
     from maxtext.utils import maxtext_utils
 
     mesh = maxtext_utils.get_mesh_from_config(cfg)
-    return models.Transformer(
-        cfg, mesh, quant=None, rngs=nnx.Rngs(params=seed, dropout=seed + 1, aqt=seed + 2), model_mode="train"
+    with nn.logical_axis_rules(cfg.logical_axis_rules):
+        abstract = nnx.eval_shape(_create_fn(cfg, mesh, seed))
+    graphdef, state = nnx.split(abstract)
+    shardings = logical_shardings(state, cfg, mesh)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),  # type: ignore[no-untyped-call]
+        state,
+        shardings,
     )
+    return graphdef, state, shardings
+
+
+def build_model(cfg: Any, seed: int = 0, checkpoint: str | None = None) -> Any:
+    """The MaxText NNX Transformer for ``cfg``, every array created already laid out by MaxText's logical
+    axis rules on the config's mesh (each device only ever holds its own shards), as MaxText's
+    ``from_pretrained`` builds it: the model is traced abstractly (:func:`abstract_model`), then
+
+    - without ``checkpoint``: the whole state is initialized from ``seed`` inside one jit whose
+      out_shardings are the logical shardings (the same values as an eager initialization: the PRNG is
+      partitionable);
+    - with ``checkpoint`` (a converted MaxText checkpoint, ``spec.model.checkpoint``): the nnx.Param
+      weights are restored straight into the sharded abstract target
+      (:func:`rljob.trainer.base_checkpoint.restore_base_params`; no random weights are ever computed),
+      and only the small non-parameter state (the modules' RNG streams) comes from the jit, whose
+      parameter initializers XLA then drops as dead code.
+    """
+    from maxtext.utils import maxtext_utils
+
+    mesh = maxtext_utils.get_mesh_from_config(cfg)
+    graphdef, abstract, shardings = abstract_model(cfg, seed)
+    create = _create_fn(cfg, mesh, seed)
+    keep: Any = nnx.Not(nnx.Param) if checkpoint else ...
+    out_shardings = shardings.filter(keep)
+
+    @partial(jax.jit, out_shardings=out_shardings)
+    def init() -> Any:
+        with nn.logical_axis_rules(cfg.logical_axis_rules):
+            state = nnx.state(create(), keep)
+        return jax.lax.with_sharding_constraint(state, out_shardings)  # type: ignore[no-untyped-call]
+
+    state = init()
+    if not checkpoint:
+        return nnx.merge(graphdef, state)
+    params = restore_base_params(checkpoint, abstract.filter(nnx.Param), cfg)
+    return nnx.merge(graphdef, params, state)
 
 
 def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -221,9 +280,8 @@ class Policy:
             )
         if spec.checkpoint:
             check_checkpoint_path(spec.checkpoint)  # a missing path fails before the model is built
-        model = build_model(self.cfg, spec.seed)
-        if spec.checkpoint:
-            load_base_params(model, self.cfg, spec.checkpoint)
+        # Built sharded: base weights restored from the checkpoint or initialized on their devices.
+        model = build_model(self.cfg, spec.seed, spec.checkpoint)
         provider = qwix.LoraProvider(
             module_path=rf".*/({'|'.join(spec.maxtext_targets)})",
             rank=spec.lora_rank,
@@ -242,8 +300,8 @@ class Policy:
         nnx.pop(lora_model, nnx.Intermediate)
         parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
         self.graphdef: Any = parts[0]
-        # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (a random
-        # initialization leaves some on one device and the rest replicated; a checkpoint's come sharded).
+        # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (build_model's
+        # come so; put_global returns them as they are).
         self.mesh: Any = model.mesh
         self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
@@ -461,6 +519,10 @@ def put_global(x: Any, sharding: NamedSharding) -> Any:
         return x
     if x.is_fully_addressable and sharding.is_fully_addressable:
         return jax.device_put(x, sharding)
+    if not x.is_fully_addressable and not x.sharding.is_fully_replicated:
+        # A global array laid out otherwise (build_model's come sharded): no process holds it whole,
+        # reshard it on the devices (an identity under jit).
+        return jax.jit(lambda a: a, out_shardings=sharding)(x)
     if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: place their key data
         data = jax.random.key_data(x)
         spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
