@@ -106,12 +106,14 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
 # rbac.yaml; tests/doctor/ checks the two agree). RLJobs are watched and only their status written; the
 # JobSet and the run/progress ConfigMaps are server-side applied; failed pods are watched to classify
 # failures (never created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount
-# and a Role/RoleBinding for their progress ConfigMap; events are posted.
+# and a Role/RoleBinding for their progress ConfigMap; events are posted; a queued run's Kueue Workload
+# gets spec.active (spec.suspend under Kueue, rljob.operator.kueue).
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     _perms("get list watch", GROUP, PLURAL)
     + _perms("get patch", GROUP, PLURAL, "status")
     + _perms("update", GROUP, PLURAL, "finalizers")
     + _perms("get list watch create patch", JOBSET_GROUP, "jobsets")
+    + _perms("list patch", KUEUE_GROUP, "workloads")
     + _perms("get list watch create patch", "", "configmaps")
     + _perms("list watch", "", "pods")
     + _perms("get create patch", "", "serviceaccounts")
