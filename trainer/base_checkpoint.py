@@ -10,8 +10,9 @@ Loading goes through MaxText's own params-only path, ``maxtext.common.checkpoint
 (what ``load_parameters_path`` does in MaxText's trainers): it compares the stored tree and shapes with the
 model's before reading, restores into the target's shardings, casts to the model's dtypes (a bf16
 checkpoint into a float32 model is fine) and refuses a missing weight. The target is the NNX model's
-``nnx.Param`` state with MaxText's logical-axis ``NamedSharding`` on the config's mesh, so every process
-reads only its shards. It runs before qwix adds the LoRA parameters.
+``nnx.Param`` state of the abstract model (ShapeDtypeStructs with MaxText's logical-axis
+``NamedSharding`` on the config's mesh; rljob.trainer.model.build_model), so every process reads only its
+shards and no random initialization is ever computed. It runs before qwix adds the LoRA parameters.
 
 Every problem with the checkpoint (no such path, not a MaxText checkpoint, a tree or shape that does not
 match the model) raises :class:`CheckpointError`, a ValueError whose one-line message starts with
@@ -32,13 +33,11 @@ os.environ.setdefault("DECOUPLE_GCLOUD", "TRUE")
 
 import jax
 import numpy as np
-from flax import nnx
 
 __all__ = [
     "CHECKPOINT_FIELD",
     "CheckpointError",
     "check_checkpoint_path",
-    "load_base_params",
     "logical_shardings",
     "restore_base_params",
     "save_converted_checkpoint",
@@ -150,23 +149,6 @@ def _restore(path: str, target: Any, cfg: Any) -> Any:
             name = "/".join(str(getattr(k, "key", k)) for k in key)
             raise CheckpointError(path, f"does not match the model: '{name}' was not restored")
     return restored
-
-
-def _free(params: Any) -> None:
-    """Delete the device buffers of ``params`` (the random initialization the checkpoint replaces)."""
-    for leaf in jax.tree_util.tree_leaves(params):
-        if isinstance(leaf, jax.Array) and not leaf.is_deleted():
-            leaf.delete()
-
-
-def load_base_params(model: Any, cfg: Any, path: str) -> None:
-    """Replace the nnx.Param weights of ``model`` (a MaxText NNX Transformer, before LoRA) with the
-    checkpoint's. The random weights are freed first, so the peak is one copy of the weights."""
-    params = nnx.state(model, nnx.Param)
-    target = _target(params, cfg)
-    _free(params)
-    restored = _restore(path, target, cfg)
-    nnx.update(model, restored)
 
 
 def save_converted_checkpoint(directory: str, params: Mapping[str, Any], cfg: Any) -> str:
