@@ -9,7 +9,8 @@ operator's watches and its writes authenticate as the same identity.
 
 Every write goes through here with the fixed field manager `rljob-operator`:
 - `create`: a POST of a whole object we own that the caches say does not exist yet; if it exists after
-  all (409 AlreadyExists: a run interrupted half-way), it is server-side applied instead. A create costs
+  all (409 AlreadyExists: a run interrupted half-way), it is server-side applied instead (a JobSet is read
+  back as it is: Kueue may hold its spec.suspend). A create costs
   the API server about a quarter less CPU than an apply of a new object (bench/operator_scale.py);
 - `apply`: server-side apply (`application/apply-patch+yaml`, force) of a whole object we own;
 - `apply_status`: server-side apply of `.status` through the status subresource (one per reconcile);
@@ -233,6 +234,13 @@ class Kube:
         except ApiError as exc:
             if exc.status != 409:
                 raise
+        if kind == JOBSET:
+            # An existing JobSet is taken as it is: its spec is immutable but for suspend, which Kueue may
+            # hold (a forced apply of the render's suspend: false would take it from Kueue and start a
+            # queued run); _reconcile_mutable then handles suspend and the queue label as for any other.
+            return await self.request(
+                "GET", kind.path(meta.get("namespace"), meta["name"]), resource=kind.plural
+            )
         return await self.apply(obj)
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:

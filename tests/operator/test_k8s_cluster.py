@@ -1,0 +1,66 @@
+"""operator/k8s.py's `create` against the local API server: a new object is POSTed; one that exists
+already (a run interrupted half-way) is server-side applied, except a JobSet, which is taken as it is:
+its spec.suspend may be Kueue's, and a forced apply of the render's `suspend: false` would start a queued
+run behind Kueue's back."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import os
+from typing import Any
+
+import pytest
+from fixtures.cluster import Cluster
+from fixtures.recipes import MINIMAL, resolve
+from rljob.operator import handlers, k8s
+from rljob.recipes import render
+
+pytestmark = pytest.mark.cluster
+
+
+def _create_all(cluster: Cluster, objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    async def go() -> list[dict[str, Any]]:
+        kube = k8s.Kube(handlers.login)
+        try:
+            return [await kube.create(o) for o in objs]
+        finally:
+            await kube.close()
+
+    saved = os.environ.get("KUBECONFIG")
+    os.environ["KUBECONFIG"] = str(cluster.kubeconfig)
+    try:
+        return asyncio.run(go())
+    finally:
+        if saved is None:
+            os.environ.pop("KUBECONFIG", None)
+        else:
+            os.environ["KUBECONFIG"] = saved
+
+
+def test_create_applies_an_existing_object_but_takes_an_existing_jobset_as_it_is(
+    cluster: Cluster, namespace: str
+) -> None:
+    doc = copy.deepcopy(MINIMAL)
+    doc["metadata"]["namespace"] = namespace
+    run = resolve(doc)
+    jobset = render.jobset(run)
+    configmap = render.configmap(run)
+    held = copy.deepcopy(jobset)
+    held["spec"]["suspend"] = True  # as Kueue holds a queued JobSet
+    cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", held)
+    stale = copy.deepcopy(configmap)
+    stale["data"] = {"run.json": "{}"}
+    cluster.core.create_namespaced_config_map(namespace, stale)
+
+    assert jobset["spec"]["suspend"] is False
+    got_js, got_cm = _create_all(cluster, [jobset, configmap])
+
+    assert got_js["spec"]["suspend"] is True
+    on_server = cluster.custom.get_namespaced_custom_object(
+        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset["metadata"]["name"]
+    )
+    assert on_server["spec"]["suspend"] is True
+    assert got_cm["data"] == configmap["data"]  # applied: the stale copy is brought up to date
+    cm = cluster.core.read_namespaced_config_map(configmap["metadata"]["name"], namespace)
+    assert cm.data == configmap["data"]
