@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    if not args.verbose:
+        # kopf logs "Handler ... succeeded" per object per event at INFO: thousands of lines an hour at
+        # scale that say nothing. Warnings and errors (and the operator's own INFO lines) stay.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from rljob.operator import handlers  # noqa: F401  (registers the handlers)
 
     asyncio.run(
