@@ -9,18 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue
 from rljob.operator.reconcile import Reconciler
 from rljob.operator.status import JobSetView
 from rljob.recipes.render import render
 
-REPO = Path(__file__).resolve().parents[2]
 KEY = ("ns", "demo")
 
 
@@ -190,19 +188,6 @@ def test_other_api_errors_are_raised() -> None:
 
 
 # ------------------------------------------------------------------------------------- the reconcile
-
-
-def rljob(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "qwen3-8b-v5p.yaml").read_text())
-    body["metadata"] = {
-        "name": "demo",
-        "namespace": "ns",
-        "uid": "uid-demo",
-        "generation": 1,
-        "resourceVersion": "1",
-    }
-    body["spec"].update(spec)
-    return body
 
 
 def created(**spec: Any) -> tuple[Reconciler, FakeKube]:

@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s
 from rljob.operator.reconcile import PlanCache, Reconciler, WorkQueue, make_plan, newer
 from rljob.recipes.render import render
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 class MemoryKube:
@@ -75,19 +72,6 @@ class MemoryKube:
 
     async def list(self, kind: k8s.Kind, *, label_selector: str | None = None) -> list[dict[str, Any]]:
         return []
-
-
-def rljob(**spec: Any) -> dict[str, Any]:
-    body: dict[str, Any] = yaml.safe_load((REPO / "examples" / "qwen3-8b-v5p.yaml").read_text())
-    body["metadata"] = {
-        "name": "demo",
-        "namespace": "ns",
-        "uid": "uid-demo",
-        "generation": 1,
-        "resourceVersion": "1",
-    }
-    body["spec"].update(spec)
-    return body
 
 
 def setup(body: dict[str, Any]) -> tuple[Reconciler, MemoryKube]:
