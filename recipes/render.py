@@ -186,7 +186,6 @@ def _role(run: RunConfig, role: str) -> dict[str, Any]:
         "labels": labels(run, role),
         "job_annotations": placement.job_annotations(),
         "node_selector": placement.node_selector(tpu),
-        "host_network": role == naming.TRAINER and run.trainer.slices > 1,
         "grace_seconds": 120 if role == naming.TRAINER else 30,
         "image": image,
         "command": command,

@@ -94,7 +94,10 @@ def test_multislice_trainer() -> None:
     trainer = _role(js, "trainer")
     assert (trainer["replicas"], trainer["template"]["spec"]["parallelism"]) == (2, 2)
     pod = trainer["template"]["spec"]["template"]["spec"]
-    assert (pod["hostNetwork"], pod["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    # The pod network, as for one slice: host-network pods would not get the ServiceAccount's Workload
+    # Identity on GKE (the bucket grant of docs/gke.md).
+    assert "hostNetwork" not in pod and "dnsPolicy" not in pod
+    assert pod["serviceAccountName"] == "t-rljob"
     env = _env(pod["containers"][0])
     ann = "metadata.annotations['jobset.sigs.k8s.io/{}']"
     assert env["MEGASCALE_NUM_SLICES"] == {"fieldRef": {"fieldPath": ann.format("replicatedjob-replicas")}}

@@ -1,5 +1,5 @@
-"""The renderer at its edges: a broken render is caught with every violation named, the host network is
-the multislice trainer's alone, and `rljob render` never folds a long value."""
+"""The renderer at its edges: a broken render is caught with every violation named, no pod is on the host
+network (a multislice trainer included), and `rljob render` never folds a long value."""
 
 from __future__ import annotations
 
@@ -31,19 +31,17 @@ def test_a_broken_render_names_every_violation(monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.mark.parametrize(
-    ("spec", "host_network"),
-    [
-        ({}, {"trainer": None, "sampler": None}),
-        ({"trainer": {"tpu": "v5p-16", "slices": 2}}, {"trainer": True, "sampler": None}),
-        ({"trainer": {"slices": 2}, "sampler": {"replicas": 2}}, {"trainer": True, "sampler": None}),
-    ],
+    "spec",
+    [{}, {"trainer": {"tpu": "v5p-16", "slices": 2}}, {"trainer": {"slices": 2}, "sampler": {"replicas": 2}}],
     ids=["one slice", "multislice", "multislice, two samplers"],
 )
-def test_host_network_only_for_a_multislice_trainer(
-    spec: dict[str, Any], host_network: dict[str, Any]
-) -> None:
+def test_no_pod_uses_the_host_network(spec: dict[str, Any]) -> None:
+    """GKE gives host-network pods the node's identity, not the ServiceAccount's Workload Identity."""
     js = objects(manifest(spec))[-1]
-    assert {role: _pod(js, role).get("hostNetwork") for role in host_network} == host_network
+    for role in ("trainer", "sampler"):
+        pod = _pod(js, role)
+        assert ("hostNetwork" in pod, "dnsPolicy" in pod) == (False, False), role
+        assert pod["serviceAccountName"] == "t-rljob"
 
 
 @pytest.mark.parametrize("words", [20, 8000])  # 100 and 40000 characters: past PyYAML's 80 and 2**15
