@@ -107,6 +107,15 @@ def _dataset(run: RunConfig) -> str:
     return f"{d.task} problems from {d.path} ({d.eval_size} held out for evaluation), math-verify reward"
 
 
+def _vllm_support(accelerator: str) -> str:
+    from rljob.recipes.tpu import BY_ACCELERATOR
+
+    gen = BY_ACCELERATOR[accelerator]
+    if gen.vllm_tpu_support == "experimental":
+        return f"{gen.prefix} is experimental there (recommended: v7x, v6e, v5e)"
+    return f"{gen.prefix} is {gen.vllm_tpu_support}"
+
+
 def explain(run: RunConfig) -> str:
     """The human-readable plan of a resolved run."""
     t, s = run.trainer, run.sampler
@@ -140,6 +149,7 @@ def explain(run: RunConfig) -> str:
         f"  tpu: {s.tpu.type_name} = {s.tpu.accelerator} {s.tpu.topology}, {s.tpu.chips} chips, "
         f"{s.tpu.hosts} hosts, {s.tpu.devices} devices per replica",
         f"  replicas: {s.replicas}, tensor parallel {s.tensor_parallel}, max model len {s.max_model_len}",
+        f"  vLLM TPU backend (tpu-inference): {_vllm_support(s.tpu.accelerator)}",
         f"  lora: rank {spec.lora.rank}, alpha {spec.lora.alpha:g}, max loras {s.max_loras}, targets "
         f"{', '.join(spec.lora.targets or [])}",
         f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "

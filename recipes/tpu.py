@@ -41,10 +41,16 @@ class Generation:
     # Multi-host node pools are created with a GKE workload policy (--placement-policy) instead of
     # --tpu-topology; pods then select it by name (xpk: requires_workload_policy).
     workload_policy: bool = False
+    # How vLLM's TPU backend (tpu-inference, the sampler's) lists the generation: "recommended" or
+    # "experimental" (https://github.com/vllm-project/tpu-inference, README "Compatible TPU Generations":
+    # recommended v7x, v6e, v5e; experimental v3, v4, v5p).
+    vllm_tpu_support: str = "recommended"
 
 
 GENERATIONS: dict[str, Generation] = {
-    "v5p": Generation("v5p", "tpu-v5p-slice", "ct5p-hightpu-4t", None, 1, 140, False),
+    "v5p": Generation(
+        "v5p", "tpu-v5p-slice", "ct5p-hightpu-4t", None, 1, 140, False, vllm_tpu_support="experimental"
+    ),
     "tpu7x": Generation("tpu7x", "tpu7x", "tpu7x-standard-4t", "tpu7x-standard-1t", 2, 144, True, True),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}

@@ -46,12 +46,20 @@ def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert "  mesh ici: fsdp 4" in lines
     assert "  replicas: 1, tensor parallel 4, max model len 5120" in lines
+    vllm = "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: v7x, v6e, v5e)"
+    assert vllm in lines
     keys = {
         ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith("  ") and ln.rstrip().endswith("]")
     }
     assert keys["remat_policy"] == "[manifest]"
     assert keys["attention"] == "[recipe]"
     assert keys["ici_fsdp_parallelism"] == "[rljob]"
+
+
+def test_plan_of_a_tpu7x_sampler_says_vllm_recommends_it(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "-f", str(REPO / "examples" / "qwen3.5-397b-tpu7x-256chips.yaml"))
+    assert code == 0
+    assert "  vLLM TPU backend (tpu-inference): tpu7x is recommended" in out.splitlines()
 
 
 def test_plan_json_is_a_runconfig(capsys: pytest.CaptureFixture[str]) -> None:

@@ -440,6 +440,28 @@ def test_every_recipe_and_profile_resolves(name: str) -> None:
         assert run.trainer.ici.product() == run.trainer.tpu.devices
 
 
+@pytest.mark.parametrize("name", recipe_catalog.names())
+def test_a_recipe_on_an_experimental_vllm_generation_says_so(name: str) -> None:
+    """tpu-inference lists v5p as experimental: a recipe whose samplers run there says it."""
+    from rljob.recipes.tpu import BY_ACCELERATOR
+
+    recipe = recipe_catalog.load(name)
+    run = resolve(recipe_manifest(name))
+    support = BY_ACCELERATOR[run.sampler.tpu.accelerator].vllm_tpu_support
+    assert support in ("recommended", "experimental")
+    says = f"lists {BY_ACCELERATOR[run.sampler.tpu.accelerator].prefix} as experimental" in recipe.description
+    assert says == (support == "experimental"), (name, support)
+
+
+def test_vllm_tpu_support_of_each_generation() -> None:
+    from rljob.recipes.tpu import GENERATIONS
+
+    assert {p: g.vllm_tpu_support for p, g in GENERATIONS.items()} == {
+        "v5p": "experimental",
+        "tpu7x": "recommended",
+    }
+
+
 def test_catalog_397b_meshes() -> None:
     shapes = {}
     for profile in (None, "256-chips-ep2", "256-chips-ep1"):
