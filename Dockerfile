@@ -3,13 +3,15 @@
 # rljob images, one Dockerfile, three targets:
 #
 #   docker build --target operator -t IMAGE/rljob-operator:VERSION .   # kopf operator, no JAX
-#   docker build --target trainer  -t IMAGE/rljob-trainer:VERSION  .   # MaxText + tunix + qwix, jax[tpu]
+#   docker build --target trainer  -t IMAGE/rljob-trainer:VERSION  .   # MaxText + qwix on jax[tpu]
 #   docker build --target sampler  -t IMAGE/rljob-sampler:VERSION  .   # vLLM's TPU build (vllm-tpu)
 #
 # VERSION is `version` in pyproject.toml (the Helm chart's appVersion and image tag follow it).
 # Every Python version pin lives in pyproject.toml (extras operator / trainer + tpu / sampler + sampler-tpu):
-# this file names extras only, never a package version. tests/images/ runs each target's install command
-# below with `--dry-run` and checks what it resolves (e.g. no jax in the operator image).
+# this file names extras only, never a package version. `make images-rehearse` (hack/rehearse_images.py)
+# resolves each target's install command below, verbatim, with `uv pip compile` for this base image's
+# platform, installs the result into a virtual environment and runs the entrypoint's smoke test in it;
+# tests/images/ checks what the commands resolve (e.g. no jax in the operator image).
 
 # Base images pinned by full version. uv matches UV_VERSION in the Makefile (tests/images/ checks it).
 ARG PYTHON_IMAGE=python:3.12.12-slim-trixie
@@ -38,50 +40,73 @@ FROM build AS build-operator
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv pip install ".[operator]"
 
+# The trainer: MaxText as a model library (models, config, checkpointing, sharding) with qwix LoRA, on
+# jax[tpu] at the jax the CPU tests run. Not MaxText's post-training install (maxtext[tpu-post-train]
+# --resolution=lowest, then install_tpu_post_train_extra_deps): that set exists for MaxText's own
+# trainers, which roll out with vLLM inside the training process (it adds torch from the PyTorch CPU
+# index, ray, the vLLM runtime and Jupyter to maxtext[tpu], and the extra-deps step builds vLLM from a
+# git commit). rljob's rollouts run in the sampler image; the trainer imports none of that (its smoke
+# test in `make images-rehearse` lists what it imports). docs/gke.md, section 5.
 FROM build AS build-trainer
 RUN --mount=type=cache,target=/root/.cache/uv \
     uv pip install ".[trainer,tpu]"
 
+# The sampler: vllm-tpu with the CPU build of torch, installed as vLLM's TPU Dockerfile installs it
+# (pip install --extra-index-url https://download.pytorch.org/whl/cpu: the best version of each package
+# over PyPI and the PyTorch CPU index, which is what uv's unsafe-best-match does). From PyPI alone, torch
+# comes with the CUDA libraries (nvidia-*), which a TPU host never loads.
 FROM build AS build-sampler
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv pip install ".[sampler,sampler-tpu]"
+    uv pip install --extra-index-url=https://download.pytorch.org/whl/cpu --index-strategy=unsafe-best-match \
+    ".[sampler,sampler-tpu]"
 
 # ---------------------------------------------------------------------------------------------------------
-# Runtime base: the same Python image, the venv copied in, a non-root user. The venv is owned by root and
-# world-readable, so the image also works when a pod runs it as root.
+# Runtime base: the same Python image with the venv on PATH. The venv is owned by root, world-readable.
 FROM ${PYTHON_IMAGE} AS runtime
-RUN groupadd --gid 1000 rljob \
-    && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/rljob --shell /usr/sbin/nologin rljob
 ENV PATH=/opt/rljob/bin:${PATH} \
     VIRTUAL_ENV=/opt/rljob \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PYTHONSAFEPATH=1 \
-    HOME=/home/rljob
-WORKDIR /home/rljob
+    PYTHONSAFEPATH=1
 
 # The operator talks only to the API server: non-root, no capabilities (the chart's securityContext adds
 # runAsNonRoot, readOnlyRootFilesystem and drops ALL capabilities).
 FROM runtime AS operator
+RUN groupadd --gid 1000 rljob \
+    && useradd --uid 1000 --gid 1000 --create-home --home-dir /home/rljob --shell /usr/sbin/nologin rljob
+ENV HOME=/home/rljob
+WORKDIR /home/rljob
 COPY --from=build-operator /opt/rljob /opt/rljob
 USER 1000:1000
 ENTRYPOINT ["rljob-operator"]
 
-# TPU images. They run as uid 1000 by default. TPU access on GKE: the TPU device plugin hands the pod the
-# TPU device nodes when it requests `google.com/tpu`; GKE's TPU docs keep `securityContext.privileged: true`
-# only for GKE versions before 1.28, so on current GKE (TPU7x needs >= 1.34) neither privileged mode nor
-# root is required by GKE itself. Whether uid 1000 can open the device nodes (/dev/vfio/*, /dev/accel*)
-# depends on their ownership on the node (Kubernetes only maps them with the container's uid when the
-# runtime sets device_ownership_from_security_context). If libtpu reports a permission error opening the
-# TPU, run the pod with `securityContext.runAsUser: 0` (the image works as root unchanged); xpk's
-# workloads run privileged, which also works. docs/gke.md says the same.
+# TPU images run as root (uid 0), not privileged, as Google's TPU manifests run them: every one found
+# runs as root (the images of AI-Hypercomputer/tpu-recipes' Ironwood vLLM servers and microbenchmarks have
+# no USER and no securityContext, or privileged: false; xpk and the Ironwood MaxText training recipes add
+# privileged: true), none as another user. GKE's TPU device plugin gives the container the TPU device
+# nodes; they keep the node's ownership, so a non-root uid depends on their mode, which nothing
+# documents. GKE needs privileged mode only before 1.28. docs/gke.md, section 5.
 FROM runtime AS trainer
 COPY --from=build-trainer /opt/rljob /opt/rljob
-USER 1000:1000
+ENV HOME=/root
+WORKDIR /root
+# hadolint ignore=DL3002
+USER 0:0
 ENTRYPOINT ["rljob-trainer"]
 
+# The sampler adds what vLLM's TPU Dockerfile installs from Debian for vLLM (docker/Dockerfile.pypi of
+# vllm-project/tpu-inference: libopenmpi-dev, libomp-dev, build-essential). Debian versions are not
+# pinned: the base image's tag fixes the release, and a stable release keeps one version of a package,
+# so a pinned version fails the build at the next point release.
 FROM runtime AS sampler
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends build-essential libomp-dev libopenmpi-dev \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build-sampler /opt/rljob /opt/rljob
-USER 1000:1000
+ENV HOME=/root
+WORKDIR /root
+# hadolint ignore=DL3002
+USER 0:0
 EXPOSE 8000
 ENTRYPOINT ["rljob-sampler"]

