@@ -45,13 +45,27 @@ class Generation:
     # "experimental" (https://github.com/vllm-project/tpu-inference, README "Compatible TPU Generations":
     # recommended v7x, v6e, v5e; experimental v3, v4, v5p).
     vllm_tpu_support: str = "recommended"
+    # The oldest GKE version whose node pools run the generation, where GKE names one
+    # (https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood; AI-Hypercomputer/tpu-recipes,
+    # microbenchmarks/ironwood/README.md: "1.34.0-gke.2201000, the minimum required version for Ironwood").
+    min_gke_version: str | None = None
 
 
 GENERATIONS: dict[str, Generation] = {
     "v5p": Generation(
         "v5p", "tpu-v5p-slice", "ct5p-hightpu-4t", None, 1, 140, False, vllm_tpu_support="experimental"
     ),
-    "tpu7x": Generation("tpu7x", "tpu7x", "tpu7x-standard-4t", "tpu7x-standard-1t", 2, 144, True, True),
+    "tpu7x": Generation(
+        "tpu7x",
+        "tpu7x",
+        "tpu7x-standard-4t",
+        "tpu7x-standard-1t",
+        2,
+        144,
+        True,
+        True,
+        min_gke_version="1.34.0-gke.2201000",
+    ),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}
 

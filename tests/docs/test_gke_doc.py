@@ -1,31 +1,72 @@
-"""docs/gke.md is executable knowledge: every RLJob manifest in it renders with `rljob render`, the node
-pools its gcloud commands create are the ones those manifests need (checked by `rljob doctor`'s own
-node-pool check), its Kueue objects match the manifest's queue, and its install URLs carry the pinned
-versions (hack/versions.env)."""
+"""docs/gke.md is executable knowledge, kept true by this file:
+
+- every RLJob manifest in it passes `rljob validate` and renders (`rljob render`), its pods on the pod
+  network as the job's ServiceAccount, the one the doc's Workload Identity grant names; its Kueue
+  objects serve the queued manifest, and are accepted by Kueue's own API (a `cluster` test);
+- the node pools its gcloud commands create are the ones those manifests need (checked by
+  `rljob doctor`'s own node-pool check), single-host pools without `--tpu-topology`, multi-host v5p with
+  it and compact placement, multi-host tpu7x with a workload policy;
+- every gcloud command (in code blocks and inline) uses only the flags of GCLOUD below, each with its
+  public reference page, and the values rljob relies on (VALUE_RULES);
+- every version, image, package, extra, machine type and Debian package it names is the repo's
+  (hack/versions.env, pyproject.toml, the Dockerfile, the Helm chart, the TPU catalog);
+- the checkpoint-conversion command resolves MaxText's config from any directory (marker `jax`).
+Each check is a function from the doc's text to a list of problems, so the deliberately broken copies
+of the doc at the end prove each check catches what it is for.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import shlex
 import subprocess
 import sys
+import tomllib
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+from packaging.requirements import Requirement
 from rljob.cli import doctor_checks
+from rljob.recipes import naming
 from rljob.recipes import tpu as tpu_catalog
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "gke.md"
 TEXT = DOC.read_text()
 RLJOB = Path(sys.executable).parent / "rljob"
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+VERSION: str = PYPROJECT["project"]["version"]
+EXTRAS: dict[str, list[str]] = PYPROJECT["project"]["optional-dependencies"]
+PINS = dict(
+    line.split("=", 1)
+    for line in (REPO / "hack" / "versions.env").read_text().splitlines()
+    if "=" in line and not line.startswith("#")
+)
 
-BLOCKS: list[tuple[str, str]] = re.findall(r"^```(\w*)\n(.*?)^```", TEXT, re.M | re.S)
-YAML_DOCS = [d for lang, body in BLOCKS if lang == "yaml" for d in yaml.safe_load_all(body) if d]
-MANIFESTS = [d for d in YAML_DOCS if d.get("kind") == "RLJob"]
-SHELL = "\n".join(body for lang, body in BLOCKS if lang == "sh")
+
+def blocks(text: str) -> list[tuple[str, str]]:
+    return re.findall(r"^```(\w*)\n(.*?)^```", text, re.M | re.S)
+
+
+def yaml_docs(text: str) -> list[dict[str, Any]]:
+    return [d for lang, body in blocks(text) if lang == "yaml" for d in yaml.safe_load_all(body) if d]
+
+
+def manifests(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml_docs(text) if d.get("kind") == "RLJob"]
+
+
+def shell(text: str) -> str:
+    return "\n".join(body for lang, body in blocks(text) if lang == "sh")
+
+
+MANIFESTS = manifests(TEXT)
+SHELL = shell(TEXT)
 
 
 def test_doc_has_v5p_and_tpu7x_manifests() -> None:
@@ -34,26 +75,38 @@ def test_doc_has_v5p_and_tpu7x_manifests() -> None:
     assert any("v5p" in s for s in shapes) and any("tpu7x" in s for s in shapes)
 
 
-@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m["metadata"]["name"] for m in MANIFESTS])
-def test_manifest_renders(manifest: dict[str, Any]) -> None:
-    proc = subprocess.run(
-        [str(RLJOB), "render", "-f", "-"],
+def _rljob(verb: str, manifest: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(RLJOB), verb, "-f", "-"],
         input=yaml.safe_dump(manifest),
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+@pytest.mark.parametrize("manifest", MANIFESTS, ids=[m["metadata"]["name"] for m in MANIFESTS])
+def test_manifest_validates_and_renders_on_the_pod_network(manifest: dict[str, Any]) -> None:
+    valid = _rljob("validate", manifest)
+    assert valid.returncode == 0 and ": valid: JobSet " in valid.stdout, valid.stderr
+    proc = _rljob("render", manifest)
     assert proc.returncode == 0, proc.stderr
-    kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout) if d]
-    assert "JobSet" in kinds and "ConfigMap" in kinds
+    objs = [d for d in yaml.safe_load_all(proc.stdout) if d]
+    assert [d["kind"] for d in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    sa = naming.service_account(manifest["metadata"]["name"])
+    assert objs[0]["metadata"]["name"] == sa
+    for rj in objs[-1]["spec"]["replicatedJobs"]:
+        pod = rj["template"]["spec"]["template"]["spec"]
+        # Workload Identity: the pod runs as the job's ServiceAccount, not on the host network.
+        assert pod["serviceAccountName"] == sa and "hostNetwork" not in pod, rj["name"]
 
 
 # ------------------------------------------------------------------------------ node pools of the doc
 
 
-def _commands(shell: str) -> list[tuple[list[str], int]]:
+def _commands(shell_text: str) -> list[tuple[list[str], int]]:
     """Each command of the doc's shell blocks (continuations joined) with how often a `for` loop runs it."""
-    joined = re.sub(r"\\\n\s*", " ", shell)
+    joined = re.sub(r"\\\n\s*", " ", shell_text)
     out: list[tuple[list[str], int]] = []
     repeat = 1
     for line in joined.splitlines():
@@ -70,21 +123,32 @@ def _commands(shell: str) -> list[tuple[list[str], int]]:
 
 
 def _flags(argv: list[str]) -> dict[str, str]:
-    return dict(a[2:].split("=", 1) for a in argv if a.startswith("--") and "=" in a)
+    """--name=value flags as {name: value}; a bare --name as {name: ""}."""
+    out: dict[str, str] = {}
+    for a in argv:
+        if a.startswith("--"):
+            name, _, value = a[2:].partition("=")
+            out[name] = value
+    return out
 
 
-def doc_nodes() -> list[dict[str, Any]]:
-    """The nodes the doc's `gcloud container node-pools create` commands would make, as GKE labels them."""
-    by_machine = {g.machine_type: g.accelerator for g in tpu_catalog.GENERATIONS.values()}
+def doc_nodes(text: str = TEXT) -> list[dict[str, Any]]:
+    """The nodes the doc's `gcloud container node-pools create` commands would make, as GKE labels them.
+
+    A single-host pool names no topology: GKE labels its node with the machine type's whole slice
+    (2x2x1 for a 4-chip host)."""
+    by_machine = {g.machine_type: g for g in tpu_catalog.GENERATIONS.values()}
     policies: dict[str, str] = {}
     nodes: list[dict[str, Any]] = []
-    for argv, repeat in _commands(SHELL):
+    for argv, repeat in _commands(shell(text)):
         if argv[:5] == ["gcloud", "compute", "resource-policies", "create", "workload-policy"]:
             policies[argv[5]] = _flags(argv)["accelerator-topology"]
         if argv[:4] != ["gcloud", "container", "node-pools", "create"]:
             continue
         flags = _flags(argv)
-        topology = flags.get("tpu-topology") or policies[flags["placement-policy"]]
+        gen = by_machine[flags["machine-type"]]
+        single_host = tpu_catalog.topology_for_chips(gen.prefix, 4)
+        topology = flags.get("tpu-topology") or policies.get(flags.get("placement-policy", "")) or single_host
         extra = (
             {"cloud.google.com/placement-policy-name": flags["placement-policy"]}
             if "placement-policy" in flags
@@ -99,7 +163,7 @@ def doc_nodes() -> list[dict[str, Any]]:
                             "name": f"{pool}-{n}",
                             "labels": {
                                 "cloud.google.com/gke-nodepool": pool,
-                                "cloud.google.com/gke-tpu-accelerator": by_machine[flags["machine-type"]],
+                                "cloud.google.com/gke-tpu-accelerator": gen.accelerator,
                                 "cloud.google.com/gke-tpu-topology": topology,
                                 **extra,
                             },
@@ -114,8 +178,7 @@ def doc_nodes() -> list[dict[str, Any]]:
 
 
 def test_doc_node_pool_commands_are_well_formed() -> None:
-    nodes = doc_nodes()
-    pools = doctor_checks.tpu_pools(nodes)
+    pools = doctor_checks.tpu_pools(doc_nodes())
     assert len(pools) >= 4
     for pool in pools.values():
         prefix = "v5p" if pool.accelerator == "tpu-v5p-slice" else "tpu7x"
@@ -135,22 +198,244 @@ def test_doc_pools_are_what_the_manifest_needs(manifest: dict[str, Any], tmp_pat
     )
 
 
-def test_multi_host_tpu7x_pools_use_a_workload_policy() -> None:
-    for argv, _ in _commands(SHELL):
-        if argv[:4] == ["gcloud", "container", "node-pools", "create"]:
-            flags = _flags(argv)
-            if flags["machine-type"].startswith("tpu7x") and int(flags["num-nodes"]) > 1:
-                assert "placement-policy" in flags and "tpu-topology" not in flags, argv
+XPK_NODEPOOL = "https://github.com/AI-Hypercomputer/xpk/blob/main/src/xpk/core/nodepool.py"
+IRONWOOD = "https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood"
 
 
-# ------------------------------------------------------------------------------------ Kueue, versions
+def pool_problems(text: str) -> list[str]:
+    """How each TPU node pool is created, by shape (sources: xpk's node pools, GKE's Ironwood page)."""
+    by_machine = {g.machine_type: g for g in tpu_catalog.GENERATIONS.values()}
+    out = []
+    for argv, _ in _commands(shell(text)):
+        if argv[:4] != ["gcloud", "container", "node-pools", "create"]:
+            continue
+        flags, pool = _flags(argv), argv[4]
+        gen = by_machine.get(flags.get("machine-type", ""))
+        if gen is None:
+            continue  # the machine type itself is checked by the flag table
+        has = {k for k in ("tpu-topology", "placement-type", "placement-policy") if k in flags}
+        if flags.get("num-nodes") == "1":
+            if has:  # xpk: "--tpu-topology should not be set for single-host node pools"
+                out.append(f"{pool}: a single-host pool takes no {', '.join(sorted(has))} ({XPK_NODEPOOL})")
+        elif gen.workload_policy:
+            if has != {"placement-policy"}:
+                out.append(
+                    f"{pool}: a multi-host {gen.prefix} pool takes --placement-policy alone ({IRONWOOD})"
+                )
+        elif has != {"tpu-topology", "placement-type"} or flags["placement-type"] != "COMPACT":
+            out.append(
+                f"{pool}: a multi-host {gen.prefix} pool takes --tpu-topology and --placement-type=COMPACT "
+                f"({XPK_NODEPOOL})"
+            )
+    return out
+
+
+# ------------------------------------------------------------------------------------ gcloud and flags
+
+REF = "https://cloud.google.com/sdk/gcloud/reference/"
+# Every gcloud command the doc runs, with the flags rljob relies on; each flag's source is the command's
+# reference page (global flags: gcloud's).
+GCLOUD: dict[tuple[str, ...], tuple[str, set[str]]] = {
+    ("auth", "application-default", "login"): (REF + "auth/application-default/login", set()),
+    ("auth", "configure-docker"): (REF + "auth/configure-docker", set()),
+    ("config", "set"): (REF + "config/set", set()),
+    ("projects", "describe"): (REF + "projects/describe", {"format"}),
+    ("services", "enable"): (REF + "services/enable", set()),
+    ("compute", "tpus", "accelerator-types", "list"): (REF + "compute/tpus/accelerator-types/list", {"zone"}),
+    ("compute", "resource-policies", "create", "workload-policy"): (
+        REF + "compute/resource-policies/create/workload-policy",
+        {"type", "accelerator-topology", "region"},
+    ),
+    ("container", "clusters", "create"): (
+        REF + "container/clusters/create",
+        {
+            "location",
+            "node-locations",
+            "release-channel",
+            "workload-pool",
+            "machine-type",
+            "num-nodes",
+            "cluster-version",
+        },
+    ),
+    ("container", "clusters", "get-credentials"): (REF + "container/clusters/get-credentials", {"location"}),
+    ("container", "clusters", "update"): (
+        REF + "container/clusters/update",
+        {
+            "location",
+            "add-maintenance-exclusion-name",
+            "add-maintenance-exclusion-start",
+            "add-maintenance-exclusion-end",
+            "add-maintenance-exclusion-scope",
+        },
+    ),
+    ("container", "clusters", "delete"): (REF + "container/clusters/delete", {"location"}),
+    ("container", "node-pools", "create"): (
+        REF + "container/node-pools/create",
+        {
+            "cluster",
+            "location",
+            "node-locations",
+            "machine-type",
+            "num-nodes",
+            "tpu-topology",
+            "placement-type",
+            "placement-policy",
+            "spot",
+            "reservation-affinity",
+            "reservation",
+        },
+    ),
+    ("storage", "buckets", "create"): (
+        REF + "storage/buckets/create",
+        {"location", "uniform-bucket-level-access"},
+    ),
+    ("storage", "buckets", "add-iam-policy-binding"): (
+        REF + "storage/buckets/add-iam-policy-binding",
+        {"role", "member"},
+    ),
+    ("storage", "cp"): (REF + "storage/cp", set()),
+    ("storage", "rm"): (REF + "storage/rm", {"recursive"}),
+    ("artifacts", "repositories", "create"): (
+        REF + "artifacts/repositories/create",
+        {"repository-format", "location"},
+    ),
+}
+SHORT_FLAGS = {"-r": "recursive"}
+TPU_MACHINES = {g.machine_type for g in tpu_catalog.GENERATIONS.values()}
+TPU_MACHINES |= {
+    g.single_chip_machine_type for g in tpu_catalog.GENERATIONS.values() if g.single_chip_machine_type
+}
+
+
+@dataclass(frozen=True)
+class ValueRule:
+    command: tuple[str, ...]
+    flag: str
+    ok: Callable[[str], bool]
+    why: str  # what rljob relies on, with the source
+
+
+def _tpu_topology(value: str) -> bool:
+    return any(value in tpu_catalog.topologies(p) for p in tpu_catalog.GENERATIONS)
+
+
+VALUE_RULES = [
+    ValueRule(("container", "node-pools", "create"), "machine-type",
+              lambda v: v in TPU_MACHINES or not v.startswith(("ct", "tpu")),
+              "a TPU machine type of rljob's catalog (recipes/tpu.py)"),
+    ValueRule(("container", "node-pools", "create"), "tpu-topology", _tpu_topology,
+              "a topology of rljob's catalog"),
+    ValueRule(("container", "node-pools", "create"), "placement-type", lambda v: v == "COMPACT",
+              "COMPACT, as xpk places multi-host pools (" + XPK_NODEPOOL + ")"),
+    ValueRule(("container", "node-pools", "create"), "placement-policy",
+              lambda v: re.fullmatch(r"tpu7x-\d+-\d+x\d+x\d+-placement-policy", v) is not None,
+              "tpu7x-<N>-<topology>-placement-policy, the name the pods select (recipes/tpu.py)"),
+    ValueRule(("compute", "resource-policies", "create", "workload-policy"), "type",
+              lambda v: v == "HIGH_THROUGHPUT", "HIGH_THROUGHPUT for TPU7x slices (" + IRONWOOD + ")"),
+    ValueRule(("compute", "resource-policies", "create", "workload-policy"), "accelerator-topology",
+              lambda v: v in tpu_catalog.topologies("tpu7x"), "a tpu7x topology of rljob's catalog"),
+    ValueRule(("container", "clusters", "create"), "release-channel",
+              lambda v: v in {"rapid", "regular", "stable", "extended"},
+              "a GKE release channel (" + REF + "container/clusters/create)"),
+    ValueRule(("container", "clusters", "create"), "workload-pool",
+              lambda v: v == "$PROJECT_ID.svc.id.goog",
+              "the project's Workload Identity pool, which the bucket grant names"),
+    ValueRule(("container", "clusters", "update"), "add-maintenance-exclusion-scope",
+              lambda v: v in {"no_upgrades", "no_minor_upgrades", "no_minor_or_node_upgrades"},
+              "a maintenance exclusion scope (" + REF + "container/clusters/update)"),
+    ValueRule(("storage", "buckets", "add-iam-policy-binding"), "role",
+              lambda v: v == "roles/storage.objectUser",
+              "objects read, written and listed: roles/storage.objectUser "
+              "(https://cloud.google.com/storage/docs/access-control/iam-roles)"),
+    ValueRule(("artifacts", "repositories", "create"), "repository-format", lambda v: v == "docker",
+              "a Docker repository for the three images"),
+]  # fmt: skip
+
+
+def _until_unbalanced(s: str) -> str:
+    """The text of a `$(...)` command: up to the parenthesis that closes it, quotes respected."""
+    depth, quote = 0, ""
+    for i, ch in enumerate(s):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            if depth == 0:
+                return s[:i]
+            depth -= 1
+    return s
+
+
+def gcloud_invocations(text: str) -> list[list[str]]:
+    """Every gcloud command of the doc: shell blocks (also inside `$(...)`) and inline code spans."""
+    found = []
+    for line in re.sub(r"\\\n\s*", " ", shell(text)).splitlines():
+        line = line.strip()
+        if line.startswith("gcloud "):
+            found.append(line)
+        found += [_until_unbalanced(rest) for rest in re.findall(r"\$\((gcloud .*)", line)]
+    found += re.findall(r"`(gcloud [^`]+)`", text)
+    return [shlex.split(c, comments=True) for c in found]
+
+
+def _command_of(argv: list[str]) -> tuple[str, ...] | None:
+    words = tuple(a for a in argv[1:] if not a.startswith("-"))
+    matches = [c for c in GCLOUD if words[: len(c)] == c]
+    return max(matches, key=len) if matches else None
+
+
+def gcloud_problems(text: str) -> list[str]:
+    out = []
+    for argv in gcloud_invocations(text):
+        command = _command_of(argv)
+        if command is None:
+            out.append(f"{' '.join(argv[:5])}: not a gcloud command of the table (add it with its source)")
+            continue
+        source, allowed = GCLOUD[command]
+        flags = _flags(argv) | {SHORT_FLAGS[a]: "" for a in argv if a in SHORT_FLAGS}
+        for flag in sorted(set(flags) - allowed):
+            out.append(f"gcloud {' '.join(command)} --{flag}: not a flag rljob relies on ({source})")
+        for rule in VALUE_RULES:
+            if rule.command == command and rule.flag in flags and not rule.ok(flags[rule.flag]):
+                out.append(
+                    f"gcloud {' '.join(command)} --{rule.flag}={flags[rule.flag]}: expected {rule.why}"
+                )
+    # Flags the prose of the cluster and node pool sections names alone (`--spot`) must be flags of some
+    # command of the table.
+    every = set().union(*(allowed for _, allowed in GCLOUD.values()))
+    sections = re.search(r"^## 1\..*?(?=^## 3\.)", text, re.M | re.S)
+    for span in re.findall(r"`(--[a-z-]+)(?:=[^`]*)?`", sections[0] if sections else ""):
+        if span[2:] not in every:
+            out.append(f"`{span}`: not a flag of any gcloud command of the table")
+    return out
+
+
+def test_gcloud_table_sources_are_public_reference_pages() -> None:
+    for command, (source, _) in GCLOUD.items():
+        assert source == REF + "/".join(command), command
+
+
+def test_every_gcloud_command_uses_the_flags_rljob_relies_on() -> None:
+    assert len(gcloud_invocations(TEXT)) >= 15
+    assert gcloud_problems(TEXT) == []
+
+
+def test_node_pools_are_created_as_their_shape_needs() -> None:
+    assert pool_problems(TEXT) == []
+
+
+# --------------------------------------------------------------------------- Kueue, versions, images
 
 
 def test_kueue_objects_serve_the_queued_manifest() -> None:
     queued = [m for m in MANIFESTS if m["spec"].get("queueName")]
     assert queued
     by_kind: dict[str, list[dict[str, Any]]] = {}
-    for d in YAML_DOCS:
+    for d in yaml_docs(TEXT):
         by_kind.setdefault(d["kind"], []).append(d)
     flavors = {
         (f["spec"]["nodeLabels"]["cloud.google.com/gke-tpu-accelerator"],
@@ -167,16 +452,323 @@ def test_kueue_objects_serve_the_queued_manifest() -> None:
             assert (gen.accelerator, topology) in flavors, (role, topology)
 
 
-def test_install_urls_use_the_pinned_versions() -> None:
-    pins = dict(
-        line.split("=", 1)
-        for line in (REPO / "hack" / "versions.env").read_text().splitlines()
-        if "=" in line and not line.startswith("#")
-    )
-    urls = re.findall(
-        r"https://github\.com/kubernetes-sigs/(jobset|kueue)/releases/download/(v[\d.]+)/", TEXT
-    )
-    assert {name for name, _ in urls} == {"jobset", "kueue"}
-    for name, version in urls:
-        assert version == pins[f"{name.upper()}_VERSION"], name
-    assert f"JobSet {pins['JOBSET_VERSION']}" in TEXT and f"Kueue {pins['KUEUE_VERSION']}" in TEXT
+def _pin(extra: str, name: str) -> str:
+    [req] = [r for r in map(Requirement, EXTRAS[extra]) if r.name == name]
+    [version] = [s.version for s in req.specifier if s.operator == "=="]
+    return version
+
+
+def _dockerfile_users() -> dict[str, str]:
+    users, stage = {}, ""
+    for line in (REPO / "Dockerfile").read_text().splitlines():
+        if m := re.match(r"FROM \S+ AS (\S+)", line):
+            stage = m[1]
+        elif m := re.match(r"USER (\S+)", line):
+            users[stage] = m[1].split(":")[0]
+    return users
+
+
+def _apt_packages() -> set[str]:
+    text = re.sub(r"\\\n\s*", " ", (REPO / "Dockerfile").read_text())
+    return {
+        p
+        for cmd in re.findall(r"apt-get install ([^&\n]*)", text)
+        for p in cmd.split()
+        if not p.startswith("-")
+    }
+
+
+def version_problems(text: str) -> list[str]:
+    """Versions, images, packages and extras the doc names, against the repo's pins."""
+    out = []
+    for name, version in re.findall(
+        r"https://github\.com/kubernetes-sigs/(jobset|kueue)/releases/download/(v[\d.]+)/", text
+    ):
+        if version != PINS[f"{name.upper()}_VERSION"]:
+            out.append(f"{name} install URL at {version}, pinned {PINS[f'{name.upper()}_VERSION']}")
+    for name in ("JobSet", "Kueue"):
+        if f"{name} {PINS[f'{name.upper()}_VERSION']}" not in text:
+            out.append(f"the doc does not name {name} {PINS[f'{name.upper()}_VERSION']}")
+    k8s = ".".join(PINS["KUBERNETES_VERSION"].lstrip("v").split(".")[:2])
+    for v in re.findall(r"Kubernetes (\d+\.\d+)", text):
+        if v != k8s:
+            out.append(f"Kubernetes {v}: the local control plane runs {k8s}")
+    gke = {g.min_gke_version for g in tpu_catalog.GENERATIONS.values() if g.min_gke_version}
+    for v in re.findall(r"\b\d+\.\d+\.\d+-gke\.\d+\b", text):
+        if v not in gke:
+            out.append(f"GKE {v}: not a minimum version of the TPU catalog ({sorted(gke)})")
+    pins = {
+        "maxtext": _pin("trainer", "maxtext"),
+        "qwix": _pin("trainer", "qwix"),
+        "google-tunix": _pin("trainer", "google-tunix"),
+        "jax[tpu]": _pin("tpu", "jax"),
+        "vllm-tpu": _pin("sampler-tpu", "vllm-tpu"),
+        "tpu-inference": _pin("sampler-tpu", "vllm-tpu"),  # vllm-tpu pins tpu-inference at its own version
+    }
+    names = r"(maxtext|qwix|google-tunix|jax\[tpu\]|vllm-tpu|tpu-inference)"
+    for name, version in re.findall(names + r"(?:==| )(\d[\w.]*\d)", text, re.I):
+        name = name.lower()
+        if version != pins[name]:
+            out.append(f"{name} {version}: pyproject.toml pins {pins[name]}")
+    targets = set(re.findall(r"^FROM \S+ AS (\w+)$", (REPO / "Dockerfile").read_text(), re.M))
+    for image, tag in re.findall(r"/rljob-(\w+):([\w.$]+)", text):
+        if image not in targets:
+            out.append(f"image rljob-{image}: not a Dockerfile target")
+        if tag not in (VERSION, "$VERSION"):
+            out.append(f"image rljob-{image}:{tag}: the images are tagged with the package version {VERSION}")
+    for loop in re.findall(r"for target in ([\w ]+); do", text):
+        if set(loop.split()) != {"operator", "trainer", "sampler"}:
+            out.append(f"image loop over {loop}: the Dockerfile's targets are operator, trainer, sampler")
+    for extras in re.findall(r"rljob\[([\w,-]+)\]", text):
+        for extra in extras.split(","):
+            if extra not in EXTRAS:
+                out.append(f"rljob[{extra}]: no such extra in pyproject.toml")
+    for listed in re.findall(r"\(the (`[^)]*`) extras\)", text):
+        for extra in re.findall(r"`([\w-]+)`", listed):
+            if extra not in EXTRAS:
+                out.append(f"`{extra}`: no such extra in pyproject.toml")
+    for machine in re.findall(r"\b(ct5p-\w+-\w+|tpu7x-standard-\w+)\b", text):
+        if machine not in TPU_MACHINES:
+            out.append(f"machine type {machine}: not in the TPU catalog")
+    apt = _apt_packages()
+    named = set(re.findall(r"`(lib[\w-]+-dev|build-essential)`", text))
+    if named != apt:
+        out.append(f"Debian packages named {sorted(named)}, the Dockerfile installs {sorted(apt)}")
+    users = _dockerfile_users()
+    claims = {
+        "trainer": "The trainer and sampler images run as root (uid 0)",
+        "sampler": "The trainer and sampler images run as root (uid 0)",
+        "operator": "the operator image runs as uid 1000",
+    }
+    for target, claim in claims.items():
+        uid = "0" if "root" in claim else "1000"
+        if claim not in text or users.get(target) != uid:
+            out.append(f"{target}: the doc must say {claim!r}, and the Dockerfile's USER be {uid}")
+    chart = yaml.safe_load((REPO / "charts" / "rljob" / "values.yaml").read_text())
+    for release in re.findall(r"helm install (\S+) charts/rljob", text):
+        for deployment in re.findall(r"deployment/(\S*rljob\S*)", text):
+            if deployment != f"{release}-rljob-operator":
+                out.append(f"deployment/{deployment}: the chart names it {release}-rljob-operator")
+    for key in re.findall(r"--set ([\w.]+)=", text):
+        node: Any = chart
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if node is None:
+            out.append(f"--set {key}: not a value of charts/rljob/values.yaml")
+    return out
+
+
+def test_versions_images_and_packages_are_the_repos() -> None:
+    assert version_problems(TEXT) == []
+
+
+def test_the_post_train_extra_count_is_maxtexts() -> None:
+    """The doc's count of what maxtext[tpu-post-train] adds to maxtext[tpu], from maxtext's metadata."""
+    from importlib.metadata import requires
+
+    def names(extra: str) -> set[str]:
+        reqs = [Requirement(r) for r in requires("maxtext") or []]
+        return {r.name for r in reqs if re.search(f"extra == ['\"]{extra}['\"]", str(r.marker))}
+
+    added = names("tpu-post-train") - names("tpu")
+    assert {"torch", "ray", "google-tunix"} <= added
+    assert f"has {len(added)} requirements its `tpu` extra lacks" in " ".join(TEXT.split())
+
+
+def identity_problems(text: str) -> list[str]:
+    """The bucket grant names the manifests' namespace and, per job, the ServiceAccount rljob renders."""
+    out = []
+    namespaces = {m["metadata"]["namespace"] for m in manifests(text)}
+    for ns in re.findall(r"principalSet://\S+/namespace/([\w-]+)", text):
+        if ns not in namespaces:
+            out.append(f"principalSet for namespace {ns}: the doc's RLJobs are in {sorted(namespaces)}")
+    accounts = {
+        (m["metadata"]["namespace"], naming.service_account(m["metadata"]["name"])) for m in manifests(text)
+    }
+    for ns, sa in re.findall(r"principal://\S+/subject/ns/([\w-]+)/sa/([\w-]+)", text):
+        if (ns, sa) not in accounts:
+            out.append(
+                f"principal ns/{ns}/sa/{sa}: not the ServiceAccount of a doc RLJob ({sorted(accounts)})"
+            )
+    if "principalSet://" not in text:
+        out.append("no Workload Identity grant of the bucket")
+    return out
+
+
+def test_workload_identity_grant_names_the_jobs_service_accounts() -> None:
+    assert identity_problems(TEXT) == []
+
+
+# ---------------------------------------------------------------------- the checkpoint conversion
+
+
+CONVERSION = ["python", "-m", "maxtext.checkpoint_conversion.to_maxtext"]
+
+
+def conversion_commands(text: str) -> list[list[str]]:
+    return [argv for argv, _ in _commands(shell(text)) if argv[:3] == CONVERSION]
+
+
+def conversion_problems(text: str, cwd: Path) -> list[str]:
+    """The command runs MaxText's installed script, and its config resolves from any directory."""
+    import os
+
+    from maxtext.configs import pyconfig
+    from rljob.recipes import maxtext_keys
+
+    keys = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
+    local = {"save_dtype", "hf_model_path", "lazy_load_tensors", "eager_load_method", "revision",
+             "simulated_cpu_devices_count"}  # fmt: skip  # to_maxtext's own arguments
+    out = []
+    commands = conversion_commands(text)
+    if not commands:
+        return ["no checkpoint conversion command"]
+    for argv in commands:
+        spec = importlib.util.find_spec(argv[2])
+        if spec is None or spec.origin is None:
+            out.append(f"{argv[2]}: not a module of the installed maxtext")
+            continue
+        before = os.getcwd()
+        os.chdir(cwd)  # not a MaxText checkout
+        try:
+            config, _ = pyconfig._resolve_or_infer_config([spec.origin, *argv[3:]])
+        finally:
+            os.chdir(before)
+        if not Path(cwd, config).is_file():
+            out.append(f"config {config}: not found outside a MaxText checkout")
+        args = dict(a.split("=", 1) for a in argv[3:] if "=" in a and not a.startswith("-"))
+        for key in sorted(set(args) - set(keys.defaults) - local):
+            out.append(f"{key}: not a MaxText {keys.version} config key")
+        out += _conversion_matches_a_manifest(text, args)
+    return out
+
+
+def _conversion_matches_a_manifest(text: str, args: dict[str, str]) -> list[str]:
+    from rljob.recipes.plan import parse_manifest, resolve
+
+    out = []
+    bucket = "gs://$BUCKET"
+    for m in manifests(text):
+        checkpoint = m["spec"].get("model", {}).get("checkpoint", "")
+        root = m["spec"]["storage"]["root"]
+        if checkpoint.replace(root, bucket) != f"{args.get('base_output_directory')}/0/items":
+            continue
+        run = resolve(parse_manifest(yaml.safe_dump(m)))
+        name, model = m["metadata"]["name"], run.spec.model.maxtext_model  # type: ignore[union-attr]
+        if args.get("model_name") != model:
+            out.append(f"model_name={args.get('model_name')}: {name} runs {model}")
+        scan = run.trainer.maxtext.get("scan_layers")
+        if str(args.get("scan_layers")).lower() != str(scan).lower():
+            out.append(f"scan_layers={args.get('scan_layers')}: {name} trains with {scan}")
+        return out
+    return [f"base_output_directory={args.get('base_output_directory')}: no doc RLJob loads its 0/items"]
+
+
+@pytest.mark.jax
+def test_checkpoint_conversion_runs_from_any_directory(tmp_path: Path) -> None:
+    assert conversion_problems(TEXT, tmp_path) == []
+
+
+# ------------------------------------------------------------ Kueue's API accepts the doc's objects
+
+
+@pytest.mark.cluster
+def test_kueue_objects_are_accepted_by_kueue(kueue: Any, namespace: str) -> None:
+    """Created with dryRun=All: Kueue's CRD schemas and webhooks of the pinned version check them."""
+    plural = {
+        "ResourceFlavor": "resourceflavors",
+        "ClusterQueue": "clusterqueues",
+        "LocalQueue": "localqueues",
+    }
+    docs = [d for d in yaml_docs(TEXT) if d["kind"] in plural]
+    assert {d["kind"] for d in docs} == set(plural)
+    c = kueue.cluster.custom
+    for d in docs:
+        assert d["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+        if d["kind"] == "LocalQueue":
+            body = {**d, "metadata": {**d["metadata"], "namespace": namespace}}
+            c.create_namespaced_custom_object(
+                "kueue.x-k8s.io", "v1beta2", namespace, plural[d["kind"]], body, dry_run="All"
+            )
+        else:
+            c.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", plural[d["kind"]], d, dry_run="All")
+
+
+# -------------------------------------------------------------- each check catches what it is for
+
+BROKEN = [
+    ("single-host pool with a topology",
+     "--machine-type=ct5p-hightpu-4t --num-nodes=1\n",
+     "--machine-type=ct5p-hightpu-4t --tpu-topology=2x2x1 --num-nodes=1\n",
+     pool_problems, "v5p-8-$i: a single-host pool takes no tpu-topology"),
+    ("multi-host tpu7x pool with a topology",
+     "--num-nodes=4 \\\n    --placement-policy=tpu7x-32-2x2x4-placement-policy",
+     "--num-nodes=4 --tpu-topology=2x2x4 \\\n    --placement-policy=tpu7x-32-2x2x4-placement-policy",
+     pool_problems, "tpu7x-32-$i: a multi-host tpu7x pool takes --placement-policy alone"),
+    ("multi-host v5p pool without compact placement",
+     "--num-nodes=2 \\\n    --placement-type=COMPACT", "--num-nodes=2",
+     pool_problems, "v5p-16-$i: a multi-host v5p pool takes --tpu-topology and --placement-type=COMPACT"),
+    ("a flag outside the table",
+     "--uniform-bucket-level-access", "--uniform-bucket-level-access --no-such-flag",
+     gcloud_problems, "gcloud storage buckets create --no-such-flag: not a flag rljob relies on"),
+    ("a command outside the table", "gcloud config set project $PROJECT_ID",
+     "gcloud config set project $PROJECT_ID\ngcloud beta container foo", gcloud_problems,
+     "gcloud beta container foo: not a gcloud command of the table"),
+    ("a prose flag that is no flag", "Add `--spot`", "Add `--spotty`",
+     gcloud_problems, "`--spotty`: not a flag of any gcloud command of the table"),
+    ("a weaker bucket role", "--role=roles/storage.objectUser", "--role=roles/storage.objectViewer",
+     gcloud_problems, "--role=roles/storage.objectViewer: expected objects read, written and listed"),
+    ("a wrong workload policy type", "--type=HIGH_THROUGHPUT --accelerator-topology=4x8x8",
+     "--type=COMPACT --accelerator-topology=4x8x8", gcloud_problems,
+     "--type=COMPACT: expected HIGH_THROUGHPUT"),
+    ("an unknown machine type", "--machine-type=tpu7x-standard-4t --num-nodes=1",
+     "--machine-type=tpu7x-standard-8t --num-nodes=1", version_problems,
+     "machine type tpu7x-standard-8t: not in the TPU catalog"),
+    ("another JobSet", "jobset/releases/download/v0.11.0/", "jobset/releases/download/v0.10.1/",
+     version_problems, "jobset install URL at v0.10.1, pinned v0.11.0"),
+    ("another image tag", "rljob-trainer:0.1.0", "rljob-trainer:0.0.9", version_problems,
+     "image rljob-trainer:0.0.9: the images are tagged with the package version"),
+    ("another vllm-tpu", "vllm-tpu 0.32.0", "vllm-tpu 0.31.0", version_problems,
+     "vllm-tpu 0.31.0: pyproject.toml pins 0.32.0"),
+    ("the images as uid 1000", "The trainer and sampler images run as root (uid 0)",
+     "The trainer and sampler images run as uid 1000", version_problems,
+     "trainer: the doc must say 'The trainer and sampler images run as root (uid 0)'"),
+    ("a Debian package less", "`libomp-dev`,", "", version_problems,
+     "Debian packages named ['build-essential', 'libopenmpi-dev']"),
+    ("another deployment name", "deployment/rljob-rljob-operator", "deployment/rljob-operator",
+     version_problems, "deployment/rljob-operator: the chart names it rljob-rljob-operator"),
+    ("a grant for another namespace", "workloadIdentityPools/$PROJECT_ID.svc.id.goog/namespace/rl\"",
+     "workloadIdentityPools/$PROJECT_ID.svc.id.goog/namespace/ml\"", identity_problems,
+     "principalSet for namespace ml"),
+    ("a grant for another ServiceAccount", "/sa/qwen3-8b-grpo-rljob", "/sa/qwen3-8b-grpo", identity_problems,
+     "principal ns/rl/sa/qwen3-8b-grpo: not the ServiceAccount of a doc RLJob"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "check", "problem"), [b[1:] for b in BROKEN], ids=[b[0] for b in BROKEN]
+)
+def test_a_broken_doc_is_caught(old: str, new: str, check: Callable[[str], list[str]], problem: str) -> None:
+    assert old in TEXT
+    assert not [p for p in check(TEXT) if problem in p]
+    found = check(TEXT.replace(old, new, 1))
+    assert any(problem in p for p in found), found
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize(
+    ("old", "new", "problem"),
+    [
+        ("to_maxtext model_name=", "to_maxtext maxtext/configs/base.yml model_name=",
+         "config src/maxtext/configs/base.yml: not found outside a MaxText checkout"),
+        ("hardware=cpu", "hardwre=cpu", "hardwre: not a MaxText 0.2.5 config key"),
+        ("model_name=qwen3-8b \\", "model_name=qwen3-4b \\",
+         "model_name=qwen3-4b: qwen3-8b-grpo runs qwen3-8b"),
+        ("scan_layers=True\n", "scan_layers=False\n", "scan_layers=False: qwen3-8b-grpo trains with True"),
+    ],
+    ids=["relative config path", "unknown key", "another model", "other layer scanning"],
+)  # fmt: skip
+def test_a_broken_conversion_command_is_caught(old: str, new: str, problem: str, tmp_path: Path) -> None:
+    assert old in TEXT
+    found = conversion_problems(TEXT.replace(old, new, 1), tmp_path)
+    assert any(problem in p for p in found), found
