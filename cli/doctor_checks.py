@@ -488,7 +488,9 @@ def create_pool_command(plan: TpuPlan, name: str) -> str:
         )
     if plan.hosts > 1:
         return f"{base} --tpu-topology={plan.topology} --placement-type=COMPACT"
-    return f"{base} --tpu-topology={plan.topology}"
+    # A single-host pool names no topology: its machine type is the whole slice (xpk passes
+    # --tpu-topology for multi-host pools only).
+    return base
 
 
 def check_node_pools(nodes: Sequence[Obj], needs: Needs | None) -> list[Finding]:

@@ -8,7 +8,8 @@ object and exits 0 when every check passed.
 - trainer: every module any trainer source file imports (lazy imports included: MaxText is imported
   inside functions) imports too, with JAX on its CPU backend;
 - sampler: `preflight()` finds a vLLM that can hot-swap LoRA adapters on TPU (it reads vLLM's and
-  tpu-inference's sources, it does not import them);
+  tpu-inference's sources, it does not import them), and `vllm serve --help=all` knows every flag the
+  sampler passes it for every recipe and profile of the catalog;
 - operator: neither JAX nor any trainer library is loaded.
 `modules` lists the top-level modules loaded, which tests/images/ checks against what an image must not
 need (the trainer: no torch, vLLM, tpu-inference or tunix).
@@ -21,6 +22,7 @@ import importlib
 import json
 import os
 import pkgutil
+import re
 import subprocess
 import sys
 import traceback
@@ -61,6 +63,31 @@ def _try_import(name: str, failures: dict[str, str]) -> None:
         failures[name] = "".join(traceback.format_exception_only(type(e), e)).strip()[-600:]
 
 
+def vllm_flags_unknown() -> list[str]:
+    """The flags `build_command` gives `vllm serve`, over the catalog, that the installed vLLM lacks."""
+    import yaml
+    from rljob.recipes import recipe_catalog
+    from rljob.recipes.plan import parse_manifest, resolve
+    from rljob.sampler.vllm import build_command
+
+    flags: set[str] = set()
+    for name in recipe_catalog.names():
+        for profile in [None, *recipe_catalog.load(name).profiles]:
+            spec: dict[str, Any] = {"recipe": name, "storage": {"root": "gs://bucket"}}
+            if profile:
+                spec["trainer"] = {"profile": profile}
+            doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
+                   "metadata": {"name": "smoke", "namespace": "smoke"}, "spec": spec}  # fmt: skip
+            argv = build_command(resolve(parse_manifest(yaml.safe_dump(doc)))).argv
+            flags |= {a.split("=", 1)[0] for a in argv if a.startswith("--")}
+    vllm = Path(sys.executable).parent / "vllm"
+    run = subprocess.run([str(vllm), "serve", "--help=all"], capture_output=True, text=True, timeout=1800)
+    if run.returncode != 0:
+        return [f"vllm serve --help=all: exit {run.returncode}: {run.stderr[-400:]}"]
+    known = set(re.findall(r"(--[a-z0-9][a-z0-9-]*)", run.stdout))
+    return sorted(flags - known)
+
+
 def main(target: str) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     module, script, packages = ENTRYPOINTS[target]
@@ -80,6 +107,9 @@ def main(target: str) -> int:
         extra["preflight"] = preflight()
         if extra["preflight"] is not None:
             failures["preflight"] = extra["preflight"]
+        extra["vllm_flags_unknown"] = vllm_flags_unknown()
+        if extra["vllm_flags_unknown"]:
+            failures["vllm serve flags"] = ", ".join(extra["vllm_flags_unknown"])
     help_run = subprocess.run(
         [str(Path(sys.executable).parent / script), "--help"], capture_output=True, text=True, timeout=600
     )

@@ -11,9 +11,9 @@ For each Dockerfile target (operator, trainer, sampler):
 3. with --install: hack/image_smoke.py runs in that environment (imports, `--help`, the sampler's
    preflight) on JAX's CPU backend.
 What cannot be rehearsed here is said in `not_rehearsed`: where the PyTorch CPU index
-(download.pytorch.org) is out of reach, the sampler's set is resolved against PyPI alone, and the CUDA
-libraries that only PyPI's torch pulls in (`cuda_only`) are left out of the environment: its torch then
-cannot be imported, and no smoke check imports it. Nothing here runs on a TPU.
+(download.pytorch.org) is out of reach, the sampler's set is resolved against PyPI alone, so the
+environment has PyPI's torch with the CUDA libraries only it pulls in (`cuda_only`, which the image does
+not have) where the image has torch's CPU build. Nothing here runs on a TPU.
 
 Writes .cache/images/<target>/{requirements.txt,report.json} and prints one JSON line per target.
 Exit 0 when every target resolved (and, with --install, passed its smoke test).
@@ -46,6 +46,7 @@ UV_MAX_MANYLINUX = (2, 40)
 PYTORCH_INDEX_HOST = "download.pytorch.org"
 # What PyPI's torch wheel pulls in and the CPU build from the PyTorch index does not.
 CUDA_ONLY = re.compile(r"^(nvidia-.*|triton|cuda-.*)$")
+SMOKE_SUMMARY = ("ok", "failures", "preflight", "vllm_flags_unknown")
 
 
 @dataclass
@@ -162,7 +163,7 @@ def compile_target(target: str, out_dir: Path) -> Report:
     if proc.returncode != 0 and pytorch and PYTORCH_INDEX_HOST in proc.stderr:
         report.not_rehearsed.append(
             f"{' '.join(pytorch)}: {PYTORCH_INDEX_HOST} is out of reach here; resolved against PyPI alone, "
-            "and the CUDA libraries only PyPI's torch pulls in (cuda_only) left out of the environment"
+            "with PyPI's torch and the CUDA libraries only it pulls in (cuda_only) for torch's CPU build"
         )
         proc = run([o for o in opts if o not in pytorch])
         if proc.returncode == 0:
@@ -180,7 +181,7 @@ def install_and_smoke(report: Report, out_dir: Path) -> None:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "VIRTUAL_ENV": str(venv)}
     env.pop("PYTHONPATH", None)
     subprocess.run([str(UV), "venv", "-q", "--clear", "--python", sys.executable, str(venv)], check=True)
-    pins = [f"{n}=={v}" for n, v in report.resolved.items() if n not in report.cuda_only]
+    pins = [f"{n}=={v}" for n, v in report.resolved.items()]
     (out_dir / "install.txt").write_text("\n".join(pins) + "\n")
     steps = [
         [str(UV), "pip", "install", "-q", "--no-deps", "-r", str(out_dir / "install.txt")],
@@ -227,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             "target": target, "ok": r.ok, "packages": len(r.resolved), "platform": r.platform,
             "python": r.python, "not_rehearsed": r.not_rehearsed, "cuda_only": r.cuda_only,
             "error": (r.error or "")[-400:] or None,
-            "smoke": r.smoke and {k: r.smoke.get(k) for k in ("ok", "failures", "preflight")},
+            "smoke": r.smoke and {k: r.smoke.get(k) for k in SMOKE_SUMMARY},
         }  # fmt: skip
         print(json.dumps(summary), flush=True)
     return 0 if ok else 1

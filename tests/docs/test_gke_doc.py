@@ -428,6 +428,15 @@ def test_node_pools_are_created_as_their_shape_needs() -> None:
     assert pool_problems(TEXT) == []
 
 
+@pytest.mark.parametrize("tpu", ["tpu7x-2", "v5p-8", "tpu7x-8", "v5p-16", "v5p-128", "tpu7x-32", "tpu7x-512"])
+def test_rljob_doctors_pool_commands_follow_the_same_rules(tpu: str) -> None:
+    """The fix `rljob doctor` prints for a missing pool passes the doc's checks too."""
+    plan = tpu_catalog.plan(tpu)
+    cmd = doctor_checks.create_pool_command(plan, f"{plan.type_name}-0")
+    text = "```sh\n" + cmd.replace(" && ", "\n") + "\n```\n"
+    assert pool_problems(text) == [] and gcloud_problems(text) == [], cmd
+
+
 # --------------------------------------------------------------------------- Kueue, versions, images
 
 
@@ -530,6 +539,11 @@ def version_problems(text: str) -> list[str]:
     for machine in re.findall(r"\b(ct5p-\w+-\w+|tpu7x-standard-\w+)\b", text):
         if machine not in TPU_MACHINES:
             out.append(f"machine type {machine}: not in the TPU catalog")
+    for m in manifests(text):  # the samplers' TPU as vLLM's TPU backend lists it (the catalog)
+        gen, _ = tpu_catalog.parse(m["spec"]["sampler"]["tpu"])
+        if gen.vllm_tpu_support == "experimental" and f"lists {gen.prefix} as experimental" not in text:
+            name = m["metadata"]["name"]
+            out.append(f"{name}: the doc must say vLLM's TPU backend lists {gen.prefix} as experimental")
     apt = _apt_packages()
     named = set(re.findall(r"`(lib[\w-]+-dev|build-essential)`", text))
     if named != apt:
@@ -597,6 +611,28 @@ def identity_problems(text: str) -> list[str]:
 
 def test_workload_identity_grant_names_the_jobs_service_accounts() -> None:
     assert identity_problems(TEXT) == []
+
+
+def test_the_cross_slice_gradient_figure_is_the_recipes() -> None:
+    """43.6 M LoRA parameters (175 MB in float32) for the Qwen3-8B recipe: rank x (in + out) per target
+    projection and layer, from the recipe and MaxText's model config."""
+    from rljob.recipes import maxtext_keys
+    from rljob.recipes.plan import parse_manifest, resolve
+
+    [m] = [m for m in MANIFESTS if m["spec"].get("recipe") == "qwen3-8b-v5p"]
+    run = resolve(parse_manifest(yaml.safe_dump(m)))
+    assert run.trainer.dcn.data == run.trainer.slices > 1  # the default cross-slice mesh of the claim
+    model = maxtext_keys.load(run.trainer.maxtext_version).models[run.spec.model.maxtext_model]  # type: ignore[union-attr]
+    d, f, hd = model["base_emb_dim"], model["base_mlp_dim"], model["head_dim"]
+    q, kv = model["base_num_query_heads"] * hd, model["base_num_kv_heads"] * hd
+    shapes = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
+              "gate_proj": (d, f), "up_proj": (d, f), "down_proj": (f, d)}  # fmt: skip
+    lora = run.spec.lora
+    assert lora and lora.targets and set(lora.targets) == set(shapes)
+    params = model["base_num_decoder_layers"] * sum(lora.rank * sum(shapes[t]) for t in lora.targets)
+    words = " ".join(TEXT.split())
+    assert f"rank {lora.rank} on seven projections of {model['base_num_decoder_layers']} layers" in words
+    assert f"that is {params / 1e6:.1f} M parameters, {params * 4 / 1e6:.0f} MB in float32" in words
 
 
 # ---------------------------------------------------------------------- the checkpoint conversion
@@ -735,6 +771,8 @@ BROKEN = [
      "trainer: the doc must say 'The trainer and sampler images run as root (uid 0)'"),
     ("a Debian package less", "`libomp-dev`,", "", version_problems,
      "Debian packages named ['build-essential', 'libopenmpi-dev']"),
+    ("no word of v5p's vLLM support", "lists v5p as experimental", "supports v5p",
+     version_problems, "qwen3-8b-grpo: the doc must say vLLM's TPU backend lists v5p as experimental"),
     ("another deployment name", "deployment/rljob-rljob-operator", "deployment/rljob-operator",
      version_problems, "deployment/rljob-operator: the chart names it rljob-rljob-operator"),
     ("a grant for another namespace", "workloadIdentityPools/$PROJECT_ID.svc.id.goog/namespace/rl\"",
