@@ -83,9 +83,9 @@ ENTRYPOINT ["rljob-operator"]
 # TPU images run as root (uid 0), not privileged, as Google's TPU manifests run them: every one found
 # runs as root (the images of AI-Hypercomputer/tpu-recipes' Ironwood vLLM servers and microbenchmarks have
 # no USER and no securityContext, or privileged: false; xpk and the Ironwood MaxText training recipes add
-# privileged: true), none as another user. GKE's TPU device plugin gives the container the TPU device
-# nodes; they keep the node's ownership, so a non-root uid depends on their mode, which nothing
-# documents. GKE needs privileged mode only before 1.28. docs/gke.md, section 5.
+# privileged: true), none as another user; the unprivileged ones show the TPU needs no privileged mode.
+# GKE's TPU device plugin gives the container the TPU device nodes; they keep the node's ownership, so a
+# non-root uid depends on their mode, which nothing documents. docs/gke.md, section 5.
 FROM runtime AS trainer
 COPY --from=build-trainer /opt/rljob /opt/rljob
 ENV HOME=/root
