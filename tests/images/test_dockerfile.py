@@ -10,8 +10,9 @@ No image is built here (this machine has no container engine). What is checked i
   torch from the PyTorch CPU index and the Debian packages of vLLM's TPU Dockerfile;
 - each target's install command, taken verbatim from the Dockerfile, resolved with `uv pip compile`
   for the base image's Python and platform by hack/rehearse_images.py (marker `slow`): the operator set
-  has no JAX, the trainer set has jax[tpu] with libtpu, the sampler set has vllm-tpu; the trainer's set
-  installed and its entrypoint's smoke test run in it (`make images-rehearse` does it for all three);
+  has no JAX, the trainer set has jax[tpu] with libtpu, the sampler set has vllm-tpu; the operator's
+  and the trainer's sets installed and their entrypoints' smoke tests run in them (`make
+  images-rehearse` does it for all three);
 - hadolint passes on the Dockerfile and catches deliberately broken copies.
 """
 
