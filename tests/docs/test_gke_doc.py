@@ -710,7 +710,10 @@ def test_checkpoint_conversion_runs_from_any_directory(tmp_path: Path) -> None:
 
 @pytest.mark.cluster
 def test_kueue_objects_are_accepted_by_kueue(kueue: Any, namespace: str) -> None:
-    """Created with dryRun=All: Kueue's CRD schemas and webhooks of the pinned version check them."""
+    """Created with dryRun=All and strict field validation: Kueue's CRD schemas and webhooks of the pinned
+    version check them; a copy with a misspelt field is refused, so the check can fail."""
+    from kubernetes.client.exceptions import ApiException
+
     plural = {
         "ResourceFlavor": "resourceflavors",
         "ClusterQueue": "clusterqueues",
@@ -719,15 +722,23 @@ def test_kueue_objects_are_accepted_by_kueue(kueue: Any, namespace: str) -> None
     docs = [d for d in yaml_docs(TEXT) if d["kind"] in plural]
     assert {d["kind"] for d in docs} == set(plural)
     c = kueue.cluster.custom
-    for d in docs:
-        assert d["apiVersion"] == "kueue.x-k8s.io/v1beta2"
+
+    def create(d: dict[str, Any]) -> None:
+        group, version = d["apiVersion"].split("/")
+        assert (group, version) == ("kueue.x-k8s.io", "v1beta2")
+        opts = {"dry_run": "All", "field_validation": "Strict"}
         if d["kind"] == "LocalQueue":
             body = {**d, "metadata": {**d["metadata"], "namespace": namespace}}
-            c.create_namespaced_custom_object(
-                "kueue.x-k8s.io", "v1beta2", namespace, plural[d["kind"]], body, dry_run="All"
-            )
+            c.create_namespaced_custom_object(group, version, namespace, plural[d["kind"]], body, **opts)
         else:
-            c.create_cluster_custom_object("kueue.x-k8s.io", "v1beta2", plural[d["kind"]], d, dry_run="All")
+            c.create_cluster_custom_object(group, version, plural[d["kind"]], d, **opts)
+
+    for d in docs:
+        create(d)
+    [flavor, *_] = [d for d in docs if d["kind"] == "ResourceFlavor"]
+    with pytest.raises(ApiException) as refused:
+        create({**flavor, "spec": {"nodeLabel": flavor["spec"]["nodeLabels"]}})
+    assert refused.value.status in (400, 422) and "nodeLabel" in str(refused.value.body)
 
 
 # -------------------------------------------------------------- each check catches what it is for
