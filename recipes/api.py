@@ -115,6 +115,26 @@ class MeshSpec(MeshAxes):
     )
 
 
+class LogprobsSpec(ApiModel):
+    """Block sizes of the trainer's fused log-prob head (trainer/logprobs.py): each device scores its
+    tokens tile by tile against vocabulary chunks, so one [tokenTile, vocabChunk] block of float32 logits
+    is alive at a time; the head's vocabulary columns are split over every trainer device."""
+
+    token_tile: int | None = Field(
+        default=None,
+        ge=1,
+        description="Tokens per tile. Must divide the tokens each device scores per micro-batch "
+        "(microBatchSize x tokenBudget / devices; no partly recomputed last tile). Default: the largest "
+        "divisor of that count up to 2048.",
+    )
+    vocab_chunk: int | None = Field(
+        default=None,
+        ge=1,
+        description="Vocabulary columns per chunk (clamped to a device's share of the vocabulary). "
+        "Default 8192.",
+    )
+
+
 class TrainerSpec(ApiModel):
     """The MaxText trainer (tunix GRPO loop, LoRA via qwix)."""
 
@@ -148,6 +168,7 @@ class TrainerSpec(ApiModel):
         description="Sequences (packed rows) per optimizer micro-step across all trainer devices. Must be a "
         "multiple of the fsdpxdata parallelism. Default: the fsdpxdata parallelism (one row per shard).",
     )
+    logprobs: LogprobsSpec | None = Field(default=None, description="Block sizes of the fused log-prob head.")
 
 
 class SamplerSpec(ApiModel):
@@ -211,7 +232,20 @@ class AlgorithmSpec(ApiModel):
     )
     steps: int | None = Field(default=None, ge=1, description="Optimizer steps to run. Default 100.")
     kl_penalty_coef: float | None = Field(
-        default=None, ge=0, description="KL penalty coefficient against the base policy. Default 0."
+        default=None,
+        ge=0,
+        description="Weight of a k3 KL penalty against the base policy (the adapter off), per token: the "
+        "trainer computes the base policy's log-probs of each packed micro-batch in one more forward pass. "
+        "Default 0 (no penalty, no extra pass).",
+    )
+    advantage_normalization: Literal["mean", "std"] | None = Field(
+        default=None,
+        description="GRPO advantage of a completion from its group's rewards: mean = reward - group mean "
+        "(the Tinker cookbook's compute_advantages; Dr. GRPO, https://arxiv.org/abs/2503.20783), std = that "
+        "divided by the group's standard deviation (the original GRPO; tunix's compute_advantages with "
+        "std_scale). Default mean: dividing by the std weights a group whose rewards barely differ as much "
+        "as one whose rewards differ a lot, and changes the loss scale from step to step. Either way a group "
+        "whose rewards are all equal carries no signal and is left out of the step.",
     )
 
 
@@ -289,7 +323,7 @@ class DatasetSpec(ApiModel):
     )
     path: str | None = Field(
         default=None,
-        description="JSON Lines of problems, one {\"question\": ..., \"answer\": ...} per line (GSM8K style: "
+        description='JSON Lines of problems, one {"question": ..., "answer": ...} per line (GSM8K style: '
         "the final answer after ####), as a gs:// object or an absolute path in the trainer's "
         "filesystem. Default {storage.root}/data/train.jsonl. The trainer reads it at start: a missing "
         "or malformed file fails the run at once (exit 2), it is never retried.",
@@ -304,7 +338,7 @@ class DatasetSpec(ApiModel):
         default=None,
         min_length=1,
         description="Python format string of each prompt with the field {question}. Default "
-        "\"{question}\\nPut the final answer after ####.\\n\".",
+        '"{question}\\nPut the final answer after ####.\\n".',
     )
 
     @field_validator("path")
@@ -508,6 +542,7 @@ __all__ = [
     "FailureClass",
     "FailurePolicySpec",
     "LastFailure",
+    "LogprobsSpec",
     "LoraSpec",
     "MeshAxes",
     "MeshSpec",

@@ -21,6 +21,9 @@ from importlib import resources
 from typing import Any
 
 DEFAULT_VERSION = "0.2.5"
+# The trainer runs MaxText with num_vocab_tiling at least this (rljob.trainer.model): MaxText then skips its
+# output head in training and sows the final hidden states, which the fused log-prob head reads.
+TRAINER_MIN_VOCAB_TILING = 2
 _PREFIX = "maxtext-"
 _SUFFIX = "-keys.json"
 
@@ -56,6 +59,16 @@ def load(version: str) -> KeySet:
         raise KeyError(version)
     doc = json.loads(res.read_text(encoding="utf-8"))
     return KeySet(version=str(doc["maxtext"]), defaults=doc["keys"], models=doc.get("models", {}))
+
+
+def truthy(value: Any) -> bool:
+    """A MaxText boolean as a config file or the CLI writes it (true, "True", "1", ...)."""
+    return _truthy(value)
+
+
+def number(value: Any) -> float | None:
+    """A MaxText number as a config file or the CLI writes it; None when it is not one."""
+    return _number(value)
 
 
 def _truthy(value: Any) -> bool:

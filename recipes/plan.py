@@ -35,12 +35,22 @@ DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 DEFAULT_PROMPT_TEMPLATE = "{question}\nPut the final answer after ####.\n"
+# The fused log-prob head's block sizes (spec.trainer.logprobs): the token tile defaults to the largest
+# divisor of a device's tokens per micro-batch up to this; bench/logprob_head_memory.py measured
+# vocabulary chunks of 8192 best.
+MAX_DEFAULT_TOKEN_TILE = 2048
+DEFAULT_VOCAB_CHUNK = 8192
 # spec.dataset.path when unset: shared by every run under the same storage root.
 DEFAULT_DATASET_OBJECT = "data/train.jsonl"
 
 # Plain defaults of a manifest without a recipe (camelCase, as in a manifest).
 DEFAULTS: dict[str, Any] = {
-    "trainer": {"slices": 1, "maxtextVersion": maxtext_keys.DEFAULT_VERSION, "image": DEFAULT_TRAINER_IMAGE},
+    "trainer": {
+        "slices": 1,
+        "maxtextVersion": maxtext_keys.DEFAULT_VERSION,
+        "image": DEFAULT_TRAINER_IMAGE,
+        "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
+    },
     "sampler": {"replicas": 1, "maxLoras": 2, "image": DEFAULT_SAMPLER_IMAGE},
     "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
     "algorithm": {
@@ -52,6 +62,7 @@ DEFAULTS: dict[str, Any] = {
         "learningRate": 1e-5,
         "steps": 100,
         "klPenaltyCoef": 0.0,
+        "advantageNormalization": "mean",
     },
     "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
     "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
@@ -353,6 +364,7 @@ def resolve(job: RLJob) -> RunConfig:
             if spec.model.checkpoint:
                 derived["load_parameters_path"] = spec.model.checkpoint
             keys, sources = _maxtext(spec, layers, job, derived, problems)
+            problems += _head_problems(spec, keys, micro * pack.token_budget, devices)
             trainer_plan = TrainerPlan(
                 tpu=trainer_tpu,
                 slices=slices,
@@ -392,6 +404,80 @@ def resolve(job: RLJob) -> RunConfig:
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
     )
+
+
+def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, devices: int) -> list[str]:
+    """What the trainer's fused log-prob head needs (rljob.trainer.model / logprobs), checked here so the
+    trainer never refuses at start: MaxText's hidden states in training, MaxText's vocabulary tiling at
+    the trainer's value, and block sizes that fit a device's share of a micro-batch (``tokens``: packed
+    tokens of one micro-batch over all ``devices``). Fills spec.trainer.logprobs.tokenTile."""
+    assert spec.trainer is not None and spec.trainer.logprobs is not None and spec.model is not None
+    out: list[str] = []
+    version = spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION
+    try:
+        keyset = maxtext_keys.load(version)
+    except KeyError:
+        return out  # reported by _maxtext
+    model = keyset.models.get(str(spec.model.maxtext_model), {})
+
+    def get(k: str) -> Any:
+        return keys[k] if k in keys else model.get(k, keyset.defaults.get(k))
+
+    path = "spec.trainer.maxtext"
+    attention = str(get("attention"))
+    if attention in ("vllm_rpa", "vllm_batched_rpa"):
+        out.append(
+            f"{path}.attention: {attention} is vLLM's serving attention: MaxText then computes neither "
+            "logits nor the hidden states the trainer's log-prob head reads"
+        )
+    if (
+        maxtext_keys.truthy(get("use_indexer"))
+        and (maxtext_keys.number(get("indexer_loss_scaling_factor")) or 0.0) > 0
+        and not maxtext_keys.truthy(get("indexer_sparse_training"))
+    ):
+        out.append(
+            f"{path}.use_indexer: the indexer's dense warm-up (indexer_loss_scaling_factor > 0 without "
+            "indexer_sparse_training) trains the indexer alone: MaxText skips the hidden states the RL "
+            "trainer's log-prob head reads"
+        )
+    if maxtext_keys.truthy(get("quantize_logits_proj")):
+        out.append(
+            f"{path}.quantize_logits_proj: MaxText refuses it with vocabulary tiling, which the trainer "
+            f"always turns on (num_vocab_tiling >= {maxtext_keys.TRAINER_MIN_VOCAB_TILING}) to read the "
+            "hidden states instead of [B, T, V] logits"
+        )
+    tiling = maxtext_keys.TRAINER_MIN_VOCAB_TILING
+    per_device = tokens / devices  # per_device_batch_size x max_target_length
+    explicit = int(maxtext_keys.number(get("num_vocab_tiling")) or 1)
+    # An explicit num_vocab_tiling > 1 is MaxText's own rule (maxtext_keys.check_rules); at 1 the trainer
+    # raises it to its minimum, which MaxText then checks at start.
+    if explicit <= 1 and (per_device != int(per_device) or int(per_device) % tiling):
+        out.append(
+            f"spec.trainer.microBatchSize: {per_device:g} tokens per device (microBatchSize x tokenBudget / "
+            f"{devices} devices) do not split into the {tiling} vocabulary tiles of MaxText's "
+            "num_vocab_tiling, which the trainer sets to at least "
+            f"{maxtext_keys.TRAINER_MIN_VOCAB_TILING} (the hidden states instead of [B, T, V] logits)"
+        )
+    lp = spec.trainer.logprobs
+    if per_device == int(per_device) and per_device >= 1:
+        n = int(per_device)
+        if lp.token_tile is None:
+            lp.token_tile = max(d for d in range(1, min(n, MAX_DEFAULT_TOKEN_TILE) + 1) if n % d == 0)
+        elif n % lp.token_tile:
+            out.append(
+                f"spec.trainer.logprobs.tokenTile: {lp.token_tile} does not divide the {n} tokens each "
+                f"device scores per micro-batch (microBatchSize x tokenBudget / {devices} devices): the last "
+                "tile of every micro-batch would be partly recomputed"
+            )
+    elif lp.token_tile is None:
+        lp.token_tile = MAX_DEFAULT_TOKEN_TILE
+    vocab = maxtext_keys.number(get("vocab_size"))
+    if lp.vocab_chunk is not None and vocab and lp.vocab_chunk > vocab:
+        out.append(
+            f"spec.trainer.logprobs.vocabChunk: {lp.vocab_chunk} exceeds the model's vocabulary of {vocab:g} "
+            "tokens"
+        )
+    return out
 
 
 def _storage(root: str, job: RLJob) -> StoragePaths:

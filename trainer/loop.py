@@ -47,7 +47,7 @@ from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
 from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
-from rljob.trainer.losses import group_advantages
+from rljob.trainer.losses import AdvantageNormalization, group_advantages
 from rljob.trainer.packing import Rollout
 
 log = logging.getLogger("rljob.trainer.loop")
@@ -237,6 +237,29 @@ class Batch:
 LogprobFn = Callable[[Any, np.ndarray, np.ndarray, np.ndarray], Any]
 
 
+def grpo_rollouts(
+    batch: Batch, group_size: int, normalization: AdvantageNormalization = "mean"
+) -> tuple[list[Rollout], int]:
+    """The graded batch's training rollouts and how many groups were skipped: GRPO advantages per group
+    (rljob.trainer.losses.group_advantages); a group whose rewards are all equal carries no signal and
+    none of its rollouts is returned (never packed, run or counted in the step's token mean)."""
+    adv = group_advantages(jnp.asarray(batch.rewards), group_size, normalization=normalization)
+    rollouts = []
+    for c, a, valid in zip(batch.completions, np.asarray(adv.advantages), np.asarray(adv.valid), strict=True):
+        if not valid:
+            continue
+        ids = c.prompt_ids(batch.prompts[c.prompt_index])
+        rollouts.append(
+            Rollout(
+                prompt_ids=np.asarray(ids, np.int32),
+                completion_ids=np.asarray(c.tokens, np.int32),
+                advantage=float(a),
+                per_token={"old_logprobs": np.asarray(c.logprobs, np.float32)},
+            )
+        )
+    return rollouts, int(adv.groups_skipped)
+
+
 class SamplerSource:
     """The runtime's RolloutSource: pipelined sampling, grading, advantages, parity gate, evaluation."""
 
@@ -254,6 +277,7 @@ class SamplerSource:
         parity_threshold: float = DEFAULT_PARITY_THRESHOLD,
         seed: int = 0,
         emit: Callable[[dict[str, Any]], None] | None = None,
+        advantage_normalization: AdvantageNormalization = "mean",
     ) -> None:
         if group_size < 2:
             raise LoopConfigError("spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt")
@@ -261,6 +285,7 @@ class SamplerSource:
         self.group_size, self.groups = group_size, groups_per_batch
         self.logprobs, self.temperature, self.eval_every = logprobs, temperature, eval_every
         self.parity_threshold, self.seed = parity_threshold, seed
+        self.advantage_normalization = advantage_normalization
         self.emit = emit or (lambda rec: print(json.dumps(rec), flush=True))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling")
         self.pending: dict[int, Future[Batch]] = {}
@@ -340,23 +365,12 @@ class SamplerSource:
             self.parity_checked = True
         # Overlap: step+1 samples while this step trains, with v{step} at the oldest (lag <= 1).
         self._prefetch(step + 1, step)
-        adv = group_advantages(jnp.asarray(batch.rewards), self.group_size)
-        rollouts = []
-        for c, a in zip(batch.completions, np.asarray(adv.advantages), strict=True):
-            ids = c.prompt_ids(batch.prompts[c.prompt_index])
-            rollouts.append(
-                Rollout(
-                    prompt_ids=np.asarray(ids, np.int32),
-                    completion_ids=np.asarray(c.tokens, np.int32),
-                    advantage=float(a),
-                    per_token={"old_logprobs": np.asarray(c.logprobs, np.float32)},
-                )
-            )
+        rollouts, skipped = grpo_rollouts(batch, self.group_size, self.advantage_normalization)
         metrics: dict[str, float] = {
             "reward_mean": float(batch.rewards.mean()),
             "policy_lag": float(step - min(batch.versions)),
             "sampled_with": float(min(batch.versions)),
-            "groups_skipped": float(adv.groups_skipped),
+            "groups_skipped": float(skipped),
             "sample_s": batch.sample_s,
             "sampler_wait_s": self.client.waited_s,
         }
@@ -448,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
 
     from rljob.trainer.losses import LossConfig
-    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.main import BadConfig, head_blocks, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import RunPaths, RunSettings, run
@@ -480,9 +494,11 @@ def main(argv: list[str] | None = None) -> int:
                 micro_batches=8,
                 segment_align=1,
                 learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
-                loss=LossConfig(kind=alg.loss if alg and alg.loss else "importance_sampling"),
-                token_tile=32,
-                vocab_chunk=32,
+                loss=LossConfig(
+                    kind=alg.loss if alg and alg.loss else "importance_sampling",
+                    kl_coef=alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0,
+                ),
+                **head_blocks(rc),
             )
         policy = Policy(model_spec)
         source = SamplerSource(
@@ -495,6 +511,9 @@ def main(argv: list[str] | None = None) -> int:
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
             seed=args.seed,
+            advantage_normalization=(
+                alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
+            ),
         )
     except (LoopConfigError, ValueError, BadConfig, DatasetError) as e:
         print(str(e).splitlines()[0], file=sys.stderr)

@@ -14,7 +14,7 @@ way): :func:`sanitize_logprobs` zeroes their weight and replaces the value by 0 
 by multiplying), so no NaN enters the graph; :func:`policy_loss` applies it to ``old_logprobs`` and
 ``ref_logprobs`` itself.
 
-  group_advantages(rewards[N], group_size) -> GroupAdvantages(advantages, valid, groups_skipped)
+  group_advantages(rewards[N], group_size, normalization) -> GroupAdvantages(advantages, valid, skipped)
   token_weights(mask, rollout_index, num_rollouts, mode) -> weights            (in-graph)
   rollout_loss_weights(completion_masks, mode) -> per-rollout weight arrays     (host, numpy)
   policy_loss(logprobs, old_logprobs, advantages, weight, cfg, ref_logprobs=None) -> (loss, metrics)
@@ -33,6 +33,7 @@ import numpy.typing as npt
 
 __all__ = [
     "NAN_SENTINEL",
+    "AdvantageNormalization",
     "GroupAdvantages",
     "LossConfig",
     "all_finite",
@@ -57,22 +58,33 @@ class GroupAdvantages(NamedTuple):
     groups_skipped: jax.Array  # int32 scalar: groups whose rewards are all equal
 
 
+AdvantageNormalization = Literal["mean", "std"]
+
+
 def group_advantages(
-    rewards: jax.Array, group_size: int, *, normalize_std: bool = True, eps: float = 1e-6
+    rewards: jax.Array,
+    group_size: int,
+    *,
+    normalization: AdvantageNormalization = "mean",
+    eps: float = 1e-6,
 ) -> GroupAdvantages:
-    """GRPO advantages: reward minus its group's mean (over ``group_size`` consecutive rollouts of one
-    prompt), divided by the group's std when ``normalize_std``. A group whose rewards are all equal
-    carries no signal: its advantages are 0, ``valid`` is False and it is counted in ``groups_skipped``."""
+    """GRPO advantages per group of ``group_size`` consecutive rollouts of one prompt
+    (``spec.algorithm.advantageNormalization``): ``mean``: reward minus the group's mean; ``std``: that
+    divided by the group's standard deviation (+ ``eps``). A group whose rewards are all equal carries no
+    signal: its advantages are 0, ``valid`` is False and it is counted in ``groups_skipped``; the loop
+    leaves its rollouts out of the step (not packed, not in the token mean)."""
     r = jnp.asarray(rewards, jnp.float32)
     if r.ndim != 1 or group_size <= 0 or r.shape[0] % group_size:
         raise ValueError(
             f"algorithm.groupSize: {r.shape[0]} rewards do not split into groups of {group_size}"
         )
+    if normalization not in ("mean", "std"):
+        raise ValueError(f"algorithm.advantageNormalization: 'mean' or 'std', got {normalization!r}")
     g = r.reshape(-1, group_size)
     mean = g.mean(axis=1, keepdims=True)
     centered = g - mean
     flat = (g.max(axis=1) == g.min(axis=1))[:, None]
-    if normalize_std:
+    if normalization == "std":
         centered = centered / (g.std(axis=1, keepdims=True) + eps)
     adv = jnp.where(flat, 0.0, centered)
     return GroupAdvantages(

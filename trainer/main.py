@@ -38,7 +38,7 @@ from pydantic import ValidationError
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 
-__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "main", "model_setup"]
+__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "head_blocks", "main", "model_setup"]
 
 log = logging.getLogger("rljob.trainer")
 
@@ -145,6 +145,9 @@ def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
         "lr": (alg.learning_rate if alg and alg.learning_rate else 1e-5),
         "loss": (alg.loss if alg and alg.loss else "importance_sampling"),
         "kl": (alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0),
+        "advantage_normalization": (
+            alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
+        ),
         "group_size": (alg.group_size if alg and alg.group_size else 8),
         "groups": (alg.groups_per_batch if alg and alg.groups_per_batch else 16),
         "rank": (lora.rank if lora and lora.rank else 16),
@@ -157,6 +160,15 @@ def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
         "segment_align": (pack.segment_align if pack and pack.segment_align else None),
         "pad_align": (pack.pad_align if pack and pack.pad_align else None),
     }
+
+
+def head_blocks(rc: RunConfig) -> dict[str, Any]:
+    """spec.trainer.logprobs (the fused log-prob head's tile and chunk, filled by the plan) as StepConfig's
+    ``token_tile`` / ``vocab_chunk``; the head clamps them to the shapes it meets (the tiny model's)."""
+    lp = rc.spec.trainer.logprobs if rc.spec.trainer else None
+    if lp is None:
+        return {}
+    return {k: int(v) for k, v in (("token_tile", lp.token_tile), ("vocab_chunk", lp.vocab_chunk)) if v}
 
 
 def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
@@ -199,8 +211,8 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             learning_rate=st["lr"],
             loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
             pad_position=st["pad_position"],
-            token_tile=min(2048, budget),
             **align,
+            **head_blocks(rc),
         )
         step_cfg.pack_config()
     except ValueError as e:
@@ -280,6 +292,7 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
             group_size=group_size,
             max_prompt=budget // 4,
             max_completion=budget // 2,
+            normalization=st["advantage_normalization"],
         )
 
     run(

@@ -17,8 +17,14 @@ segments compute alone (tests/trainer/test_model.py checks it).
 
 On the config's mesh (``ici_*``/``dcn_*`` keys) the base and LoRA parameters are placed as MaxText's
 logical axis rules say, the forward pass is traced under those rules (MaxText's activation constraints
-name logical axes; without the rules they would pin every activation replicated), and the fused head runs
-on each device's own rows (``shard_map`` over the batch axes of :meth:`Policy.batch_axes`).
+name logical axes; without the rules they would pin every activation replicated), and the fused head scores
+each device's own tokens (rows and sequence split as the batch is) against vocabulary blocks of the head
+that travel around the mesh (:func:`rljob.trainer.logprobs.sharded_token_logprobs`): no device holds
+the whole ``[H, V]`` head or scores another device's tokens.
+
+The head computes what MaxText's output head computes (:func:`head_transform`): an untied
+``logits_dense`` kernel, or tied embedding logits (the table in bfloat16, divided by sqrt(emb_dim) under
+``normalize_embedding_logits``, soft-capped by ``final_logits_soft_cap``: Gemma), in float32.
 
   spec = ModelSpec.tiny()                 # or rljob.trainer.main.model_setup(rc, ...)
   policy = Policy(spec)                   # builds MaxText + qwix LoRA; policy.lora0 is the initial adapter
@@ -54,6 +60,7 @@ import qwix
 from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from rljob.recipes.maxtext_keys import TRAINER_MIN_VOCAB_TILING
 from rljob.trainer import logprobs as lp_head
 from rljob.trainer.base_checkpoint import (
     CheckpointError,
@@ -71,6 +78,7 @@ __all__ = [
     "Policy",
     "abstract_model",
     "build_model",
+    "head_transform",
     "maxtext_config",
     "put_global",
     "tiny_keys",
@@ -126,7 +134,7 @@ _RUNTIME_KEYS: dict[str, Any] = {
     "skip_jax_distributed_system": True,
     "enable_dropout": False,
     # > 1: MaxText skips its output head in train mode and sows the hidden states instead.
-    "num_vocab_tiling": 2,
+    "num_vocab_tiling": TRAINER_MIN_VOCAB_TILING,
 }
 
 # Keys of the tiny CPU model on top (tiny_keys() includes them): float32 numerics (qwix LoRA with
@@ -184,8 +192,21 @@ def maxtext_config(keys: Mapping[str, Any]) -> Any:
 
     base = str(Path(maxtext.__file__).parent / "configs" / "base.yml")
     merged = {**dict(keys), **_RUNTIME_KEYS}
-    merged["num_vocab_tiling"] = max(int(keys.get("num_vocab_tiling", 1)), 2)
+    merged["num_vocab_tiling"] = max(int(keys.get("num_vocab_tiling", 1)), TRAINER_MIN_VOCAB_TILING)
     return pyconfig.initialize(["", base], **merged)
+
+
+def head_transform(cfg: Any) -> lp_head.LogitTransform:
+    """The logit transform of MaxText's output head for ``cfg`` (``NNXDecoder.apply_output_head`` in
+    MaxText 0.2.5): with tied embedding logits (``logits_via_embedding``), the raw logits divided by
+    sqrt(emb_dim) when ``normalize_embedding_logits`` (MaxText's checkpoints store those tables scaled by
+    sqrt(emb_dim)), then ``tanh(z / cap) * cap`` when ``final_logits_soft_cap`` is set; an untied
+    ``logits_dense`` head is used as is (MaxText applies neither there)."""
+    if not cfg.logits_via_embedding:
+        return lp_head.LogitTransform()
+    # MaxText divides by jnp.sqrt(emb_dim): the float32 square root.
+    divisor = float(np.sqrt(np.float32(cfg.emb_dim))) if cfg.normalize_embedding_logits else 1.0
+    return lp_head.LogitTransform(divisor=divisor, soft_cap=float(cfg.final_logits_soft_cap or 0.0))
 
 
 def _create_fn(cfg: Any, mesh: Any, seed: int) -> Any:
@@ -271,13 +292,10 @@ class Policy:
     def __init__(self, spec: ModelSpec) -> None:
         self.spec = spec
         self.cfg = maxtext_config(spec.maxtext)
-        if self.cfg.final_logits_soft_cap or (
-            self.cfg.logits_via_embedding and self.cfg.normalize_embedding_logits
-        ):
-            raise ValueError(
-                "spec.trainer.maxtext: the fused log-prob head needs a linear output head "
-                "(final_logits_soft_cap and normalize_embedding_logits unset)"
-            )
+        # The map from raw logits (hidden @ head_weight) to the model's logits, as MaxText's output head
+        # applies it (NNXDecoder.apply_output_head): only on tied embedding logits, divided by
+        # sqrt(emb_dim) under normalize_embedding_logits, then soft-capped by final_logits_soft_cap.
+        self.logit_transform = head_transform(self.cfg)
         if spec.checkpoint:
             check_checkpoint_path(spec.checkpoint)  # a missing path fails before the model is built
         # Built sharded: base weights restored from the checkpoint or initialized on their devices.
@@ -353,11 +371,39 @@ class Policy:
         return state
 
     def head_weight(self, lora: LoraState, base: Any = None) -> jax.Array:
-        """[H, V] output head (frozen): the logits are ``hidden_states @ head_weight``."""
+        """[H, V] output head (frozen): the raw logits are ``hidden_states @ head_weight``, the model's
+        logits ``self.logit_transform`` of them. Tied embeddings (``logits_via_embedding``) are read as
+        MaxText's ``attend_on_embedding`` reads them: the table cast to bfloat16, transposed."""
         base = self.base if base is None else base
         if self.cfg.logits_via_embedding:
-            return base["token_embedder"]["embedding"].get_value().T  # type: ignore[no-any-return]
+            table = base["token_embedder"]["embedding"].get_value()
+            return jnp.asarray(table, jnp.bfloat16).T
         return base["decoder"]["logits_dense"]["kernel"].get_value()  # type: ignore[no-any-return]
+
+    def head_axes(self, rows: int, tokens: int) -> tuple[Any, Any, tuple[str, ...]]:
+        """(row axes, token axes, vocab axes) of the log-prob head for ``[rows, tokens]`` batches: tokens
+        split as :meth:`batch_axes` splits the batch, the vocabulary over every other mesh axis of size
+        > 1 (where the tokens are replicated), so every device scores a different share."""
+        r, t = self.batch_axes(rows, tokens)
+        used = set(r or ()) | set(t or ())
+        vocab = tuple(a for a, n in self.mesh.shape.items() if n > 1 and a not in used)
+        return r, t, vocab
+
+    def head_operand(self, lora: LoraState, rows: int, tokens: int, base: Any = None) -> jax.Array:
+        """The head weight as the log-prob head takes it for ``[rows, tokens]`` batches: on one device as
+        is; on a mesh, the vocabulary padded to a multiple of the device count and its columns split over
+        every device (:func:`rljob.trainer.logprobs.head_spec`: vocab axes, then the axes of the batch), so
+        no device holds the whole ``[H, V]`` head. Compute it once outside a loop over micro-batches."""
+        w = self.head_weight(lora, base)
+        if self.mesh.size == 1:
+            return w
+        r, t, vocab = self.head_axes(rows, tokens)
+        vp = lp_head.padded_vocab(self.vocab_size, self.mesh.size)
+        if vp > w.shape[1]:
+            w = jnp.pad(w, ((0, 0), (0, vp - w.shape[1])))
+        spec = lp_head.head_spec(vocab + tuple(r or ()) + tuple(t or ()))
+        out: jax.Array = jax.lax.with_sharding_constraint(w, NamedSharding(self.mesh, spec))  # type: ignore[no-untyped-call]
+        return out
 
     def next_token_logprobs(
         self,
@@ -366,30 +412,53 @@ class Policy:
         positions: jax.Array,
         segment_ids: jax.Array,
         *,
-        token_tile: int = 2048,
+        token_tile: int = lp_head.DEFAULT_TOKEN_TILE,
         vocab_chunk: int = lp_head.DEFAULT_VOCAB_CHUNK,
         temperature: float = 1.0,
         base: Any = None,
+        head: jax.Array | None = None,
     ) -> jax.Array:
         """[B, T]: entry i is log p(tokens[i] | its segment's prefix); 0 on segment starts and padding.
 
-        The fused head: no ``[B, T, V]`` array is ever formed."""
+        The fused head: no ``[B, T, V]`` array is ever formed. On a mesh each device scores its own tokens
+        (rows and sequence split as the batch is) against the vocabulary blocks of
+        :meth:`head_operand` (``head``: that operand, computed once by the caller; else here).
+        ``temperature`` divides the model's logits (after the soft cap), as the sampler's does."""
         h = self.hidden_states(lora, tokens, positions, segment_ids, base)
-        head = partial(
-            lp_head.next_token_logprobs,
+        tf = dataclasses.replace(self.logit_transform, temperature=float(temperature))
+        b, t = tokens.shape
+        if head is None:
+            head = self.head_operand(lora, b, t, base)
+        if self.mesh.size == 1:
+            return lp_head.next_token_logprobs(
+                h,
+                head,
+                tokens,
+                segment_ids,
+                token_tile=token_tile,
+                vocab_chunk=vocab_chunk,
+                temperature=tf.temperature,
+                soft_cap=tf.soft_cap,
+                divisor=tf.divisor,
+                grad_w=False,
+            )
+        r, toks, vocab = self.head_axes(b, t)
+        sharded = lp_head.sharded_token_logprobs(
+            self.mesh,
+            (r, toks),
+            vocab,
+            self.vocab_size,
             token_tile=token_tile,
             vocab_chunk=vocab_chunk,
-            temperature=temperature,
-            grad_w=False,
+            transform=tf,
         )
-        rows, _ = self.batch_axes(*tokens.shape)
-        if rows is None:
-            return head(h, self.head_weight(lora, base), tokens, segment_ids)
-        # Rows split over the mesh: each device runs the head on its own rows (the frozen head weight
-        # gathered whole); left to the partitioner, every device would run it on every row.
-        r, whole = P(rows), P()  # type: ignore[no-untyped-call]
-        sharded = jax.shard_map(head, mesh=self.mesh, in_specs=(r, whole, r, r), out_specs=r, check_vma=False)
-        return sharded(h, self.head_weight(lora, base), tokens, segment_ids)
+        targets, valid = lp_head.next_token_targets(tokens, segment_ids)
+        return lp_head.shift_to_tokens(sharded(h, head, targets, valid))
+
+    def zero_lora(self, lora: LoraState) -> LoraState:
+        """The adapter switched off: every LoRA factor 0, so each wrapped projection computes exactly
+        its base weight's output (the reference policy of the KL penalty)."""
+        return jax.tree.map(jnp.zeros_like, lora)
 
     def batch_axes(self, rows: int, tokens: int) -> tuple[tuple[str, ...] | None, tuple[str, ...] | None]:
         """Mesh axes that split ``rows`` packed rows of ``tokens`` tokens: MaxText's input data sharding
@@ -416,9 +485,11 @@ class Policy:
     def logits(
         self, lora: LoraState, tokens: jax.Array, positions: jax.Array, segment_ids: jax.Array
     ) -> jax.Array:
-        """[B, T, V] float32 logits (for sampling and tests only; training never forms them)."""
+        """[B, T, V] float32 logits (for sampling and tests only; training never forms them): the raw
+        logits in float32, then the model's logit transform (tied-embedding scaling, soft cap)."""
         h = self.hidden_states(lora, tokens, positions, segment_ids)
-        return jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
+        raw = jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
+        return self.logit_transform(raw)
 
     # ------------------------------------------------------------------ PEFT layout
 

@@ -31,7 +31,7 @@ import jax
 import numpy as np
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import AdapterPublisher
-from rljob.trainer.losses import NAN_SENTINEL
+from rljob.trainer.losses import NAN_SENTINEL, AdvantageNormalization, group_advantages
 from rljob.trainer.packing import Rollout
 from rljob.trainer.progress import Reporter, StepLog
 from rljob.trainer.storage import open_store
@@ -119,26 +119,28 @@ def synthetic_rollouts(
     group_size: int = 4,
     max_prompt: int = 12,
     max_completion: int = 20,
+    normalization: AdvantageNormalization = "mean",
 ) -> tuple[list[Rollout], dict[str, float]]:
     """Fixed rollouts for step ``step``: a pure function of (seed, step), so a resumed run sees exactly
-    what an uninterrupted one saw. Rewards are random per rollout; one token per step carries the
-    sampler's NaN sentinel (exercising the containment path)."""
+    what an uninterrupted one saw. Rewards are random per rollout, advantages as the loop computes them
+    (rljob.trainer.losses.group_advantages, ``normalization``), and a group whose rewards are all equal is
+    left out as the loop leaves it out; the first rollout's first token carries the sampler's NaN sentinel
+    (exercising the containment path)."""
     rng = np.random.default_rng([seed, step])
     rollouts: list[Rollout] = []
     rewards = rng.integers(0, 2, groups * group_size).astype(np.float32)
-    adv = np.zeros_like(rewards)
-    for g in range(groups):
-        r = rewards[g * group_size : (g + 1) * group_size]
-        if r.max() > r.min():
-            adv[g * group_size : (g + 1) * group_size] = (r - r.mean()) / (r.std() + 1e-6)
+    adv = group_advantages(jax.numpy.asarray(rewards), group_size, normalization=normalization)
+    keep = np.asarray(adv.valid)
     for i in range(groups * group_size):
         p = rng.integers(1, vocab_size, rng.integers(2, max_prompt + 1)).astype(np.int32)
         c = rng.integers(1, vocab_size, rng.integers(2, max_completion + 1)).astype(np.int32)
         old = (-np.log(vocab_size) + 0.1 * rng.standard_normal(c.size)).astype(np.float32)
         if i == 0:
             old[0] = NAN_SENTINEL - 999.0
-        rollouts.append(Rollout(p, c, advantage=float(adv[i]), per_token={"old_logprobs": old}))
-    return rollouts, {"reward_mean": float(rewards.mean())}
+        if keep[i]:
+            a = float(adv.advantages[i])
+            rollouts.append(Rollout(p, c, advantage=a, per_token={"old_logprobs": old}))
+    return rollouts, {"reward_mean": float(rewards.mean()), "groups_skipped": float(adv.groups_skipped)}
 
 
 # --------------------------------------------------------------------------- the loop

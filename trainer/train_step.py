@@ -40,7 +40,7 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
-from rljob.trainer.logprobs import DEFAULT_VOCAB_CHUNK
+from rljob.trainer.logprobs import DEFAULT_TOKEN_TILE, DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy, put_global
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
@@ -62,8 +62,8 @@ class StepConfig:
     max_grad_norm: float = 1.0
     weight_decay: float = 0.0
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
-    token_tile: int = 2048
-    vocab_chunk: int = DEFAULT_VOCAB_CHUNK
+    token_tile: int = DEFAULT_TOKEN_TILE  # spec.trainer.logprobs.tokenTile
+    vocab_chunk: int = DEFAULT_VOCAB_CHUNK  # spec.trainer.logprobs.vocabChunk
     pad_position: str = "end"
     pad_align: int = 4096
     segment_align: int = 64
@@ -88,9 +88,7 @@ class TrainState(NamedTuple):
     skipped: jax.Array  # int32: steps whose update was non-finite and not applied
 
 
-def stack_micro_batches(
-    packed: list[PackedBatch], micro_batches: int, *, with_ref: bool = False
-) -> list[dict[str, np.ndarray]]:
+def stack_micro_batches(packed: list[PackedBatch], micro_batches: int) -> list[dict[str, np.ndarray]]:
     """Host arrays ``[micro_batches, rows, budget]`` per field, in as many calls as needed.
 
     Weights: a packed ``loss_weight`` field times the loss mask if present, else the loss mask divided
@@ -98,7 +96,6 @@ def stack_micro_batches(
     if not packed:
         raise ValueError("no micro-batches to stack")
     total = float(sum(b.loss_mask.sum() for b in packed))
-    fields = BATCH_FIELDS + (("ref_logprobs",) if with_ref else ())
 
     def arrays(b: PackedBatch) -> dict[str, np.ndarray]:
         if "old_logprobs" not in b.fields:
@@ -115,8 +112,6 @@ def stack_micro_batches(
             "advantages": b.advantages,
             "old_logprobs": b.fields["old_logprobs"],
         }
-        if with_ref:
-            out["ref_logprobs"] = b.fields["ref_logprobs"]
         return out
 
     per = [arrays(b) for b in packed]
@@ -125,7 +120,7 @@ def stack_micro_batches(
     for start in range(0, len(per), micro_batches):
         chunk = per[start : start + micro_batches]
         chunk += [empty] * (micro_batches - len(chunk))
-        calls.append({k: np.stack([c[k] for c in chunk]) for k in fields})
+        calls.append({k: np.stack([c[k] for c in chunk]) for k in BATCH_FIELDS})
     return calls
 
 
@@ -192,35 +187,41 @@ class Trainer:
     # ------------------------------------------------------------------ compiled parts
 
     def micro_loss(
-        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None
+        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None, head: jax.Array | None = None
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up)."""
-        lp = self.policy.next_token_logprobs(
-            lora,
-            mb["tokens"],
-            mb["positions"],
-            mb["segment_ids"],
-            token_tile=self.cfg.token_tile,
-            vocab_chunk=self.cfg.vocab_chunk,
-            base=base,
-        )
+        """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up).
+
+        ``head``: :meth:`Policy.head_operand` for this shape, computed once per call outside the loop
+        over micro-batches. With a KL penalty the reference log-probs are the base policy's (the adapter
+        off: every LoRA factor 0), one more forward pass of the same packed rows, no gradient."""
+        kw: dict[str, Any] = {
+            "token_tile": self.cfg.token_tile,
+            "vocab_chunk": self.cfg.vocab_chunk,
+            "base": base,
+            "head": head,
+        }
+        tokens, positions, segments = mb["tokens"], mb["positions"], mb["segment_ids"]
+        lp = self.policy.next_token_logprobs(lora, tokens, positions, segments, **kw)
+        ref = None
+        if self.with_ref:
+            off = self.policy.zero_lora(lora)
+            ref = self.policy.next_token_logprobs(off, tokens, positions, segments, **kw)
+            ref = jax.lax.stop_gradient(ref)
         return policy_loss(
-            lp,
-            mb["old_logprobs"],
-            mb["advantages"],
-            mb["weights"],
-            self.cfg.loss,
-            ref_logprobs=mb.get("ref_logprobs"),
+            lp, mb["old_logprobs"], mb["advantages"], mb["weights"], self.cfg.loss, ref_logprobs=ref
         )
 
     def _accumulate(
         self, acc: tuple[Any, dict[str, jax.Array]], lora: LoraState, base: Any, batch: dict[str, jax.Array]
     ) -> tuple[Any, dict[str, jax.Array]]:
         grad_fn = jax.value_and_grad(self.micro_loss, has_aux=True)
+        # The head laid out for the log-prob head once per call: inside the loop only its vocabulary
+        # blocks move (no per-micro-batch all-gather of [H, V]).
+        head = self.policy.head_operand(lora, self.cfg.rows, self.cfg.budget, base)
 
         def body(carry: tuple[Any, dict[str, jax.Array]], mb: dict[str, jax.Array]) -> tuple[Any, None]:
             g_acc, m_acc = carry
-            (_, metrics), grads = grad_fn(lora, mb, base)
+            (_, metrics), grads = grad_fn(lora, mb, base, head)
             g_acc = jax.tree.map(jnp.add, g_acc, grads)
             m_acc = {k: m_acc[k] + metrics[k].astype(m_acc[k].dtype) for k in m_acc}
             return (g_acc, m_acc), None
@@ -248,15 +249,20 @@ class Trainer:
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.lora)
         lora = optax.apply_updates(state.lora, updates)
         ok = all_finite((grads, updates, metrics["loss"]))
+        # No token carried a loss weight (every group of the step had equal rewards, or nothing was
+        # packed): nothing to learn from, so no update (AdamW would still decay and move on its
+        # moments); the step counts, parameters and optimizer state stay.
+        signal = metrics["weight"] > 0
         new = TrainState(
-            lora=guard_update(ok, lora, state.lora),
-            opt_state=guard_update(ok, opt_state, state.opt_state),
+            lora=guard_update(ok & signal, lora, state.lora),
+            opt_state=guard_update(ok & signal, opt_state, state.opt_state),
             step=state.step + 1,
-            skipped=state.skipped + (~ok).astype(jnp.int32),
+            skipped=state.skipped + (~ok & signal).astype(jnp.int32),
         )
         out = dict(metrics)
         out["grad_norm"] = optax.global_norm(grads)
-        out["update_skipped"] = (~ok).astype(jnp.int32)
+        out["update_skipped"] = (~ok & signal).astype(jnp.int32)
+        out["no_signal"] = (~signal).astype(jnp.int32)
         return new, out
 
     # ------------------------------------------------------------------ host API
@@ -265,7 +271,9 @@ class Trainer:
         self, state: TrainState, packed: list[PackedBatch]
     ) -> tuple[TrainState, dict[str, float]]:
         acc = self.zero_acc(state.lora)
-        calls = stack_micro_batches(packed, self.cfg.micro_batches, with_ref=self.with_ref)
+        # No micro-batch (every group of the step carried no signal): no accumulate call; apply sees a
+        # zero weight and leaves the parameters as they are (metrics no_signal = 1).
+        calls = stack_micro_batches(packed, self.cfg.micro_batches) if packed else []
         for call in calls:
             acc = self.accumulate(acc, state.lora, self.policy.base, self.device_batch(call))
         state, metrics = self.apply(state, acc)
@@ -287,5 +295,8 @@ class Trainer:
         self, state: TrainState, rollouts: list[Rollout]
     ) -> tuple[TrainState, dict[str, float]]:
         """One optimizer step on ``rollouts`` (advantages and per_token['old_logprobs'] set; optional
-        per_token['loss_weight'] / ['ref_logprobs']). The input state is donated: use the returned one."""
+        per_token['loss_weight']). No rollouts: a step without an update (``no_signal`` 1). The input
+        state is donated: use the returned one."""
+        if not rollouts:
+            return self.train_on_packed(state, [])
         return self.train_on_packed(state, pack_rollouts(rollouts, self.cfg.pack_config()))

@@ -1,7 +1,9 @@
-"""The fused log-prob head against log_softmax-then-take, in float32 over generated shapes."""
+"""The fused log-prob head against log_softmax-then-take, in float32 over generated shapes, with MaxText's
+logit transforms (tied-embedding scaling, Gemma's final-logit soft cap) and on a four-device mesh."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -38,18 +40,34 @@ def _case(seed: int, t: int, h: int, v: int, masked: float = 0.2, poison: bool =
     return jnp.asarray(hidden), jnp.asarray(w), jnp.asarray(targets), jnp.asarray(mask), jnp.asarray(g)
 
 
-def _compare(t: int, h: int, v: int, tile: int, chunk: int, temperature: float, seed: int) -> None:
+def _compare(
+    t: int,
+    h: int,
+    v: int,
+    tile: int,
+    chunk: int,
+    temperature: float,
+    seed: int,
+    soft_cap: float = 0.0,
+    divisor: float = 1.0,
+) -> None:
     hidden, w, targets, mask, g = _case(seed, t, h, v)
+    if soft_cap:  # logits well past the cap, where tanh bends: the cap's gradient matters
+        w = w * 4.0
     clean = jnp.where(mask[:, None], hidden, 0.0)
     safe_t = jnp.where(mask, targets, 0)
+    tf = {"temperature": temperature, "soft_cap": soft_cap, "divisor": divisor}
 
     def fused(hh: jax.Array, ww: jax.Array) -> jax.Array:
-        return token_logprobs(
-            hh, ww, targets, mask, token_tile=tile, vocab_chunk=chunk, temperature=temperature
-        )
+        return token_logprobs(hh, ww, targets, mask, token_tile=tile, vocab_chunk=chunk, **tf)
 
     def naive(hh: jax.Array, ww: jax.Array) -> jax.Array:
-        return naive_token_logprobs(hh, ww, safe_t, mask, temperature=temperature)
+        # the reference written out: log_softmax(cap * tanh(logits / divisor / cap) / temperature)
+        z = jnp.dot(hh, ww, preferred_element_type=jnp.float32) / divisor
+        if soft_cap:
+            z = soft_cap * jnp.tanh(z / soft_cap)
+        logp = jax.nn.log_softmax(z / temperature, axis=-1)
+        return jnp.where(mask, jnp.take_along_axis(logp, safe_t[:, None], axis=-1)[:, 0], 0.0)
 
     @jax.jit
     def both(hh: jax.Array, cl: jax.Array, ww: jax.Array, gg: jax.Array):  # type: ignore[no-untyped-def]
@@ -87,6 +105,25 @@ def test_fused_matches_naive_fixed_shapes(t: int, h: int, v: int, tile: int, chu
     _compare(t, h, v, tile, chunk, 1.0, seed=t * 1000 + v)
 
 
+@pytest.mark.parametrize(
+    ("soft_cap", "divisor", "temperature"),
+    [
+        (30.0, 1.0, 1.0),  # Gemma's final_logits_soft_cap
+        (2.0, 1.0, 1.0),  # a cap the logits exceed by far (tanh saturated)
+        (3.0, 8.0, 1.0),  # tied embeddings: / sqrt(emb_dim), then the cap
+        (1.5, 2.0, 0.7),  # and the sampler's temperature after the cap
+        (0.0, 8.0, 1.0),  # the scale alone
+    ],
+)
+def test_soft_cap_and_scale_match_the_naive_reference(
+    soft_cap: float, divisor: float, temperature: float
+) -> None:
+    """Forward and backward (hidden and w) of cap * tanh(logits / cap), as MaxText applies it to Gemma's
+    tied embedding logits, against the reference written out."""
+    _compare(37, 12, 101, 8, 24, temperature, seed=11, soft_cap=soft_cap, divisor=divisor)
+    _compare(64, 16, 256, 16, 64, temperature, seed=12, soft_cap=soft_cap, divisor=divisor)
+
+
 @settings(max_examples=20, deadline=None)
 @given(
     t=st.integers(1, 70),
@@ -95,12 +132,13 @@ def test_fused_matches_naive_fixed_shapes(t: int, h: int, v: int, tile: int, chu
     tile=st.integers(1, 48),
     chunk=st.integers(1, 700),
     temperature=st.sampled_from([1.0, 0.7]),
+    soft_cap=st.sampled_from([0.0, 2.5, 30.0]),
     seed=st.integers(0, 2**16),
 )
 def test_fused_matches_naive_generated(
-    t: int, h: int, v: int, tile: int, chunk: int, temperature: float, seed: int
+    t: int, h: int, v: int, tile: int, chunk: int, temperature: float, soft_cap: float, seed: int
 ) -> None:
-    _compare(t, h, v, tile, max(chunk, 2) if v > 2 else chunk, temperature, seed)
+    _compare(t, h, v, tile, max(chunk, 2) if v > 2 else chunk, temperature, seed, soft_cap=soft_cap)
 
 
 def test_all_rows_masked_gives_zero_and_finite_gradients() -> None:
@@ -174,50 +212,72 @@ def test_fused_temporaries_are_one_block_not_the_logits() -> None:
 _SHARDED = textwrap.dedent(
     """
     import jax, jax.numpy as jnp, numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from rljob.trainer.logprobs import sharded_token_logprobs, token_logprobs
+    from jax.sharding import Mesh, NamedSharding
+    from rljob.trainer.logprobs import (
+        LogitTransform, head_spec, padded_vocab, sharded_token_logprobs, token_logprobs,
+    )
     assert jax.device_count() == 4
-    mesh = Mesh(np.array(jax.devices()).reshape(2, 2), ("data", "fsdp"))
     rng = np.random.default_rng(0)
-    t, h, v = 64, 8, 90
-    hid = jnp.asarray(rng.normal(size=(t, h)), jnp.float32)
-    w = jnp.asarray(rng.normal(size=(h, v)) * 0.5, jnp.float32)
-    tg = jnp.asarray(rng.integers(0, v, t), jnp.int32)
-    m = jnp.asarray(rng.random(t) > 0.2)
-    hid = hid.at[jnp.argmin(m)].set(jnp.nan)
-    g = jnp.asarray(rng.normal(size=t), jnp.float32)
-    f_sh = sharded_token_logprobs(mesh, ("data", "fsdp"), token_tile=6, vocab_chunk=32)
-    f_one = lambda a, b: token_logprobs(a, b, tg, m, token_tile=6, vocab_chunk=32)
-    tok = NamedSharding(mesh, P(("data", "fsdp")))
-    hid_s = jax.device_put(hid, NamedSharding(mesh, P(("data", "fsdp"), None)))
-    loss_sh = jax.jit(lambda a, b: (f_sh(a, b, jax.device_put(tg, tok), jax.device_put(m, tok)) * g).sum())
-    (l1, (dh1, dw1)) = jax.value_and_grad(loss_sh, (0, 1))(hid_s, w)
-    (l2, (dh2, dw2)) = jax.value_and_grad(lambda a, b: (f_one(a, b) * g).sum(), (0, 1))(hid, w)
-    assert dh1.sharding.spec[0] is not None, dh1.sharding
-    np.testing.assert_allclose(float(l1), float(l2), rtol=1e-6)
-    np.testing.assert_allclose(np.asarray(dh1), np.asarray(dh2), atol=1e-5 * float(jnp.abs(dh2).max()))
-    np.testing.assert_allclose(np.asarray(dw1), np.asarray(dw2), atol=1e-5 * float(jnp.abs(dw2).max()))
-    # plain jit with token-sharded inputs (GSPMD partitions the loops) computes the same
-    l3, dh3 = jax.value_and_grad(lambda a: (f_one(a, w) * g).sum())(hid_s)
-    np.testing.assert_allclose(float(l3), float(l2), rtol=1e-6)
-    assert np.isfinite(np.asarray(dh3)).all()
-    # vocabulary split over "fsdp" (w by columns), tokens over "data"; NaN hidden on a masked row
-    from rljob.trainer.logprobs import vocab_sharded_token_logprobs
-    for tok_axes in (None, "data"):
-        f_v = vocab_sharded_token_logprobs(mesh, "fsdp", tok_axes, token_tile=6, vocab_chunk=16)
-        lv = f_v(hid, w, tg, m)
-        np.testing.assert_allclose(np.asarray(lv), np.asarray(f_one(hid, w)), atol=1e-6)
-        loss_v = jax.jit(jax.value_and_grad(lambda a, b: (f_v(a, b, tg, m) * g).sum(), (0, 1)))
-        l4, (dh4, dw4) = loss_v(hid, w)
-        np.testing.assert_allclose(float(l4), float(l2), rtol=1e-6)
-        np.testing.assert_allclose(np.asarray(dh4), np.asarray(dh2), atol=1e-5 * float(jnp.abs(dh2).max()))
-        np.testing.assert_allclose(np.asarray(dw4), np.asarray(dw2), atol=1e-5 * float(jnp.abs(dw2).max()))
-    print("OK")
+    B, T, H, V = 4, 18, 8, 37  # 37 columns: padded to 40 on four devices
+    hid = jnp.asarray(rng.normal(size=(B, T, H)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(H, V)) * 2, jnp.float32)
+    tg = jnp.asarray(rng.integers(0, V, (B, T)), jnp.int32)
+    m = jnp.asarray(rng.random((B, T)) > 0.2)
+    bad = np.argwhere(~np.asarray(m))[0]
+    hid = hid.at[tuple(bad)].set(jnp.nan)  # a masked row's non-finite hidden state never leaks
+    g = jnp.asarray(rng.normal(size=(B, T)), jnp.float32)
+    tf = LogitTransform(divisor=2.0, soft_cap=3.0, temperature=0.8)
+    kw = dict(token_tile=5, vocab_chunk=3)
+
+    def one(a, b):
+        return token_logprobs(
+            a.reshape(-1, H), b, tg.reshape(-1), m.reshape(-1),
+            temperature=0.8, soft_cap=3.0, divisor=2.0, **kw,
+        ).reshape(B, T)
+
+    lp0 = one(hid, w)
+    l0, (dh0, dw0) = jax.value_and_grad(lambda a, b: (one(a, b) * g).sum(), (0, 1))(hid, w)
+    results = {}
+    # (mesh axes, shape, token spec of [B, T], vocab axes): rows over two axes; rows x sequence (a ring
+    # over two axes); sequence over context with the vocabulary over tensor; rows over fsdp with the
+    # vocabulary over tensor; no token split (vocabulary over every device).
+    cases = [
+        (("data", "fsdp"), (("data", "fsdp"), None), None),
+        (("fsdp", "context"), ("fsdp", "context"), None),
+        (("context", "tensor"), (None, "context"), "tensor"),
+        (("fsdp", "tensor"), ("fsdp", None), "tensor"),
+        (("data", "fsdp"), (None, None), ("data", "fsdp")),
+    ]
+    for names, spec, vax in cases:
+        mesh = Mesh(np.array(jax.devices()).reshape(2, 2), names)
+        ring = tuple(a for e in spec for a in ((e,) if isinstance(e, str) else (e or ())))
+        vaxes = (vax,) if isinstance(vax, str) else tuple(vax or ())
+        wp = jnp.pad(w, ((0, 0), (0, padded_vocab(V, 4) - V)))
+        wp = jax.device_put(wp, NamedSharding(mesh, head_spec(vaxes + ring)))
+        assert wp.addressable_shards[0].data.shape == (H, 10)  # a quarter of the head on each device
+        f = sharded_token_logprobs(mesh, spec, vax, V, transform=tf, grad_w=True, **kw)
+        lp = f(hid, wp, tg, m)
+        l, (dh, dw) = jax.jit(jax.value_and_grad(lambda a, b: (f(a, b, tg, m) * g).sum(), (0, 1)))(hid, wp)
+        name = "/".join(names) + ":" + repr(spec) + ":" + repr(vax)
+        results[name] = {
+            "lp": float(jnp.abs(lp - lp0).max()),
+            "masked_zero": bool((np.asarray(lp)[~np.asarray(m)] == 0).all()),
+            "loss": float(abs(l - l0) / abs(l0)),
+            "dh": float(jnp.abs(dh - dh0).max() / jnp.abs(dh0).max()),
+            "dw": float(jnp.abs(dw[:, :V] - dw0).max() / jnp.abs(dw0).max()),
+            "dw_pad": float(jnp.abs(dw[:, V:]).max()),
+            "finite": bool(jnp.isfinite(dh).all()),
+        }
+    import json
+    print("RESULTS " + json.dumps(results))
     """
 )
 
 
 def test_sharded_over_four_cpu_devices() -> None:
+    """The head on a 2 x 2 CPU mesh in every layout (tokens split over one or two axes, the vocabulary
+    over the rest, a padded vocabulary, the soft cap and the scale) against one device: the log-probs,
+    the loss and both gradients."""
     env = {
         **os.environ,
         "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
@@ -227,7 +287,13 @@ def test_sharded_over_four_cpu_devices() -> None:
     out = subprocess.run(
         [sys.executable, "-c", _SHARDED], env=env, capture_output=True, text=True, timeout=300
     )
-    assert out.returncode == 0 and "OK" in out.stdout, out.stderr[-3000:]
+    assert out.returncode == 0 and "RESULTS " in out.stdout, out.stderr[-3000:]
+    results = json.loads(out.stdout.split("RESULTS ", 1)[1])
+    assert len(results) == 5
+    for name, r in results.items():
+        # float32 reassociation only (other tile boundaries, cross-device sums)
+        assert r["lp"] <= 1e-5 and r["loss"] <= 1e-5 and r["dh"] <= 1e-5 and r["dw"] <= 1e-5, (name, r)
+        assert r["masked_zero"] and r["finite"] and r["dw_pad"] == 0.0, (name, r)
 
 
 def _unsanitized_tile_inputs(hidden, targets, mask, i, tile):  # type: ignore[no-untyped-def]
@@ -241,25 +307,34 @@ def _unsanitized_tile_inputs(hidden, targets, mask, i, tile):  # type: ignore[no
     )
 
 
-def _overlapping_chunk_logits(h, w, j, chunk, temperature, vocab_axis=None):  # type: ignore[no-untyped-def]
-    z, col, new = _real_chunk_logits(h, w, j, chunk, temperature, vocab_axis)
-    return z, col, jnp.ones_like(new)
+def _overlapping_chunk_raw(h, w, j, geo, block):  # type: ignore[no-untyped-def]
+    raw, c0, col, ok = _real_chunk_raw(h, w, j, geo, block)
+    return raw, c0, col, jnp.ones_like(ok)
 
 
-_real_chunk_logits = lp_mod._chunk_logits
+def _uncapped_gradient(self, raw):  # type: ignore[no-untyped-def]
+    return None  # the backward forgets tanh's derivative: dz * 1 / (divisor * temperature)
+
+
+_real_chunk_raw = lp_mod._chunk_raw
 
 
 @pytest.mark.parametrize(
-    ("name", "patch"),
+    ("name", "patch", "soft_cap"),
     [
-        ("masked hidden states not zeroed", {"_tile_inputs": _unsanitized_tile_inputs}),
-        ("slid-back last vocabulary chunk counted twice", {"_chunk_logits": _overlapping_chunk_logits}),
+        ("masked hidden states not zeroed", {"_tile_inputs": _unsanitized_tile_inputs}, 0.0),
+        ("slid-back last vocabulary chunk counted twice", {"_chunk_raw": _overlapping_chunk_raw}, 0.0),
+        ("soft cap without its gradient", {"LogitTransform.grad": _uncapped_gradient}, 3.0),
     ],
 )
 def test_broken_heads_are_caught(
-    name: str, patch: dict[str, object], monkeypatch: pytest.MonkeyPatch
+    name: str, patch: dict[str, object], soft_cap: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for attr, fn in patch.items():
-        monkeypatch.setattr(lp_mod, attr, fn)
+        owner: object = lp_mod
+        if "." in attr:
+            cls, attr = attr.split(".")
+            owner = getattr(lp_mod, cls)
+        monkeypatch.setattr(owner, attr, fn)
     with pytest.raises(AssertionError):
-        _compare(37, 12, 101, 8, 24, 1.0, seed=5)
+        _compare(37, 12, 101, 8, 24, 1.0, seed=5, soft_cap=soft_cap)

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.jax
 
 def test_group_advantages_table() -> None:
     rewards = jnp.asarray([1.0, 0.0, 1.0, 0.0, 3.0, 3.0, 3.0, 3.0, 0.0, 0.0, 0.0, 2.0])
-    out = group_advantages(rewards, 4, eps=0.0)
+    out = group_advantages(rewards, 4, normalization="std", eps=0.0)
     np.testing.assert_allclose(
         np.asarray(out.advantages),
         [1, -1, 1, -1, 0, 0, 0, 0, -1 / math.sqrt(3), -1 / math.sqrt(3), -1 / math.sqrt(3), math.sqrt(3)],
@@ -34,8 +34,14 @@ def test_group_advantages_table() -> None:
     )
     assert np.asarray(out.valid).tolist() == [True] * 4 + [False] * 4 + [True] * 4
     assert int(out.groups_skipped) == 1
-    raw = group_advantages(rewards, 4, normalize_std=False)
-    np.testing.assert_allclose(np.asarray(raw.advantages)[8:], [-0.5, -0.5, -0.5, 1.5])
+    # the default is r - mean (spec.algorithm.advantageNormalization: mean)
+    for raw in (group_advantages(rewards, 4), group_advantages(rewards, 4, normalization="mean")):
+        np.testing.assert_allclose(
+            np.asarray(raw.advantages), [0.5, -0.5, 0.5, -0.5, 0, 0, 0, 0, -0.5, -0.5, -0.5, 1.5]
+        )
+        assert np.asarray(raw.valid).tolist() == np.asarray(out.valid).tolist()
+    with pytest.raises(ValueError, match=r"algorithm\.advantageNormalization"):
+        group_advantages(rewards, 4, normalization="rank")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(("n", "g"), [(6, 4), (4, 0)])
