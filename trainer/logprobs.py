@@ -254,6 +254,9 @@ def _sweep_backward(
     t = hidden.shape[0]
     n_tiles, n_chunks = -(-t // geo.tile), -(-w.shape[1] // geo.chunk)
     slope = geo.tf.slope
+    # The gradient matmuls run in the dtype the forward's promotes to: bfloat16 for a bfloat16 model,
+    # float32 when either side is float32 (a float32 model's tied table, which MaxText reads in bfloat16).
+    mm = jnp.result_type(hidden.dtype, w.dtype)
 
     def tile_body(
         i: jax.Array, acc: tuple[jax.Array, jax.Array | None]
@@ -274,9 +277,9 @@ def _sweep_backward(
             d = geo.tf.grad(raw)
             draw = dz * d if d is not None else (dz if slope == 1.0 else dz * slope)
             wc = lax.dynamic_slice_in_dim(w, c0, geo.chunk, axis=1)
-            dh = dh + jnp.dot(draw.astype(w.dtype), wc.T, preferred_element_type=_F32)
+            dh = dh + jnp.dot(draw.astype(mm), wc.T, preferred_element_type=_F32)
             if dw is not None:
-                upd = jnp.dot(h.T, draw.astype(h.dtype), preferred_element_type=_F32)
+                upd = jnp.dot(h.T, draw.astype(mm), preferred_element_type=_F32)
                 dw = lax.dynamic_update_slice_in_dim(
                     dw, lax.dynamic_slice_in_dim(dw, c0, geo.chunk, axis=1) + upd, c0, 1
                 )

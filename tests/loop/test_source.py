@@ -10,9 +10,17 @@ import jax
 import numpy as np
 import pytest
 from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
-from rljob.trainer.data import SuccessorTask
+from rljob.trainer.data import Prompt, SuccessorTask
 from rljob.trainer.export import publish_adapter
-from rljob.trainer.loop import ParityError, SamplerClient, SamplerClosed, SamplerSource
+from rljob.trainer.loop import (
+    Batch,
+    Completion,
+    ParityError,
+    SamplerClient,
+    SamplerClosed,
+    SamplerSource,
+    grpo_rollouts,
+)
 
 pytestmark = pytest.mark.jax
 
@@ -49,7 +57,9 @@ def test_source_grades_pipelines_and_passes_parity(
     src = _source(url, cpu_policy, eval_every=2)
     try:
         rollouts, m = src(0, cpu_policy.lora0)
-        assert len(rollouts) == 12 and m["policy_lag"] == 0 and m["sampled_with"] == 0
+        # groups whose 4 rewards are all equal are left out (an untrained model is mostly wrong)
+        assert len(rollouts) == 4 * (3 - m["groups_skipped"])
+        assert m["policy_lag"] == 0 and m["sampled_with"] == 0
         assert "eval_reward" in m and 0.0 <= m["eval_reward"] <= 1.0
         parity = src.lines[0]  # type: ignore[attr-defined]
         assert parity["event"] == "parity" and parity["mean_abs_logprob_diff"] < 1e-4
@@ -156,8 +166,13 @@ def test_text_prompts_train_on_the_samplers_tokens(gcs_bucket: str, byte_policy:
     try:
         rollouts, m = src(0, cpu_policy.lora0)
         assert src.parity_checked  # the gate ran on the text prompts' token ids
-        prompts = task.train_prompts(0, 3)
-        assert len(rollouts) == 6
+        assert len(rollouts) == 2 * (3 - m["groups_skipped"])
+        # Every group with signal (rewards 1, 0 in each): the rollouts carry the sampler's tokens.
+        batch = src.sample(1, 0)
+        batch.rewards = np.asarray([1.0, 0.0] * 3, np.float32)
+        rollouts, skipped = grpo_rollouts(batch, 2)
+        prompts = task.train_prompts(1, 3)
+        assert len(rollouts) == 6 and skipped == 0
         for k, r in enumerate(rollouts):
             assert r.prompt_ids.tolist() == list(prompts[k // 2].text.encode())  # type: ignore[union-attr]
             assert len(r.completion_ids) == 3 and len(r.per_token["old_logprobs"]) == 3
@@ -166,3 +181,40 @@ def test_text_prompts_train_on_the_samplers_tokens(gcs_bucket: str, byte_policy:
     finally:
         src.close()
         served.__exit__(None, None, None)
+
+
+def _graded(rewards: list[float], group_size: int) -> Batch:
+    n = len(rewards) // group_size
+    prompts = [Prompt(tokens=[10 + g, 20 + g], text=None, answer=[0]) for g in range(n)]
+    comps = [
+        Completion(
+            prompt_index=i // group_size,
+            tokens=[i + 1, i + 2],
+            logprobs=[-1.0, -2.0],
+            text="",
+            adapter="j-v0",
+        )
+        for i in range(len(rewards))
+    ]
+    return Batch(0, prompts, comps, np.asarray(rewards, np.float32), 0.0, {0})
+
+
+@pytest.mark.parametrize(
+    ("normalization", "want"),
+    [
+        ("mean", [0.5, -0.5, 0.5, -0.5, -0.25, -0.25, -0.25, 0.75]),
+        ("std", [1.0, -1.0, 1.0, -1.0, -1 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3), np.sqrt(3)]),
+    ],
+)
+def test_zero_signal_groups_are_left_out(normalization: str, want: list[float]) -> None:
+    """A group whose rewards are all equal (the second) is not trained on: none of its rollouts is returned,
+    so it is never packed, run or counted in the step's token mean; the others carry r - mean, or
+    (r - mean) / std, per spec.algorithm.advantageNormalization."""
+    batch = _graded([1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1], 4)
+    rollouts, skipped = grpo_rollouts(batch, 4, normalization)  # type: ignore[arg-type]
+    assert skipped == 1 and len(rollouts) == 8
+    assert [r.prompt_ids.tolist() for r in rollouts] == [[10, 20]] * 4 + [[12, 22]] * 4
+    assert [r.completion_ids.tolist()[0] for r in rollouts] == [1, 2, 3, 4, 9, 10, 11, 12]
+    np.testing.assert_allclose([r.advantage for r in rollouts], want, rtol=1e-4)
+    # every group without signal: nothing to train on (the trainer's step then makes no update)
+    assert grpo_rollouts(_graded([1, 1, 0, 0], 2), 2) == ([], 2)

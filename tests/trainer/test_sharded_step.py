@@ -1,4 +1,5 @@
-"""The compiled train step on a mesh: four CPU devices, fsdp=4 and fsdp=2 x tensor=2, against one device.
+"""The compiled train step on a mesh: four CPU devices, fsdp=4, fsdp=2 x tensor=2 and context=2 x tensor=2,
+against one device.
 
 On TPU the trainer always runs on many devices with the spec's mesh; every other training test runs on
 one CPU device. Here a subprocess (the device count is fixed when JAX starts) forces four CPU devices,
@@ -17,6 +18,11 @@ The same steps run on one device in this process. Asserted:
 - the work is split by rows: the compiled step all-gathers weights, not the activations of all rows
   nor all rows' tokens for the log-prob head, which runs per device on its rows (one exception, XLA's
   choice for MaxText's embedding lookup: the token ids and the looked-up embeddings);
+- the log-prob head: no all-gather of the [H, V] head anywhere in the compiled step; its layout for the
+  head (columns over every device) is made once per call, outside the loop over micro-batches, and in
+  the loop only quarter-head blocks move (collective-permute); each device scores a quarter of the
+  micro-batch's tokens against a quarter of the vocabulary at a time, so the tokens x vocabulary work
+  splits four ways on every mesh, the context axis included (no context rank scores another's tokens);
 - each compiled function compiles once over the three steps (backend compile events by function name);
 - the accumulation buffer and the train state are donated (the arguments' buffers are deleted after a
   call, and the compiled module aliases them to its outputs);
@@ -42,16 +48,17 @@ pytestmark = [pytest.mark.jax, pytest.mark.slow]
 MESHES: dict[str, dict[str, int]] = {
     "fsdp4": {"ici_fsdp_parallelism": 4},
     "fsdp2_tensor2": {"ici_fsdp_parallelism": 2, "ici_tensor_parallelism": 2},
+    "context2_tensor2": {"ici_context_parallelism": 2, "ici_tensor_parallelism": 2},
 }
 STEPS = 3
 ROWS, BUDGET = 4, 80
 LR = 1e-2
 # Float32 reassociation: the sharded step adds the same per-token terms in another order (per-device
 # partial sums, then all-reduces of the gradient, loss and norms), a few float32 ulps (~1e-7) per sum.
-# Measured against one device (both meshes, three steps, several runs): loss, gradient norm, ratio,
-# weight <= 2.1e-6 relative; LoRA parameters <= 6.3e-6 relative (L2 per leaf). Adam amplifies the noise
-# of gradient entries near zero (its first update is lr * g / (|g| + eps), whatever g's size), so single
-# entries differ by up to 1.05e-5 ~ 1e-3 * lr, already after the first step and not growing. Bounds:
+# Measured against one device (the three meshes, three steps): loss, gradient norm, ratio, weight
+# <= 3.6e-7 relative; LoRA parameters <= 7.8e-6 relative (L2 per leaf). Adam amplifies the noise of
+# gradient entries near zero (its first update is lr * g / (|g| + eps), whatever g's size), so single
+# entries differ by up to 1.8e-5 ~ 2e-3 * lr, already after the first step and not growing. Bounds:
 RTOL = 1e-5  # metrics
 LORA_RTOL = 3e-5  # ||lora - lora_ref|| / ||lora_ref|| per leaf
 LORA_ATOL = 1e-2 * LR  # any entry: 1% of one Adam step
@@ -81,7 +88,7 @@ def _packed(policy: Any, trainer: Any) -> list[Any]:
     from rljob.trainer.runtime import synthetic_rollouts
 
     rollouts, _ = synthetic_rollouts(
-        0, seed=3, vocab_size=policy.vocab_size, groups=7, group_size=4, max_prompt=10, max_completion=20
+        0, seed=3, vocab_size=policy.vocab_size, groups=8, group_size=4, max_prompt=10, max_completion=20
     )
     return pack_rollouts(rollouts, trainer.cfg.pack_config())
 
@@ -145,6 +152,7 @@ def run_steps(policy: Any) -> dict[str, Any]:
 
     in_acc, in_lora, in_base, in_batch = compiled.input_shardings[0]
     hlo = compiled.as_text()
+    head_calls = _head_shard_maps(jax.make_jaxpr(trainer._accumulate)(*args).jaxpr, policy.hidden_size)
     base_arrays = _flat(policy.base)
     return {
         "devices": jax.device_count(),
@@ -156,6 +164,14 @@ def run_steps(policy: Any) -> dict[str, Any]:
         "acc_donated": acc_donated,
         "state_donated": state_donated,
         "hlo_aliases": hlo.count("may-alias") + hlo.count("must-alias"),
+        "head_calls": head_calls,
+        "vocab": policy.vocab_size,
+        "hidden": policy.hidden_size,
+        # [result shape, the op it came from] of every collective-permute and all-to-all.
+        "permutes": [
+            [[int(d) for d in m[1].split(",") if d], m[2] or ""]
+            for m in re.finditer(r"= \w+\[([\d,]*)\]\S* collective-permute\(.*?(?:op_name=\"([^\"]*)\")", hlo)
+        ],
         # [dtype, result shape, gathered dimension, the op it came from] of every all-gather.
         "all_gathers": [
             [m[1], [int(d) for d in m[2].split(",") if d], int(m[3]), m[4] or ""]
@@ -189,6 +205,33 @@ def run_steps(policy: Any) -> dict[str, Any]:
         },
         "batch_compiled": {k: spec(s) for k, s in in_batch.items()},
     }
+
+
+def _head_shard_maps(jaxpr: Any, hidden: int) -> list[dict[str, Any]]:
+    """Every shard_map of the log-prob head in a traced step (forward and backward of each micro-batch's
+    head: the policy's and, with a KL penalty, the reference's): the per-device shapes of its hidden
+    states and head block, and the ring (mesh axes the blocks travel along)."""
+    found: list[dict[str, Any]] = []
+
+    def walk(j: Any) -> None:
+        for e in j.eqns:
+            if e.primitive.name == "shard_map":
+                shapes = [list(v.aval.shape) for v in e.params["jaxpr"].invars]
+                if len(shapes) >= 2 and shapes[0][-1:] == [hidden] and len(shapes[1]) == 2:
+                    mesh = e.params["mesh"]
+                    ring = 1
+                    for entry in e.params["in_specs"][0][:-1]:
+                        for a in (entry,) if isinstance(entry, str) else tuple(entry or ()):
+                            ring *= int(mesh.shape[a])
+                    found.append({"hidden": shapes[0], "block": shapes[1], "ring": ring})
+            for p in e.params.values():
+                for sub in p if isinstance(p, (list, tuple)) else [p]:
+                    inner = getattr(sub, "jaxpr", sub)
+                    if hasattr(inner, "eqns"):
+                        walk(inner)
+
+    walk(jaxpr)
+    return found
 
 
 def _subprocess_main(out: str) -> None:
@@ -279,13 +322,14 @@ def test_sharded_steps_compute_what_one_device_computes(
 def test_sharded_steps_lay_out_compile_once_and_donate(mesh: str, sharded: dict[str, Any]) -> None:
     got = sharded[mesh]
     axes = got["mesh"]
-    # Base: every kernel and the embedding split over fsdp (MaxText's logical rules); with tensor=2 the
-    # heads / MLP width too. Each shard is that fraction of the array.
+    # Base: every kernel and the embedding split over fsdp, or over context where fsdp is 1 (MaxText's
+    # logical rules: "embed" over fsdp and context); with tensor=2 the heads / MLP width too. Each shard
+    # is that fraction of the array.
     for name, p in got["base_arrays"].items():
         if not name.endswith(("['kernel']", "['embedding']")):
             continue
         used = [a for entry in p["spec"] if entry for a in entry]
-        assert "fsdp" in used, (name, p)
+        assert ("fsdp" if "fsdp" in axes else "context") in used, (name, p)
         split = 1
         for a in used:
             split *= axes.get(a, 1)
@@ -296,9 +340,13 @@ def test_sharded_steps_lay_out_compile_once_and_donate(mesh: str, sharded: dict[
         assert any("tensor" in str(p["spec"]) for p in got["base_arrays"].values())
     # LoRA parameters, optimizer state and accumulator: on the mesh, replicated.
     assert got["lora_replicated"] and got["lora_compiled_replicated"]
-    # Batch [micro_batches, rows, budget]: rows over fsdp, as the compiled step takes it.
+    # Batch [micro_batches, rows, budget]: rows over fsdp, tokens over context, as the compiled step
+    # takes it.
+    rows = ["fsdp"] if "fsdp" in axes else None
+    toks = ["context"] if "context" in axes else None
     for field, b in got["batch"].items():
-        assert b["spec"][1] == ["fsdp"] and b["shard"] == [2, ROWS // axes["fsdp"], BUDGET], (field, b)
+        shard = [2, ROWS // axes.get("fsdp", 1), BUDGET // axes.get("context", 1)]
+        assert b["spec"][1:] == [rows, toks][: len(b["spec"]) - 1] and b["shard"] == shard, (field, b)
         assert got["batch_compiled"][field] == b["spec"], field
     # Every device computes only its rows: the compiled step all-gathers weights (FSDP), not the
     # activations of all rows (MaxText's activation constraints are traced under its logical axis rules;
@@ -313,11 +361,40 @@ def test_sharded_steps_lay_out_compile_once_and_donate(mesh: str, sharded: dict[
         and g[0] != "s32"
         and not g[3].endswith("/gather")
     ]
-    assert got["all_gathers"] and not batch_gathers, batch_gathers
+    assert got["all_gathers"] and (rows is None or not batch_gathers), batch_gathers
     assert got["compiles"] == {"_accumulate": 1, "_apply": 1}, got["compiles"]
     assert got["acc_donated"] and got["state_donated"] and got["hlo_aliases"] > 0
     assert got["base_frozen"]
     print(mesh, f"{got['seconds']:.1f} s (build + 3 steps + checks)")
+
+
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_log_prob_head_splits_four_ways_and_never_gathers_the_head(
+    mesh: str, sharded: dict[str, Any]
+) -> None:
+    """The compiled step's log-prob head on four devices: no all-gather of the [H, V] head anywhere (the
+    old head gathered it whole on every device in every micro-batch); in the loop over micro-batches only
+    blocks of a quarter of the head move (collective-permute); and every device scores a different
+    quarter of the tokens x vocabulary work, the context axis included (each context rank its own
+    tokens), read off the per-device shapes of the head's shard_map in the traced step."""
+    got = sharded[mesh]
+    h, v = got["hidden"], got["vocab"]
+    quarter = [h, v // 4]  # the tiny vocabulary (256) splits over four devices without padding
+    gathered_head = [g for g in got["all_gathers"] if sorted(g[1]) == sorted([h, v])]
+    assert not gathered_head, gathered_head
+    ring_moves = [p for p in got["permutes"] if p[0] == quarter and "/while/" in p[1] and "ppermute" in p[1]]
+    assert ring_moves, got["permutes"]
+    # forward and backward of the head, per micro-batch step of the loop (traced once)
+    assert len(got["head_calls"]) == 2, got["head_calls"]
+    for call in got["head_calls"]:
+        b, t, hh = call["hidden"]
+        assert hh == h and call["block"] == quarter, call  # a quarter of the head on each device
+        # tokens this device scores x vocabulary columns it scores them against (its block and the
+        # blocks passed to it around the ring): a quarter of the micro-batch's ROWS x BUDGET x V
+        assert 4 * b * t * call["block"][1] * call["ring"] == ROWS * BUDGET * v, (call, mesh)
+        if "context" in got["mesh"]:
+            assert t == BUDGET // got["mesh"]["context"], call  # each context rank its own tokens
+    print(mesh, "head per device:", got["head_calls"][0], "ring moves:", len(ring_moves))
 
 
 def test_one_device_compiles_once_and_donates(single: dict[str, Any]) -> None:
