@@ -422,6 +422,29 @@ def task_of(rc: RunConfig, seed: int = 0) -> Task:
     )
 
 
+def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
+    """The compiled step of the CPU loop's tiny model (rows of ``max_len`` tokens) with the run config's
+    algorithm: its loss, learning rate, KL penalty against the base policy, and the log-prob head's
+    block sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes)."""
+    from rljob.trainer.losses import LossConfig
+    from rljob.trainer.main import head_blocks
+    from rljob.trainer.train_step import StepConfig
+
+    alg = rc.spec.algorithm
+    return StepConfig(
+        budget=max_len,
+        rows=4,
+        micro_batches=8,
+        segment_align=1,
+        learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
+        loss=LossConfig(
+            kind=alg.loss if alg and alg.loss else "importance_sampling",
+            kl_coef=alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0,
+        ),
+        **head_blocks(rc),
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m rljob.trainer.loop", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -461,13 +484,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
-    from rljob.trainer.losses import LossConfig
-    from rljob.trainer.main import BadConfig, head_blocks, model_setup
+    from rljob.trainer.main import BadConfig, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import RunPaths, RunSettings, run
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
-    from rljob.trainer.train_step import StepConfig, Trainer
+    from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
     lora = spec.lora
@@ -488,18 +510,7 @@ def main(argv: list[str] | None = None) -> int:
                 vocab_size=vocab,
                 max_len=max_len,
             )
-            step_cfg = StepConfig(
-                budget=max_len,
-                rows=4,
-                micro_batches=8,
-                segment_align=1,
-                learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
-                loss=LossConfig(
-                    kind=alg.loss if alg and alg.loss else "importance_sampling",
-                    kl_coef=alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0,
-                ),
-                **head_blocks(rc),
-            )
+            step_cfg = cpu_step_config(rc, max_len)
         policy = Policy(model_spec)
         source = SamplerSource(
             client,
