@@ -31,7 +31,7 @@ def trainer(tiny_policy: Any) -> Trainer:
     )
 
 
-def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
+def _small_batch(trainer: Trainer) -> list[Rollout]:
     rollouts, _ = synthetic_rollouts(
         0,
         seed=3,
@@ -41,6 +41,11 @@ def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
         max_prompt=8,
         max_completion=12,
     )
+    return rollouts
+
+
+def test_nan_injection_leaves_parameters_finite(trainer: Trainer) -> None:
+    rollouts = _small_batch(trainer)
     state = trainer.init_state()
     # 1. sampler sentinels and NaN/inf old log-probs are masked: the update is applied and finite.
     poisoned = []
@@ -111,15 +116,7 @@ def test_step_without_signal_makes_no_update_and_says_so(trainer: Trainer) -> No
         np.testing.assert_array_equal(a, np.asarray(b))
     for a, b in zip(jax.tree.leaves(opt_before), jax.tree.leaves(state.opt_state), strict=True):
         np.testing.assert_array_equal(a, np.asarray(b))
-    rollouts, _ = synthetic_rollouts(
-        0,
-        seed=3,
-        vocab_size=trainer.policy.vocab_size,
-        groups=2,
-        group_size=2,
-        max_prompt=8,
-        max_completion=12,
-    )
+    rollouts = _small_batch(trainer)
     assert rollouts
     state, m = trainer.train_on_batch(state, rollouts)
     assert m["no_signal"] == 0 and int(state.step) == 2
