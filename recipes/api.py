@@ -289,7 +289,7 @@ class DatasetSpec(ApiModel):
     )
     path: str | None = Field(
         default=None,
-        description="JSON Lines of problems, one {\"question\": ..., \"answer\": ...} per line (GSM8K style: "
+        description='JSON Lines of problems, one {"question": ..., "answer": ...} per line (GSM8K style: '
         "the final answer after ####), as a gs:// object or an absolute path in the trainer's "
         "filesystem. Default {storage.root}/data/train.jsonl. The trainer reads it at start: a missing "
         "or malformed file fails the run at once (exit 2), it is never retried.",
@@ -304,7 +304,7 @@ class DatasetSpec(ApiModel):
         default=None,
         min_length=1,
         description="Python format string of each prompt with the field {question}. Default "
-        "\"{question}\\nPut the final answer after ####.\\n\".",
+        '"{question}\\nPut the final answer after ####.\\n".',
     )
 
     @field_validator("path")
@@ -328,6 +328,40 @@ class DatasetSpec(ApiModel):
         return value
 
 
+class ServiceSpec(ApiModel):
+    """Service mode: the trainer runs no RL loop of its own but serves an API that clients train through."""
+
+    api: Literal["tinker"] = Field(
+        description="The API served: tinker (the Tinker HTTP API; the official `tinker` SDK is the client)."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description="Port of the API on the trainer pod and its Service. Default 8080.",
+    )
+    max_training_clients: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="LoRA adapters trained at once over the one base model (training clients, each its own "
+        "adapter, optimizer state and checkpoints); a client beyond it is refused. The samplers' maxLoras "
+        "must hold one adapter per client. Default 8.",
+    )
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=0,
+        description="Optimizer steps between a training client's automatic checkpoints, which a restarted "
+        "trainer resumes from (0: none). Default 1.",
+    )
+    api_key_secret: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Secret (same namespace) whose key `api-keys` lists the accepted API keys, comma-"
+        "separated, each starting with tml- (the SDK's rule). Default: any tml- key is accepted.",
+    )
+
+
 class RLJobSpec(ApiModel):
     """Desired state of an RLJob."""
 
@@ -343,6 +377,10 @@ class RLJobSpec(ApiModel):
     algorithm: AlgorithmSpec | None = Field(default=None, description="The RL algorithm.")
     packing: PackingSpec | None = Field(default=None, description="Sequence packing.")
     dataset: DatasetSpec | None = Field(default=None, description="Training prompts and their grading.")
+    service: ServiceSpec | None = Field(
+        default=None,
+        description="Serve an API (the Tinker API) from the trainer instead of running the built-in RL loop.",
+    )
     storage: StorageSpec | None = Field(default=None, description="Run storage.")
     failure_policy: FailurePolicySpec | None = Field(default=None, description="Retry policy.")
     suspend: bool | None = Field(
@@ -523,6 +561,7 @@ __all__ = [
     "RoleStatus",
     "RolesStatus",
     "SamplerSpec",
+    "ServiceSpec",
     "StorageSpec",
     "TpuSlice",
     "TrainerSpec",

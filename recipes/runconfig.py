@@ -20,6 +20,10 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 CONFIG_ENV = "RLJOB_CONFIG"
 PROGRESS_KEY = "progress.json"
 SAMPLER_PORT = 8000
+# Each sampler's adapter agent (load a PEFT directory from storage on request; the Tinker service uses it)
+# listens on the sampler's port + this offset, at this path.
+ADAPTER_AGENT_PORT_OFFSET = 1
+ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
 COORDINATOR_PORT = 8476
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
@@ -147,6 +151,8 @@ class RunConfig(ApiModel):
 
 
 __all__ = [
+    "ADAPTER_AGENT_PATH",
+    "ADAPTER_AGENT_PORT_OFFSET",
     "CONFIG_DIR",
     "CONFIG_ENV",
     "CONFIG_KEY",

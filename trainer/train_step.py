@@ -94,7 +94,9 @@ def stack_micro_batches(
     """Host arrays ``[micro_batches, rows, budget]`` per field, in as many calls as needed.
 
     Weights: a packed ``loss_weight`` field times the loss mask if present, else the loss mask divided
-    by the step's total of masked tokens (one global token mean over the step)."""
+    by the step's total of masked tokens (one global token mean over the step). Advantages: a packed
+    per-token ``advantages`` field if present (the Tinker service's per-token advantages), else each
+    rollout's scalar advantage on its completion tokens."""
     if not packed:
         raise ValueError("no micro-batches to stack")
     total = float(sum(b.loss_mask.sum() for b in packed))
@@ -112,7 +114,7 @@ def stack_micro_batches(
             "segment_ids": b.segment_ids,
             "positions": b.positions,
             "weights": w.astype(np.float32),
-            "advantages": b.advantages,
+            "advantages": b.fields.get("advantages", b.advantages),
             "old_logprobs": b.fields["old_logprobs"],
         }
         if with_ref:
