@@ -66,6 +66,20 @@ GAP_S = 60.0  # a training request waits this long for a missing predecessor seq
 RESULT_TTL_S = 300.0  # a retrieved result is kept this long (the SDK may poll again after a lost reply)
 UNRETRIEVED_TTL_S = 3600.0
 MAX_SAMPLES = 128
+# Routes whose answer is a future: a request refused before its work starts is a failed future, which the
+# SDK raises as RequestFailedError (category user), like a failure of the work itself.
+FUTURE_ROUTES = frozenset(
+    f"/api/v1/{r}"
+    for r in (
+        "create_model",
+        "forward_backward",
+        "optim_step",
+        "save_weights",
+        "save_weights_for_sampler",
+        "load_weights",
+        "asample",
+    )
+)
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 
 
@@ -170,7 +184,13 @@ class Service:
             return web.json_response({"error": "X-API-Key: missing or not accepted"}, status=401)
         try:
             return await handler(request)
-        except RequestError as e:  # a malformed direct (non-future) request
+        except RequestError as e:
+            if request.path in FUTURE_ROUTES:  # the SDK's error shape: a failed future
+                f = _Future(request_id=uuid.uuid4().hex, kind=request.path, done=asyncio.Event())
+                f.error = (str(e), "user")
+                f.done.set()
+                self.futures[f.request_id] = f
+                return self._future_response(f)
             return web.json_response({"error": str(e)}, status=422)
 
     async def _start(self, _app: web.Application) -> None:
@@ -393,11 +413,11 @@ class Service:
         if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
             raise RequestError("Content-Encoding: compressed bodies are not accepted (client/config says so)")
         call = wire.parse_forward_backward(await request.read())
-        loss = LossSpec.parse(call.loss_fn, call.loss_fn_config)
-        data = wire.datums_of(call, LOSS_INPUTS[loss.kind], REQUIRED_INPUTS[loss.kind])
         backward = not call.forward_only
 
-        def work() -> bytes:
+        def work() -> bytes:  # checked in turn: a refused request still takes its place in seq_id order
+            loss = LossSpec.parse(call.loss_fn, call.loss_fn_config)
+            data = wire.datums_of(call, LOSS_INPUTS[loss.kind], REQUIRED_INPUTS[loss.kind])
             total, lps = self.engine.forward(call.model_id, data, loss, backward=backward)
             weights = [
                 d.weights if d.weights is not None else np.ones_like(lp)
@@ -409,15 +429,13 @@ class Service:
 
     async def optim_step(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.OptimStepRequest)
-        p = req.optim_params
-        if not isinstance(p, types.AdamParams):
-            raise RequestError(
-                f"optim_params: {getattr(p, 'type', type(p).__name__)} is not supported (AdamParams only)"
-            )
-        hp = AdamHP(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
-        hp.check()
 
         def work() -> dict[str, Any]:
+            p = req.optim_params
+            if not isinstance(p, types.AdamParams):
+                kind = getattr(p, "type", type(p).__name__)
+                raise RequestError(f"optim_params: {kind} is not supported (AdamParams only)")
+            hp = AdamHP(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
             metrics = self.engine.optim_step(req.model_id, hp)
             m = self.engine.model(req.model_id)
             self._auto_checkpoint(m)
