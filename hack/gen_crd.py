@@ -169,6 +169,12 @@ def crd() -> dict[str, Any]:
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                         {
+                            "name": "URL",
+                            "type": "string",
+                            "jsonPath": ".status.url",
+                            "description": "In-cluster URL of the API the trainer serves (spec.service)",
+                        },
+                        {
                             "name": "JobSet",
                             "type": "string",
                             "jsonPath": ".status.jobSetName",

@@ -487,6 +487,10 @@ class RLJobStatus(ApiModel):
     last_failure: LastFailure | None = Field(default=None, description="The most recent failure.")
     roles: RolesStatus | None = Field(default=None, description="Per-role readiness.")
     progress: ProgressReport | None = Field(default=None, description="The trainer's latest progress report.")
+    url: str | None = Field(
+        default=None,
+        description="In-cluster URL of the API the trainer serves (spec.service), e.g. the Tinker API.",
+    )
 
 
 # ----------------------------------------------------------------------------------------- resource

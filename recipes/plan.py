@@ -292,6 +292,12 @@ def resolve(job: RLJob) -> RunConfig:
 
     # ---- service mode
     svc = spec.service
+    if svc is not None and trainer_tpu is not None and trainer_tpu.hosts * (spec.trainer.slices or 1) > 1:
+        problems.append(
+            f"spec.service: the API service trains on one trainer host; spec.trainer.tpu "
+            f"{trainer_tpu.type_name} x {spec.trainer.slices or 1} slice(s) has "
+            f"{trainer_tpu.hosts * (spec.trainer.slices or 1)} hosts"
+        )
     if svc is not None:
         assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
         if spec.sampler.max_loras < svc.max_training_clients:

@@ -22,17 +22,12 @@ import sys
 from typing import Any
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
+from rljob.recipes.plan import SERVICE_DEFAULTS
+from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, RunConfig
 
-__all__ = ["API_KEYS_ENV", "build", "main", "parser", "serve"]
+__all__ = ["build", "main", "parser", "serve"]
 
 log = logging.getLogger("rljob.trainer.tinker")
-
-API_KEYS_ENV = (
-    "RLJOB_TINKER_API_KEYS"  # comma-separated keys the service accepts (from spec.service.apiKeySecret)
-)
-DEFAULT_PORT = 8080
-DEFAULT_MAX_CLIENTS = 8
 
 
 def _service_field(rc: RunConfig, name: str, default: Any) -> Any:
@@ -51,7 +46,7 @@ def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from rljob.trainer.train_step import StepConfig
 
-    max_clients = int(_service_field(rc, "max_training_clients", DEFAULT_MAX_CLIENTS))
+    max_clients = int(_service_field(rc, "max_training_clients", SERVICE_DEFAULTS["maxTrainingClients"]))
     if model == "tiny":
         lora = rc.spec.lora
         rank = lora.rank if lora and lora.rank else 8
@@ -143,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadConfig as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-    port = args.port if args.port is not None else int(_service_field(rc, "port", DEFAULT_PORT))
+    port = args.port if args.port is not None else int(_service_field(rc, "port", SERVICE_DEFAULTS["port"]))
 
     def ready(url: str) -> None:
         line = {"event": "serving", "url": url, "base_model": service.cfg.base_model, "restored": restored}

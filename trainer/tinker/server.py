@@ -269,7 +269,8 @@ class Service:
             return await self._on_worker(fn)
         cond = self.seq_cond
         async with cond:
-            nxt = self.next_seq.setdefault(model_id, 1)
+            # A model created here starts at 1; one restored after a restart adopts its client's next id.
+            nxt = self.next_seq.setdefault(model_id, seq_id)
             if seq_id > nxt:
                 try:
                     await asyncio.wait_for(
@@ -382,6 +383,7 @@ class Service:
             if lc.train_unembed:
                 log.info("model %s: train_unembed is not supported (frozen output head); ignored", model_id)
             self.model_session[model_id] = req.session_id
+            self.next_seq[model_id] = 1
             self._auto_checkpoint(m, force=True)
             return {"model_id": model_id, "type": "create_model"}
 
@@ -536,6 +538,7 @@ class Service:
                     train_unembed=bool(cfg["train_unembed"]),
                 )
                 self.model_session[model_id] = req.session_id
+                self.next_seq[model_id] = 1
             else:
                 m = self.engine.model(model_id)
                 if (m.rank, m.train_attn, m.train_mlp) != (cfg["rank"], cfg["train_attn"], cfg["train_mlp"]):
