@@ -49,7 +49,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tinker-bench-"))
     rc = local_service_config("gs://bench", 1, work / "progress.json", service={"checkpointEvery": 0})
     # Local storage (no emulator): the registry and named checkpoints only.
-    storage = rc.storage.model_copy(update={"checkpoints": str(work / "ckpt"), "adapters": str(work / "adapters")})
+    storage = rc.storage.model_copy(
+        update={"checkpoints": str(work / "ckpt"), "adapters": str(work / "adapters")}
+    )
     rc = rc.model_copy(update={"storage": storage})
     vocab, max_len = cpu_shape(rc)
     lora = rc.spec.lora

@@ -167,9 +167,13 @@ class CpuSampler:
             else:
                 return _bad_request("prompt: a string, a list of token ids, or a non-empty list of either")
         if float(body.get("top_p", 1.0)) != 1.0 or int(body.get("top_k", -1)) not in (-1, 0):
-            return _bad_request("top_p, top_k: not supported by the CPU sampler (it samples the full softmax)")
+            return _bad_request(
+                "top_p, top_k: not supported by the CPU sampler (it samples the full softmax)"
+            )
         if body.get("stop"):
-            return _bad_request("stop: stop strings are not supported by the CPU sampler (use stop_token_ids)")
+            return _bad_request(
+                "stop: stop strings are not supported by the CPU sampler (use stop_token_ids)"
+            )
         stop_ids = {int(t) for t in body.get("stop_token_ids") or []}
         n = int(body.get("n", 1))
         max_tokens = int(body.get("max_tokens", 16))

@@ -97,7 +97,7 @@ class LossSpec:
                 f"loss_fn: {loss_fn!r} is not supported by this server (supported: {', '.join(LOSS_FNS)})"
             )
         cfg = dict(config or {})
-        kind: LossKind = loss_fn  # type: ignore[assignment]
+        kind: LossKind = loss_fn
         if kind != "ppo":
             if cfg:
                 raise RequestError(f"loss_fn_config: {loss_fn} takes no settings, got {sorted(cfg)}")

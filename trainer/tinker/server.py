@@ -701,7 +701,8 @@ class Service:
                 out[: prompt.size - last_n] = np.nan
             return out
 
-        return await self._on_worker(work)
+        result: np.ndarray = await self._on_worker(work)
+        return result
 
     def _lora_of(self, s: _SamplingSession) -> Any:
         if s.adapter is None:

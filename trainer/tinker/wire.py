@@ -170,7 +170,7 @@ def forward_backward_output(
         if loss_kind == "cross_entropy" and weights is not None:
             losses = [-(w * lp) for w, lp in zip(weights, logprobs, strict=True)]
             rec.fields["elementwise_loss"].CopyFrom(_batched(losses, np.float32))
-    return out.SerializeToString()
+    return bytes(out.SerializeToString())
 
 
 # ------------------------------------------------------------------------------------------- sample
@@ -193,4 +193,4 @@ def sample_response(
             seq.logprobs = np.asarray(lps, np.float32).tobytes()
     if prompt_logprobs is not None:
         out.prompt_logprobs = np.asarray(prompt_logprobs, np.float32).tobytes()
-    return out.SerializeToString()
+    return bytes(out.SerializeToString())
