@@ -102,13 +102,13 @@ def main() -> None:
             for s, a, o in zip(seqs, adv, old, strict=True)
         ]
 
-        def in_process() -> float:
+        def in_process(data_in: list[Any] = data_in) -> float:
             t0 = time.perf_counter()
             engine.forward(local.model_id, data_in, loss, backward=True)
             engine.optim_step(local.model_id, hp)
             return time.perf_counter() - t0
 
-        def via_sdk() -> float:
+        def via_sdk(data_sdk: list[Any] = data_sdk) -> float:
             t0 = time.perf_counter()
             fb = sdk_tc.forward_backward(data_sdk, "importance_sampling")
             opt = sdk_tc.optim_step(adam)
