@@ -5,7 +5,8 @@ Endpoints (same paths, bodies and response shapes as vLLM):
 - `POST /v1/completions`: `prompt` as token ids, text, or a list of either; `n`, `max_tokens`,
   `temperature`, `seed`, `stop_token_ids` (a sequence ends after its first stop token, finish_reason
   "stop"; `top_p`/`top_k` other than off and `stop` strings are refused with 400), `logprobs`
-  (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids` (each choice then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
+  (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids` (each choice
+  then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
   `model` selects the adapter by name (or the base model). The tokenizer is UTF-8 bytes (token id = byte
   value), which the tiny model's 256-token vocabulary holds exactly; completion text is the bytes
   decoded (invalid sequences replaced);
