@@ -41,9 +41,9 @@ def test_grpo_through_the_sdk_learns_the_toy_task(served: Served) -> None:
     task = SuccessorTask()
     client = tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
     tc = client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=8, seed=0).result()
-    adam = types.AdamParams(learning_rate=3e-3, beta1=0.9, beta2=0.999, eps=1e-8)
+    adam = types.AdamParams(learning_rate=4e-3, beta1=0.9, beta2=0.999, eps=1e-8)
     group, groups, rewards = 16, 8, []
-    for step in range(120):
+    for step in range(200):
         sampler = tc.save_weights_and_get_sampling_client().result()
         prompts = task.train_prompts(step, groups)
         futures = [
