@@ -352,7 +352,7 @@ class ServiceSpec(ApiModel):
         default=None,
         ge=0,
         description="Optimizer steps between a training client's automatic checkpoints, which a restarted "
-        "trainer resumes from (0: none). Default 1.",
+        "trainer resumes from (0: only when a client is created or loaded). Default 1.",
     )
     api_key_secret: str | None = Field(
         default=None,

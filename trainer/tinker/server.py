@@ -504,7 +504,8 @@ class Service:
             finally:
                 ck.close()
             self.last_checkpoint_step = m.step
-        self._save_registry()
+        if force:  # a new or reloaded model: the registry changed
+            self._save_registry()
 
     async def load_weights(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.LoadWeightsRequest)
