@@ -193,11 +193,9 @@ class Trainer:
 
     # ------------------------------------------------------------------ compiled parts
 
-    def micro_loss(
-        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None
-    ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up)."""
-        lp = self.policy.next_token_logprobs(
+    def micro_logprobs(self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None) -> jax.Array:
+        """[rows, budget] next-token log-probs of one micro-batch (the fused head, this step's tiles)."""
+        return self.policy.next_token_logprobs(
             lora,
             mb["tokens"],
             mb["positions"],
@@ -206,6 +204,12 @@ class Trainer:
             vocab_chunk=self.cfg.vocab_chunk,
             base=base,
         )
+
+    def micro_loss(
+        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        """Loss of one micro-batch ``[rows, budget]`` (weights are step-global, so losses add up)."""
+        lp = self.micro_logprobs(lora, mb, base)
         return policy_loss(
             lp,
             mb["old_logprobs"],

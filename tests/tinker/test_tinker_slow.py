@@ -3,7 +3,8 @@
 - a GRPO loop written only against the SDK learns the toy task (the CPU loop's successor task) from chance
   to a mean reward >= 0.9;
 - save_state, the service killed (SIGKILL) and started again: a new training client from the saved state
-  continues step-exactly, and the old client continues from its automatic checkpoint.
+  continues step-exactly, and the old client continues from its automatic checkpoint;
+- `make tinker-cpu`'s runner: its printed URL and model serve the SDK (text as byte tokens), SIGINT stops it.
 """
 
 from __future__ import annotations
@@ -174,3 +175,53 @@ def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: 
         except subprocess.TimeoutExpired:
             proc.kill()
         time.sleep(0)
+
+
+def test_make_tinker_cpu_serves_text_until_interrupted(gcs_emulator: Any, tmp_path: Path) -> None:
+    """`make tinker-cpu` (rljob.trainer.tinker.local): two processes (the CPU sampler with its adapter agent,
+    the service) on the byte-token model; the printed URL and model serve the SDK; SIGINT stops all."""
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rljob.trainer.tinker.local", "--workdir", str(tmp_path)],
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "runner.log").open("wb"),
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        seen: dict[str, str] = {}
+        for line in proc.stdout:
+            key, _, value = line.strip().partition("=")
+            if key in ("TINKER_BASE_URL", "TINKER_BASE_MODEL"):
+                seen[key] = value
+            if len(seen) == 2:
+                break
+        assert seen["TINKER_BASE_URL"].startswith("http://127.0.0.1:"), seen
+        assert seen["TINKER_BASE_MODEL"] == "rljob/tiny-qwen3"
+        client = tinker.ServiceClient(base_url=seen["TINKER_BASE_URL"], api_key="tml-local")
+        tc = client.create_lora_training_client(base_model=seen["TINKER_BASE_MODEL"], rank=8, seed=0).result()
+        text = list(b"2+2=")  # the tiny model's tokens are UTF-8 bytes
+        tc.forward_backward(
+            [
+                types.Datum(
+                    model_input=types.ModelInput.from_ints(text),
+                    loss_fn_inputs={"target_tokens": [*text[1:], ord("4")]},
+                )
+            ],
+            "cross_entropy",
+        )
+        tc.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        sampler = tc.save_weights_and_get_sampling_client().result()
+        out = sampler.sample(
+            types.ModelInput.from_ints(text), 2, types.SamplingParams(max_tokens=5, seed=1)
+        ).result()
+        for seq in out.sequences:
+            assert len(seq.tokens) == 5 and len(seq.logprobs) == 5 and all(0 <= t < 256 for t in seq.tokens)
+            bytes(seq.tokens).decode(errors="replace")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

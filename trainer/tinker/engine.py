@@ -246,15 +246,7 @@ class Engine:
     def _micro(
         self, lora: Any, mb: dict[str, jax.Array], base: Any, loss: LossSpec
     ) -> tuple[jax.Array, jax.Array]:
-        lp = self.policy.next_token_logprobs(
-            lora,
-            mb["tokens"],
-            mb["positions"],
-            mb["segment_ids"],
-            token_tile=self.cfg.token_tile,
-            vocab_chunk=self.cfg.vocab_chunk,
-            base=base,
-        )
+        lp = self.trainer.micro_logprobs(lora, mb, base)  # the loop's own log-prob call
         w = mb["weights"]
         if loss.kind == "cross_entropy":
             value = -jnp.where(w != 0, w * lp, 0.0).sum()
@@ -398,6 +390,18 @@ class Engine:
         )
         self.models[model_id] = model
         return model
+
+    def create_from_config(self, model_id: str, cfg: dict[str, Any]) -> TrainingModel:
+        """A model shaped like ``cfg`` (TrainingModel.config() of a checkpoint), under ``model_id``."""
+        return self.create(
+            model_id,
+            base_model=str(cfg["base_model"]),
+            rank=int(cfg["rank"]),
+            seed=int(cfg["seed"]),
+            train_attn=bool(cfg["train_attn"]),
+            train_mlp=bool(cfg["train_mlp"]),
+            train_unembed=bool(cfg["train_unembed"]),
+        )
 
     def model(self, model_id: str) -> TrainingModel:
         m = self.models.get(model_id)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -26,7 +25,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +86,7 @@ def service_command(cfg: Path, port: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from rljob.trainer.gcs_emulator import emulator_env
-    from rljob.trainer.localrun import create_bucket, free_port, sampler_command, start_gcs
+    from rljob.trainer.localrun import free_port, local_storage, sampler_command
 
     p = argparse.ArgumentParser(prog="tinker-cpu", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0, help="service port (default: a free one)")
@@ -99,16 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tinker-cpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    gcs, endpoint = start_gcs(workdir)
-    env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
-    os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
-    bucket = f"rljob-{uuid.uuid4().hex[:10]}"
-    create_bucket(bucket)
+    gcs, env, root = local_storage(workdir)
     sampler_port = free_port_pair()
     service = {"maxTrainingClients": args.max_clients} if args.max_clients else None
-    rc = local_service_config(
-        f"gs://{bucket}", sampler_port, workdir / "progress.json", service=service, toy=args.toy
-    )
+    rc = local_service_config(root, sampler_port, workdir / "progress.json", service=service, toy=args.toy)
     cfg = workdir / "run.json"
     cfg.write_text(rc.model_dump_json(indent=1))
     port = args.port or free_port()

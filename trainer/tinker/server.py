@@ -529,15 +529,7 @@ class Service:
             tree, meta = self._restore_state(directory)
             cfg = meta["config"]
             if req.session_id is not None:
-                m = self.engine.create(
-                    model_id,
-                    base_model=cfg["base_model"],
-                    rank=int(cfg["rank"]),
-                    seed=int(cfg["seed"]),
-                    train_attn=bool(cfg["train_attn"]),
-                    train_mlp=bool(cfg["train_mlp"]),
-                    train_unembed=bool(cfg["train_unembed"]),
-                )
+                m = self.engine.create_from_config(model_id, cfg)
                 self.model_session[model_id] = req.session_id
                 self.next_seq[model_id] = 1
             else:
@@ -772,15 +764,7 @@ class Service:
             except RequestError:
                 log.warning("model %s: no auto checkpoint; not restored", mid)
                 continue
-            m = self.engine.create(
-                mid,
-                base_model=c["base_model"],
-                rank=int(c["rank"]),
-                seed=int(c["seed"]),
-                train_attn=bool(c["train_attn"]),
-                train_mlp=bool(c["train_mlp"]),
-                train_unembed=bool(c["train_unembed"]),
-            )
+            m = self.engine.create_from_config(mid, c)
             self.engine.set_state(m, tree, optimizer=True)
             m.step, m.skipped = int(meta.get("optim_steps", 0)), int(meta.get("skipped", 0))
             if c.get("session"):
