@@ -145,7 +145,8 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
     if _wait_healthy(base, proc, timeout=3600):
         watcher = watcher_for(base)
         _status_server(status_port, watcher, watcher_for.agent(base))
-        watcher.start()
+        if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
+            watcher.start()
     return proc.wait()
 
 
@@ -204,7 +205,7 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, wa
         await site.start()
         log.warning("CPU sampler serving on %s:%d", host, port)
         _status_server(port + ADAPTER_AGENT_PORT_OFFSET, watcher, watcher_for.agent(base), host)
-        if watch:
+        if watch and rc.spec.service is None:
             watcher.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
