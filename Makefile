@@ -114,6 +114,13 @@ mutation: venv
 rl-cpu: venv
 	$(PY) -m rljob.trainer.localrun --steps $${RL_CPU_STEPS:-120}
 
+# The Tinker API service on this machine (rljob.trainer.tinker.local): the service and the CPU sampler over
+# the tiny byte-token model, storage on the GCS emulator; prints TINKER_BASE_URL=... and
+# TINKER_BASE_MODEL=... once ready and serves until interrupted (docs/tinker.md).
+.PHONY: tinker-cpu
+tinker-cpu: venv
+	$(PY) -m rljob.trainer.tinker.local
+
 # The GCS emulator the tests start (tests/fixtures/gcs.py): fake-gcs-server built from its Go module at
 # the version in hack/versions.env, into .cache/. The fixture builds it on first use; this prebuilds it.
 .PHONY: fake-gcs-server

@@ -117,6 +117,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("get list watch create patch", "", "configmaps")
     + _perms("list watch", "", "pods")
     + _perms("get create patch", "", "serviceaccounts")
+    + _perms("get create patch", "", "services")
     + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
     + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
     + _perms("create patch", "events.k8s.io", "events")

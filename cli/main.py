@@ -162,6 +162,15 @@ def explain(run: RunConfig) -> str:
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
+    svc = spec.service
+    if svc is not None:  # service mode: the trainer serves an API instead of the loop above
+        from rljob.recipes import render
+
+        lines.insert(
+            lines.index(f"dataset: {_dataset(run)}"),
+            f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
+            f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
+        )
     width = max((len(k) for k in t.maxtext), default=0)
     for k, v in t.maxtext.items():
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")

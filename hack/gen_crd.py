@@ -78,6 +78,8 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
             }
         elif key == "items":
             out["items"] = _structural({"description": "item", **value}, f"{path}[]")
+        elif key == "const":  # a one-value Literal: structural schemas have no const, only enum
+            out["enum"] = [value]
         else:
             out[key] = value
     if out.get("type") == "object" and "properties" not in out:
@@ -168,6 +170,12 @@ def crd() -> dict[str, Any]:
                             "description": "Counted restarts (crashes) so far",
                         },
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                        {
+                            "name": "URL",
+                            "type": "string",
+                            "jsonPath": ".status.url",
+                            "description": "In-cluster URL of the API the trainer serves (spec.service)",
+                        },
                         {
                             "name": "JobSet",
                             "type": "string",

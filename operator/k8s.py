@@ -80,6 +80,7 @@ EVENT: Final = Kind("events.k8s.io", "v1", "events")
 SERVICEACCOUNT: Final = Kind("", "v1", "serviceaccounts")
 ROLE: Final = Kind("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
+SERVICE: Final = Kind("", "v1", "services")
 
 KINDS: Final = {
     ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
@@ -88,6 +89,7 @@ KINDS: Final = {
     ("v1", "ServiceAccount"): SERVICEACCOUNT,
     ("rbac.authorization.k8s.io/v1", "Role"): ROLE,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDING,
+    ("v1", "Service"): SERVICE,
 }
 
 

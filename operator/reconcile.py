@@ -45,6 +45,7 @@ from rljob.operator.status import (
     derive_status,
     status_body,
 )
+from rljob.recipes import naming
 from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJob, RLJobStatus
 from rljob.recipes.plan import PlanError, pydantic_problems
 
@@ -81,6 +82,15 @@ class Plan:
     @property
     def jobset(self) -> dict[str, Any] | None:
         return next((o for o in self.objects if o.get("kind") == "JobSet"), None)
+
+    @property
+    def api_url(self) -> str | None:
+        """In-cluster URL of the API Service of a run with spec.service (status.url)."""
+        svc = next((o for o in self.objects if o.get("kind") == "Service"), None)
+        if svc is None:
+            return None
+        meta, ports = svc["metadata"], svc["spec"]["ports"]
+        return naming.service_url(meta["name"], meta["namespace"], int(ports[0]["port"]))
 
 
 Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
@@ -534,6 +544,7 @@ class Reconciler:
                 jobset=js,
                 failure=self.caches.failures.get(key),
                 progress=report,
+                api_url=plan.api_url if plan.objects else None,
             )
         )
         new_status = status_body(derived.status)

@@ -204,6 +204,7 @@ class Observed:
     jobset: JobSetView | None = None
     failure: PodFailure | None = None
     progress: ProgressReport | None = None
+    api_url: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -424,6 +425,7 @@ def derive_status(obs: Observed) -> Derived:
         last_failure=last,
         roles=roles,
         progress=progress,
+        url=obs.api_url or (prior.url if prior else None),
     )
     events: list[Event] = []
     prior_phase = prior.phase if prior else None

@@ -362,6 +362,40 @@ class DatasetSpec(ApiModel):
         return value
 
 
+class ServiceSpec(ApiModel):
+    """Service mode: the trainer runs no RL loop of its own but serves an API that clients train through."""
+
+    api: Literal["tinker"] = Field(
+        description="The API served: tinker (the Tinker HTTP API; the official `tinker` SDK is the client)."
+    )
+    port: int | None = Field(
+        default=None,
+        ge=1024,
+        le=65535,
+        description="Port of the API on the trainer pod and its Service. Default 8080.",
+    )
+    max_training_clients: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="LoRA adapters trained at once over the one base model (training clients, each its own "
+        "adapter, optimizer state and checkpoints); a client beyond it is refused. The samplers' maxLoras "
+        "must hold one adapter per client. Default 8.",
+    )
+    checkpoint_every: int | None = Field(
+        default=None,
+        ge=0,
+        description="Optimizer steps between a training client's automatic checkpoints, which a restarted "
+        "trainer resumes from (0: only when a client is created or loaded). Default 1.",
+    )
+    api_key_secret: str | None = Field(
+        default=None,
+        max_length=253,
+        description="Secret (same namespace) whose key `api-keys` lists the accepted API keys, comma-"
+        "separated, each starting with tml- (the SDK's rule). Default: any tml- key is accepted.",
+    )
+
+
 class RLJobSpec(ApiModel):
     """Desired state of an RLJob."""
 
@@ -377,6 +411,10 @@ class RLJobSpec(ApiModel):
     algorithm: AlgorithmSpec | None = Field(default=None, description="The RL algorithm.")
     packing: PackingSpec | None = Field(default=None, description="Sequence packing.")
     dataset: DatasetSpec | None = Field(default=None, description="Training prompts and their grading.")
+    service: ServiceSpec | None = Field(
+        default=None,
+        description="Serve an API (the Tinker API) from the trainer instead of running the built-in RL loop.",
+    )
     storage: StorageSpec | None = Field(default=None, description="Run storage.")
     failure_policy: FailurePolicySpec | None = Field(default=None, description="Retry policy.")
     suspend: bool | None = Field(
@@ -483,6 +521,10 @@ class RLJobStatus(ApiModel):
     last_failure: LastFailure | None = Field(default=None, description="The most recent failure.")
     roles: RolesStatus | None = Field(default=None, description="Per-role readiness.")
     progress: ProgressReport | None = Field(default=None, description="The trainer's latest progress report.")
+    url: str | None = Field(
+        default=None,
+        description="In-cluster URL of the API the trainer serves (spec.service), e.g. the Tinker API.",
+    )
 
 
 # ----------------------------------------------------------------------------------------- resource
@@ -558,6 +600,7 @@ __all__ = [
     "RoleStatus",
     "RolesStatus",
     "SamplerSpec",
+    "ServiceSpec",
     "StorageSpec",
     "TpuSlice",
     "TrainerSpec",

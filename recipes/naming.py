@@ -50,6 +50,21 @@ def service_account(rljob: str) -> str:
     return f"{rljob}-rljob"
 
 
+def api_service(rljob: str) -> str:
+    """The Service in front of the trainer of an RLJob that serves an API (spec.service)."""
+    return f"{rljob}-api"
+
+
+def service_url(service: str, namespace: str, port: int) -> str:
+    """The in-cluster URL of a Service's port."""
+    return f"http://{service}.{namespace}.svc:{port}"
+
+
+def api_url(rljob: str, namespace: str, port: int) -> str:
+    """The in-cluster URL of the API Service."""
+    return service_url(api_service(rljob), namespace, port)
+
+
 def generated(rljob: str, roles: dict[str, tuple[int, int]]) -> dict[str, str]:
     """The longest instance of each generated name; roles maps role -> (replicas, pods per job)."""
     names = {
@@ -58,6 +73,7 @@ def generated(rljob: str, roles: dict[str, tuple[int, int]]) -> dict[str, str]:
         "run ConfigMap": run_configmap(rljob),
         "progress ConfigMap": progress_configmap(rljob),
         "ServiceAccount": service_account(rljob),
+        "API Service": api_service(rljob),
     }
     for role, (replicas, pods) in roles.items():
         names[f"{role} Job"] = job(rljob, role, replicas - 1)

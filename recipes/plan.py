@@ -69,6 +69,9 @@ DEFAULTS: dict[str, Any] = {
     "failurePolicy": {"maxRestarts": 3},
     "suspend": False,
 }
+# Defaults of spec.service when a layer sets it; the samplers' maxLoras then defaults to one adapter per
+# training client (each client's newest sampler weights served at once).
+SERVICE_DEFAULTS: dict[str, Any] = {"port": 8080, "maxTrainingClients": 8, "checkpointEvery": 1}
 
 # MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them.
 DERIVED_KEYS: dict[str, str] = {
@@ -200,7 +203,12 @@ def merged_spec(job: RLJob) -> tuple[dict[str, Any], _Layers, list[str]]:
     """defaults < recipe < profile < manifest, as a camelCase dict, with the problems found so far."""
     problems: list[str] = []
     layers = _layers(job, problems)
-    merged = _merge(_merge(_merge(DEFAULTS, layers.recipe), layers.profile), _dump(job.spec))
+    upper = _merge(_merge(layers.recipe, layers.profile), _dump(job.spec))
+    base = DEFAULTS
+    if isinstance(upper.get("service"), dict):
+        clients = upper["service"].get("maxTrainingClients") or SERVICE_DEFAULTS["maxTrainingClients"]
+        base = _merge(DEFAULTS, {"service": SERVICE_DEFAULTS, "sampler": {"maxLoras": max(2, int(clients))}})
+    merged = _merge(_merge(_merge(base, layers.recipe), layers.profile), _dump(job.spec))
     return merged, layers, problems
 
 
@@ -293,6 +301,21 @@ def resolve(job: RLJob) -> RunConfig:
     except tpu.TpuError as e:
         problems.append(f"spec.sampler.tpu: {e}")
 
+    # ---- service mode
+    svc = spec.service
+    if svc is not None and trainer_tpu is not None and trainer_tpu.hosts * (spec.trainer.slices or 1) > 1:
+        problems.append(
+            f"spec.service: the API service trains on one trainer host; spec.trainer.tpu "
+            f"{trainer_tpu.type_name} x {spec.trainer.slices or 1} slice(s) has "
+            f"{trainer_tpu.hosts * (spec.trainer.slices or 1)} hosts"
+        )
+    if svc is not None:
+        assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
+        if spec.sampler.max_loras < svc.max_training_clients:
+            problems.append(
+                f"spec.sampler.maxLoras: {spec.sampler.max_loras} is below spec.service.maxTrainingClients "
+                f"{svc.max_training_clients}: the samplers must hold every training client's adapter at once"
+            )
     # ---- LoRA
     if spec.lora.rank is not None and spec.lora.rank not in VLLM_LORA_RANKS:
         problems.append(

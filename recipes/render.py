@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from rljob.recipes import failure, naming, placement, plan
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
+    API_KEYS_ENV,
+    API_KEYS_SECRET_KEY,
     CONFIG_DIR,
     CONFIG_ENV,
     CONFIG_KEY,
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
 TRAINER_COMMAND = ["rljob-trainer", "--config", CONFIG_PATH]
 SAMPLER_COMMAND = ["rljob-sampler", "--config", CONFIG_PATH]
 JOBSET_LABELS = "jobset.sigs.k8s.io"
+API_PORT_NAME = "api"
 
 
 class RenderError(RuntimeError):
@@ -149,6 +152,13 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]
                 ]
             if i == 0:
                 ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
+            svc = run.spec.service
+            if svc is not None and i == 0:
+                assert svc.port is not None
+                ports.append({"name": API_PORT_NAME, "containerPort": svc.port, "protocol": "TCP"})
+                if svc.api_key_secret:
+                    ref = {"name": svc.api_key_secret, "key": API_KEYS_SECRET_KEY}
+                    env.append({"name": API_KEYS_ENV, "valueFrom": {"secretKeyRef": ref}})
         else:
             ports.append({"name": "http", "containerPort": SAMPLER_PORT, "protocol": "TCP"})
         out.append(
@@ -253,6 +263,38 @@ def access(run: RunConfig) -> list[dict[str, Any]]:
     )
 
 
+def api_service(run: RunConfig) -> list[dict[str, Any]]:
+    """The Service in front of the first trainer pod when the run serves an API (spec.service); none
+    otherwise."""
+    svc = run.spec.service
+    if svc is None:
+        return []
+    selector = {
+        "rljob.dev/rljob": run.name,
+        "rljob.dev/role": naming.TRAINER,
+        f"{JOBSET_LABELS}/jobset-name": run.job_set_name,
+        f"{JOBSET_LABELS}/job-index": "0",
+        "batch.kubernetes.io/job-completion-index": "0",
+    }
+    return _render(
+        "service.yaml.j2",
+        name=naming.api_service(run.name),
+        namespace=run.namespace,
+        labels=labels(run, naming.TRAINER),
+        selector=selector,
+        port_name=API_PORT_NAME,
+        port=svc.port,
+    )
+
+
+def api_url(run: RunConfig) -> str | None:
+    """The in-cluster URL of the run's API (status.url), or None without spec.service."""
+    svc = run.spec.service
+    if svc is None or svc.port is None:
+        return None
+    return naming.api_url(run.name, run.namespace, svc.port)
+
+
 def to_yaml(objs: list[dict[str, Any]]) -> str:
     """A YAML stream of objects, as `rljob render` prints it (key order kept)."""
     return _yaml_dump(objs)
@@ -281,11 +323,12 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
 
 def render(job: RLJob) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
-    ConfigMap, then the JobSet. `rljob render` prints exactly these and the operator applies exactly
-    these (plus the progress ConfigMap it owns). Raises PlanError."""
+    ConfigMap, the API Service of a run with spec.service, then the JobSet. `rljob render` prints exactly
+    these and the operator applies exactly these (plus the progress ConfigMap it owns). Raises
+    PlanError."""
     return objects(plan.resolve(job))
 
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:
     """The objects of a resolved run, in apply order (see `render`)."""
-    return [*access(run), configmap(run), jobset(run)]
+    return [*access(run), configmap(run), *api_service(run), jobset(run)]

@@ -20,6 +20,14 @@ CONFIG_PATH = f"{CONFIG_DIR}/{CONFIG_KEY}"
 CONFIG_ENV = "RLJOB_CONFIG"
 PROGRESS_KEY = "progress.json"
 SAMPLER_PORT = 8000
+# Each sampler's adapter agent (load a PEFT directory from storage on request; the Tinker service uses it)
+# listens on the sampler's port + this offset, at this path.
+ADAPTER_AGENT_PORT_OFFSET = 1
+ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
+# The API keys a service-mode trainer accepts (comma-separated), from key API_KEYS_SECRET_KEY of the
+# Secret spec.service.apiKeySecret names.
+API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
+API_KEYS_SECRET_KEY = "api-keys"
 COORDINATOR_PORT = 8476
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
@@ -147,6 +155,10 @@ class RunConfig(ApiModel):
 
 
 __all__ = [
+    "ADAPTER_AGENT_PATH",
+    "ADAPTER_AGENT_PORT_OFFSET",
+    "API_KEYS_ENV",
+    "API_KEYS_SECRET_KEY",
     "CONFIG_DIR",
     "CONFIG_ENV",
     "CONFIG_KEY",

@@ -90,10 +90,14 @@ class AdapterStore:
 
     def download(self, version: int, dest: Path, *, workers: int = 8) -> Path:
         """Copy `v{version}/` to `dest` (atomically: a staging dir renamed at the end)."""
-        prefix = self._key(f"v{version}/")
+        return self.download_dir(f"v{version}", dest, workers=workers)
+
+    def download_dir(self, rel: str, dest: Path, *, workers: int = 8) -> Path:
+        """Copy the objects under `{uri}/{rel}/` to `dest` (atomically: a staging dir renamed at the end)."""
+        prefix = self._key(f"{rel.strip('/')}/")
         blobs = [b for b in self.client.list_blobs(self.bucket, prefix=prefix) if not b.name.endswith("/")]
         if not blobs:
-            raise FileNotFoundError(f"{self.uri}/v{version}/ is empty")
+            raise FileNotFoundError(f"{self.uri}/{rel.strip('/')}/ is empty")
         staging = dest.with_name(dest.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -232,8 +236,41 @@ class AdapterWatcher:
         return t, stop
 
 
+class AdapterAgent:
+    """Loads adapters by name on request (the Tinker service's saved sampler weights), at most ``capacity``
+    at once: :meth:`ensure` downloads ``{uri}/`` (a PEFT directory on gs://) and loads it under ``name``,
+    after unloading the least recently used adapters beyond capacity. Served by the sampler on its port +
+    ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH (rljob.sampler.main)."""
+
+    def __init__(self, endpoint: LoraEndpoint, local_dir: Path, capacity: int) -> None:
+        self.endpoint, self.local_dir, self.capacity = endpoint, local_dir, max(capacity, 1)
+        self.loaded: dict[str, Path] = {}  # name -> local dir, least recently used first
+        self.lock = threading.Lock()
+
+    def ensure(self, name: str, uri: str) -> bool:
+        """Serve ``name`` from ``uri``; True when it was loaded now (False: it was served already)."""
+        if not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", name):
+            raise ValueError(f"name: {name!r} is not an adapter name")
+        with self.lock:
+            if name in self.loaded:
+                self.loaded[name] = self.loaded.pop(name)  # most recently used
+                return False
+            while len(self.loaded) >= self.capacity:
+                old, path = next(iter(self.loaded.items()))
+                self.endpoint.unload(old)
+                shutil.rmtree(path, ignore_errors=True)
+                del self.loaded[old]
+            bucket_uri, _, rel = uri.rstrip("/").rpartition("/")
+            dest = self.local_dir / name.replace(":", "_")
+            AdapterStore(bucket_uri).download_dir(rel, dest)
+            self.endpoint.load(name, str(dest))
+            self.loaded[name] = dest
+            return True
+
+
 __all__ = [
     "LATEST",
+    "AdapterAgent",
     "AdapterStore",
     "AdapterWatcher",
     "LoraEndpoint",

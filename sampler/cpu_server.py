@@ -3,8 +3,10 @@
 Endpoints (same paths, bodies and response shapes as vLLM):
 - `GET /health`, `GET /v1/models` (the base model and every loaded adapter, `parent` = base);
 - `POST /v1/completions`: `prompt` as token ids, text, or a list of either; `n`, `max_tokens`,
-  `temperature`, `seed`, `logprobs` (log-probs of the sampled tokens, raw logits as vLLM's default),
-  `return_token_ids` (each choice then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
+  `temperature`, `seed`, `stop_token_ids` (a sequence ends after its first stop token, finish_reason
+  "stop"; `top_p`/`top_k` other than off and `stop` strings are refused with 400), `logprobs`
+  (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids` (each choice
+  then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
   `model` selects the adapter by name (or the base model). The tokenizer is UTF-8 bytes (token id = byte
   value), which the tiny model's 256-token vocabulary holds exactly; completion text is the bytes
   decoded (invalid sequences replaced);
@@ -165,6 +167,15 @@ class CpuSampler:
                 prompts.append(item)
             else:
                 return _bad_request("prompt: a string, a list of token ids, or a non-empty list of either")
+        if float(body.get("top_p", 1.0)) != 1.0 or int(body.get("top_k", -1)) not in (-1, 0):
+            return _bad_request(
+                "top_p, top_k: not supported by the CPU sampler (it samples the full softmax)"
+            )
+        if body.get("stop"):
+            return _bad_request(
+                "stop: stop strings are not supported by the CPU sampler (use stop_token_ids)"
+            )
+        stop_ids = {int(t) for t in body.get("stop_token_ids") or []}
         n = int(body.get("n", 1))
         max_tokens = int(body.get("max_tokens", 16))
         temperature = float(body.get("temperature", 1.0))
@@ -178,16 +189,21 @@ class CpuSampler:
         choices = []
         for i in range(len(rows)):
             ids = [int(t) for t in toks[i]]
+            row_lps = [float(x) for x in lps[i]]
+            finish = "length"
+            cut = next((k for k, t in enumerate(ids) if t in stop_ids), None)
+            if cut is not None:  # as vLLM's stop_token_ids: the stop token ends (and is in) the output
+                ids, row_lps, finish = ids[: cut + 1], row_lps[: cut + 1], "stop"
             choice: dict[str, Any] = {
                 "index": i,
                 "text": self.tokenizer.decode(ids),
-                "finish_reason": "length",
+                "finish_reason": finish,
                 "stop_reason": None,
                 "token_ids": ids if body.get("return_token_ids") else None,
                 "prompt_token_ids": rows[i] if body.get("return_token_ids") else None,
                 "logprobs": {
                     "tokens": [f"token_id:{t}" for t in ids],
-                    "token_logprobs": [float(x) for x in lps[i]],
+                    "token_logprobs": row_lps,
                     "text_offset": [],
                     "top_logprobs": [],
                 }

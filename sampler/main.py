@@ -8,7 +8,9 @@ Backends:
   one; exit 2 naming the field if it is missing or does not fit).
 
 Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
-(`<rljob>-v<N>`), then unloads the previous one. Exit codes follow contract 3 (2 = bad configuration).
+(`<rljob>-v<N>`), then unloads the previous one. On the sampler's port + 1 the adapter agent loads named
+adapters from storage on request (rljob.sampler.adapters.AdapterAgent; the Tinker service's saved sampler
+weights). Exit codes follow contract 3 (2 = bad configuration).
 """
 
 from __future__ import annotations
@@ -31,10 +33,17 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
+from google.api_core import exceptions as gexc
 from pydantic import ValidationError
 from rljob.recipes.failure import EXIT_BAD_CONFIG
-from rljob.recipes.runconfig import CONFIG_ENV, SAMPLER_PORT, RunConfig
-from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
+from rljob.recipes.runconfig import (
+    ADAPTER_AGENT_PATH,
+    ADAPTER_AGENT_PORT_OFFSET,
+    CONFIG_ENV,
+    SAMPLER_PORT,
+    RunConfig,
+)
+from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
 
 log = logging.getLogger("rljob.sampler")
@@ -64,19 +73,51 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes] | None, timeout: floa
     return False
 
 
-def _status_server(port: int, watcher: AdapterWatcher) -> ThreadingHTTPServer:
+def _status_server(
+    port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
+) -> ThreadingHTTPServer:
+    """GET /rljob/v1/adapter: the watcher's served version; POST ADAPTER_AGENT_PATH {name, uri}: the adapter
+    agent (load a PEFT directory from storage under a name; the Tinker service's saved sampler weights)."""
+
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(watcher.status()).encode()
-            self.send_response(200 if self.path == "/rljob/v1/adapter" else 404)
+        def _reply(self, code: int, payload: Any) -> None:
+            body = json.dumps(payload).encode()
+            self.send_response(code)
             self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            self._reply(200 if self.path == "/rljob/v1/adapter" else 404, watcher.status())
+
+        def do_POST(self) -> None:
+            if self.path != ADAPTER_AGENT_PATH:
+                self._reply(404, {"error": f"no route {self.path}"})
+                return
+            size = int(self.headers.get("Content-Length") or 0)
+            if not 0 < size <= 64 * 1024:
+                self._reply(400, {"error": "body: a JSON object {name, uri} of at most 64 KiB"})
+                return
+            try:
+                req = json.loads(self.rfile.read(size))
+                name, uri = str(req["name"]), str(req["uri"])
+            except (ValueError, KeyError, TypeError):
+                self._reply(400, {"error": "body: a JSON object {name, uri}"})
+                return
+            try:
+                loaded = agent.ensure(name, uri)
+            except (ValueError, FileNotFoundError) as e:
+                self._reply(400, {"error": str(e)})
+            except (OSError, ServerError, gexc.GoogleAPIError) as e:
+                self._reply(502, {"error": f"{type(e).__name__}: {e}"})
+            else:
+                self._reply(200, {"name": name, "loaded": loaded})
 
         def log_message(self, format: str, *args: object) -> None:
             return
 
-    srv = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+    srv = ThreadingHTTPServer((host, port), Handler)
     threading.Thread(target=srv.serve_forever, daemon=True, name="adapter-status").start()
     return srv
 
@@ -103,14 +144,19 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
     base = f"http://127.0.0.1:{port}"
     if _wait_healthy(base, proc, timeout=3600):
         watcher = watcher_for(base)
-        _status_server(status_port, watcher)
-        watcher.start()
+        _status_server(status_port, watcher, watcher_for.agent(base))
+        if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
+            watcher.start()
     return proc.wait()
 
 
 class WatcherFactory:
     def __init__(self, rc: RunConfig, adapter_dir: Path, poll_s: float) -> None:
         self.rc, self.adapter_dir, self.poll_s = rc, adapter_dir, poll_s
+
+    def agent(self, base_url: str) -> AdapterAgent:
+        """The adapter agent of the server at ``base_url`` (up to spec.sampler.maxLoras adapters)."""
+        return AdapterAgent(LoraEndpoint(base_url), self.adapter_dir / "named", self.rc.sampler.max_loras)
 
     def __call__(self, base_url: str) -> AdapterWatcher:
         return AdapterWatcher(
@@ -158,7 +204,8 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, wa
         site = web.TCPSite(runner, host, port)
         await site.start()
         log.warning("CPU sampler serving on %s:%d", host, port)
-        if watch:
+        _status_server(port + ADAPTER_AGENT_PORT_OFFSET, watcher, watcher_for.agent(base), host)
+        if watch and rc.spec.service is None:
             watcher.start()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -187,7 +234,12 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=None)
-    p.add_argument("--status-port", type=int, default=None, help="vllm backend: adapter status port (port+1)")
+    p.add_argument(
+        "--status-port",
+        type=int,
+        default=None,
+        help="vllm backend: adapter status and agent port (default port + 1; the cpu backend always uses it)",
+    )
     p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
     p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
     p.add_argument("--no-watch", action="store_true", help="cpu backend: serve only, no adapter watcher")
@@ -210,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
         return run_cpu(rc, factory, args.host, port, watch=not args.no_watch)
-    return run_vllm(rc, factory, port, args.status_port or port + 1)
+    return run_vllm(rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET)
 
 
 if __name__ == "__main__":

@@ -60,6 +60,17 @@ def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     return start_fake_gcs_server(fake_gcs_server_binary(), workdir)
 
 
+def local_storage(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
+    """The GCS emulator (its variables exported into this process too) and a fresh bucket on it:
+    (emulator process, environment for child processes, ``gs://bucket``)."""
+    gcs, endpoint = start_gcs(workdir)
+    env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
+    os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
+    bucket = f"rljob-{uuid.uuid4().hex[:10]}"
+    create_bucket(bucket)
+    return gcs, env, f"gs://{bucket}"
+
+
 def create_bucket(name: str) -> None:
     """Create a bucket on the emulator named by STORAGE_EMULATOR_HOST."""
     from google.auth.credentials import AnonymousCredentials
@@ -119,16 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rl-cpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    gcs, endpoint = start_gcs(workdir)
-    env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
-    os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
-    bucket = f"rljob-{uuid.uuid4().hex[:10]}"
-    create_bucket(bucket)
+    gcs, env, root = local_storage(workdir)
     port = free_port()
     overrides: dict[str, Any] = {"steps": args.steps}
     if args.learning_rate:
         overrides["learningRate"] = args.learning_rate
-    rc = local_run_config(f"gs://{bucket}", port, workdir / "progress.json", overrides)
+    rc = local_run_config(root, port, workdir / "progress.json", overrides)
     cfg = workdir / "run.json"
     cfg.write_text(rc.model_dump_json(indent=1))
     sampler = subprocess.Popen(

@@ -16,6 +16,7 @@ which must fit the model built; rljob.trainer.base_checkpoint), else from a rand
 ``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
 RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and hands over to
 :func:`rljob.trainer.loop.main` (arguments this parser does not know, e.g. ``--eval-every``, go to it).
+With ``spec.service`` (service mode) it runs no loop but serves the API (rljob.trainer.tinker.main).
 ``--rollouts synthetic`` trains on fixed synthetic rollouts (a function of seed and step), for tests and
 resume checks.
 
@@ -237,6 +238,11 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     denv = distributed_env(rc)
     if extra and (args.rollouts != "sampler" or args.distributed_check):
         raise BadConfig(f"{extra[0]}: unrecognized argument (only the sampler loop takes it)")
+    if rc.spec.service is not None and not args.distributed_check:
+        # Service mode: no loop of its own; the trainer serves the API (one host: the plan refuses more).
+        from rljob.trainer.tinker import main as service_main
+
+        return service_main.main(["--config", args.config, "--model", args.model])
     initialize_distributed(denv)
     import jax
 

@@ -34,8 +34,11 @@ MAX_BYTE_LEN = 256
 
 def cpu_shape(rc: RunConfig) -> tuple[int, int]:
     """(vocabulary, sequence length) of the tiny CPU model for a run: the toy task's, or byte tokens long
-    enough for maxPromptTokens + maxTokens (rounded up to 32, at most MAX_BYTE_LEN) for a text task."""
+    enough for maxPromptTokens + maxTokens (rounded up to 32, at most MAX_BYTE_LEN) for a text task. A
+    service (spec.service, text from its clients) without a toy dataset: byte tokens, MAX_BYTE_LEN long."""
     d, alg = rc.spec.dataset, rc.spec.algorithm
+    if getattr(rc.spec, "service", None) is not None and (d is None or d.task != "successor"):
+        return BYTE_VOCAB, MAX_BYTE_LEN
     if d is None or d.task == "successor" or alg is None:
         return TOY_VOCAB, TOY_MAX_LEN
     seq = (alg.max_prompt_tokens or 0) + (alg.max_tokens or 0)

@@ -92,7 +92,9 @@ def stack_micro_batches(packed: list[PackedBatch], micro_batches: int) -> list[d
     """Host arrays ``[micro_batches, rows, budget]`` per field, in as many calls as needed.
 
     Weights: a packed ``loss_weight`` field times the loss mask if present, else the loss mask divided
-    by the step's total of masked tokens (one global token mean over the step)."""
+    by the step's total of masked tokens (one global token mean over the step). Advantages: a packed
+    per-token ``advantages`` field if present (the Tinker service's per-token advantages), else each
+    rollout's scalar advantage on its completion tokens."""
     if not packed:
         raise ValueError("no micro-batches to stack")
     total = float(sum(b.loss_mask.sum() for b in packed))
@@ -109,7 +111,7 @@ def stack_micro_batches(packed: list[PackedBatch], micro_batches: int) -> list[d
             "segment_ids": b.segment_ids,
             "positions": b.positions,
             "weights": w.astype(np.float32),
-            "advantages": b.advantages,
+            "advantages": b.fields.get("advantages", b.advantages),
             "old_logprobs": b.fields["old_logprobs"],
         }
         return out
@@ -186,6 +188,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ compiled parts
 
+    def micro_logprobs(
+        self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None, head: jax.Array | None = None
+    ) -> jax.Array:
+        """[rows, budget] next-token log-probs of one micro-batch (the fused head, this step's tiles).
+
+        ``head``: :meth:`Policy.head_operand` for this shape (computed here when not given)."""
+        return self.policy.next_token_logprobs(
+            lora,
+            mb["tokens"],
+            mb["positions"],
+            mb["segment_ids"],
+            token_tile=self.cfg.token_tile,
+            vocab_chunk=self.cfg.vocab_chunk,
+            base=base,
+            head=head,
+        )
+
     def micro_loss(
         self, lora: LoraState, mb: dict[str, jax.Array], base: Any = None, head: jax.Array | None = None
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
@@ -194,19 +213,10 @@ class Trainer:
         ``head``: :meth:`Policy.head_operand` for this shape, computed once per call outside the loop
         over micro-batches. With a KL penalty the reference log-probs are the base policy's (the adapter
         off: every LoRA factor 0), one more forward pass of the same packed rows, no gradient."""
-        kw: dict[str, Any] = {
-            "token_tile": self.cfg.token_tile,
-            "vocab_chunk": self.cfg.vocab_chunk,
-            "base": base,
-            "head": head,
-        }
-        tokens, positions, segments = mb["tokens"], mb["positions"], mb["segment_ids"]
-        lp = self.policy.next_token_logprobs(lora, tokens, positions, segments, **kw)
+        lp = self.micro_logprobs(lora, mb, base, head)
         ref = None
         if self.with_ref:
-            off = self.policy.zero_lora(lora)
-            ref = self.policy.next_token_logprobs(off, tokens, positions, segments, **kw)
-            ref = jax.lax.stop_gradient(ref)
+            ref = jax.lax.stop_gradient(self.micro_logprobs(self.policy.zero_lora(lora), mb, base, head))
         return policy_loss(
             lp, mb["old_logprobs"], mb["advantages"], mb["weights"], self.cfg.loss, ref_logprobs=ref
         )

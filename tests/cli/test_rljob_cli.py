@@ -28,7 +28,15 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, err) == (0, "")
     docs = list(yaml.safe_load_all(out))
-    assert [d["kind"] for d in docs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    service = ["Service"] if "service" in yaml.safe_load(path.read_text())["spec"] else []  # spec.service
+    assert [d["kind"] for d in docs] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ConfigMap",
+        *service,
+        "JobSet",
+    ]
     code, out, err = run(capsys, "validate", "-f", str(path))
     assert code == 0 and out.startswith(f"{path}: valid: JobSet ")
     code, out, err = run(capsys, "plan", "-f", str(path))
@@ -135,3 +143,12 @@ def test_console_script_cold(tmp_path: Path) -> None:
         [str(exe), "plan", "-f", "-"], input="kind: [", capture_output=True, text=True, cwd=REPO
     )
     assert bad.returncode == 2 and "Traceback" not in bad.stderr and bad.stdout == ""
+
+
+def test_plan_names_the_service(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "plan", "-f", str(EXAMPLES[0].parent / "qwen3-8b-tinker-service.yaml"))
+    assert code == 0
+    assert (
+        "service: tinker API at http://qwen3-8b-tinker-api.default.svc:8080, up to 4 training clients, "
+        "checkpoint every 1 steps (no built-in RL loop)"
+    ) in out.splitlines()

@@ -28,6 +28,15 @@ def generated() -> str:
     return proc.stdout
 
 
+def _schema_props() -> frozenset[str]:
+    from kubernetes.client import V1JSONSchemaProps
+
+    return frozenset(V1JSONSchemaProps.attribute_map.values())
+
+
+SCHEMA_PROPS = _schema_props()
+
+
 def walk(node: dict[str, Any], path: str = "") -> list[tuple[str, dict[str, Any]]]:
     out = [(path, node)]
     for name, sub in (node.get("properties") or {}).items():
@@ -49,7 +58,7 @@ def test_crd_shape() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Step", "Restarts", "Age"]
+    assert columns == ["Phase", "Step", "Restarts", "Age", "URL"]
     root = version["schema"]["openAPIV3Schema"]
     for section in ("spec", "status"):
         for path, node in walk(root["properties"][section], section):
@@ -60,6 +69,9 @@ def test_crd_shape() -> None:
             )
             assert "default" not in node, f"{path}: a CRD default would override the recipe's value"
             assert "anyOf" not in node and "$ref" not in node, path
+            # Only fields of the API's JSONSchemaProps (e.g. no `const`, which a one-value Literal gives):
+            # the API server and its clients refuse the CRD otherwise.
+            assert set(node) <= SCHEMA_PROPS, (path, set(node) - SCHEMA_PROPS)
 
 
 def test_crd_immutability_rules_cover_every_spec_field_but_suspend_and_queue() -> None:

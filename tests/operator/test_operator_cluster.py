@@ -311,3 +311,20 @@ def test_queue_name_and_priority_class_reach_the_jobset(
     with pytest.raises(ApiException) as err:
         patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-c", "suspend": False}})
     assert "queueName may only change while spec.suspend is true" in err.value.body
+
+
+def test_service_mode_gets_a_service_and_its_url(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    """spec.service: the operator creates the Service in front of the first trainer pod and shows its URL."""
+    create_rljob(cluster, manifest("tk", namespace, service={"api": "tinker", "port": 9090}))
+    status = _running(cluster, namespace, "tk")
+    assert status["url"] == f"http://tk-api.{namespace}.svc:9090"
+    svc = cluster.core.read_namespaced_service("tk-api", namespace)
+    assert [(p.port, p.target_port) for p in svc.spec.ports] == [(9090, "api")]
+    assert svc.metadata.owner_references[0].kind == "RLJob"
+    selector = ",".join(f"{k}={v}" for k, v in svc.spec.selector.items())
+    pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
+    assert [p.metadata.labels["rljob.dev/role"] for p in pods] == ["trainer"]
+    ports = {p.name: p.container_port for c in pods[0].spec.containers for p in c.ports or []}
+    assert ports["api"] == 9090

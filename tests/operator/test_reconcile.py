@@ -258,3 +258,13 @@ def test_first_failure_of_the_newest_attempt_is_kept() -> None:
         FailureClass.CRASH, "Crashed", "exit 1", t + timedelta(minutes=1), 1, "trainer"
     )
     assert caches.put_failure(key, newer_attempt) and caches.failures[key] is newer_attempt
+
+
+def test_plan_api_url_of_a_service_run() -> None:
+    """status.url comes from the rendered Service: the run's name, namespace and spec.service.port."""
+    body = rljob(service={"api": "tinker", "port": 9090}, trainer={"tpu": "v5p-8"}, sampler={"tpu": "v5p-8"})
+    plan = make_plan(body, render)
+    assert plan.error is None, plan.error
+    assert plan.api_url == "http://demo-api.ns.svc:9090"
+    assert make_plan(rljob(), render).api_url is None
+    assert k8s.kind_of(next(o for o in plan.objects if o["kind"] == "Service")) is k8s.SERVICE

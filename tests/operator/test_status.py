@@ -328,6 +328,14 @@ def test_progress_copied_and_kept() -> None:
     }
 
 
+def test_api_url_set_and_kept() -> None:
+    url = "http://tk-api.team.svc:8080"
+    st = derive_status(obs(js=jobset(ready=(1, 1)), api_url=url)).status
+    assert st.url == url and status_body(st)["url"] == url
+    assert derive_status(obs(js=jobset(ready=(1, 1)), prior=st)).status.url == url
+    assert derive_status(obs(js=jobset(ready=(1, 1)))).status.url is None
+
+
 def test_latched_status_ignores_a_new_failure() -> None:
     done = derive_status(obs(js=jobset(completed=True))).status
     later = derive_status(obs(js=jobset(failed_reason="FailedJobs"), prior=done)).status

@@ -52,6 +52,7 @@ def test_generated_names_exact() -> None:
         "run ConfigMap": "rl-run",
         "progress ConfigMap": "rl-progress",
         "ServiceAccount": "rl-rljob",
+        "API Service": "rl-api",
         "trainer Job": "rl-trainer-1",
         "trainer Pod hostname": "rl-trainer-1-3",
         "trainer Pod name": "rl-trainer-1-3-xxxxx",

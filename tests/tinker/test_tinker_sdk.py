@@ -1,0 +1,350 @@
+"""The Tinker service driven by the official `tinker` SDK, unmodified, against a make-tinker-cpu-style
+service: the CPU sampler and the service over the tiny model (toy 32-token vocabulary), storage on the GCS
+emulator.
+
+Each verb; forward_backward's loss and gradient against the loop mode's in-process step on the same batch;
+two training clients that do not disturb each other; what the server does not support fails with the
+SDK's own error (RequestFailedError), at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.jax
+
+tinker = pytest.importorskip("tinker")
+from fixtures.tinker import API_KEY, Served, serve_tinker, tinker_run_config  # noqa: E402
+from tinker import types  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def served(gcs_emulator: Any, cpu_policy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    root = f"gs://{gcs_emulator.new_bucket('tinker')}"
+    progress = tmp_path_factory.mktemp("tinker") / "progress.json"
+
+    def rc(port: int) -> Any:
+        return tinker_run_config(root, port, progress, service={"maxTrainingClients": 16})
+
+    with serve_tinker(rc, cpu_policy) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> Any:
+    return tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
+
+
+def datum(prompt: list[int], completion: list[int], **inputs: list[float]) -> Any:
+    """A Tinker datum of prompt + completion in the next-token layout (weights 0 on the prompt)."""
+    seq = prompt + completion
+    n = len(seq) - 1
+    loss_inputs: dict[str, Any] = {"target_tokens": seq[1:]}
+    for k, v in inputs.items():
+        loss_inputs[k] = [0.0] * (len(prompt) - 1) + list(v)
+        assert len(loss_inputs[k]) == n
+    return types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]), loss_fn_inputs=loss_inputs)
+
+
+def lp_of(out: Any) -> list[np.ndarray]:
+    return [np.asarray(o["logprobs"].data, np.float32) for o in out.loss_fn_outputs]
+
+
+PROBE = [datum([1, 5, 17], [6, 9, 9]), datum([1, 4, 20, 3], [5])]
+
+
+def probe(tc: Any) -> list[np.ndarray]:
+    return lp_of(tc.forward(PROBE, "cross_entropy").result())
+
+
+# ---------------------------------------------------------------------------------------------- verbs
+
+
+def test_capabilities(served: Served) -> None:
+    caps = tinker.RestClient(base_url=served.url, api_key=API_KEY).get_server_capabilities().result()
+    (model,) = caps.supported_models
+    assert model.model_name == served.service.cfg.base_model == "rljob/tiny-qwen3"
+    assert model.trainable and model.sampleable and model.max_context_length == 32
+
+
+def test_each_verb(served: Served, client: Any) -> None:
+    base = served.service.cfg.base_model
+    tc = client.create_lora_training_client(base_model=base, rank=8, seed=3).result()
+    info = tc.get_info()
+    assert (info.lora_rank, info.is_lora, info.model_data.model_name) == (8, True, base)
+
+    batch = [datum([1, 5, 17], [6], weights=[1.0]), datum([1, 6, 18, 2], [7, 3], weights=[1.0, 0.5])]
+    fwd = tc.forward(batch, "cross_entropy").result()
+    fb = tc.forward_backward(batch, "cross_entropy").result()
+    # forward and forward_backward score the same tokens; cross_entropy is -sum(weights * logprobs)
+    for a, b in zip(lp_of(fwd), lp_of(fb), strict=True):
+        np.testing.assert_array_equal(a, b)
+    w = [np.asarray(d.loss_fn_inputs["weights"].data, np.float32) for d in batch]
+    want = -sum(float((wi * lp).sum()) for wi, lp in zip(w, lp_of(fb), strict=True))
+    assert fb.metrics["loss:sum"] == pytest.approx(want, rel=1e-6)
+    assert [len(x) for x in lp_of(fb)] == [3, 5]
+    np.testing.assert_allclose(
+        fb.loss_fn_outputs[1]["elementwise_loss"].data, -w[1] * lp_of(fb)[1], rtol=1e-6
+    )
+
+    before = probe(tc)
+    res = tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    assert res.metrics["step"] == 1 and res.metrics["update_skipped"] == 0 and res.metrics["grad_norm"] > 0
+    after = probe(tc)
+    assert not np.allclose(before[0], after[0])
+    # the trained targets became likelier
+    assert lp_of(tc.forward(batch, "cross_entropy").result())[0][-1] > lp_of(fwd)[0][-1]
+
+    # sampler weights by name, then a sampling client from their path
+    saved = tc.save_weights_for_sampler("after-one").result()
+    assert saved.path == f"tinker://{tc.model_id}/sampler_weights/after-one"
+    sc = client.create_sampling_client(model_path=saved.path).result()
+    prompt = types.ModelInput.from_ints([1, 5, 17, 6, 9])
+    res = sc.sample(prompt, 4, types.SamplingParams(max_tokens=1, temperature=1.0, seed=7)).result()
+    assert len(res.sequences) == 4
+    for seq in res.sequences:
+        assert len(seq.tokens) == 1 and len(seq.logprobs) == 1 and seq.stop_reason == "length"
+        assert seq.sequence_id
+    # the sampler's log-prob of a sampled token is the trainer's (same weights, same numerics)
+    tok = res.sequences[0].tokens[0]
+    trainer_lp = lp_of(tc.forward([datum([1, 5, 17, 6, 9], [tok])], "cross_entropy").result())[0][-1]
+    assert res.sequences[0].logprobs[0] == pytest.approx(trainer_lp, abs=1e-4)
+
+    # compute_logprobs: the prompt's log-probs (None first), equal to forward's on the same weights
+    lps = sc.compute_logprobs(prompt).result()
+    assert lps[0] is None
+    np.testing.assert_allclose(lps[1:], probe(tc)[0][:4], rtol=1e-5, atol=1e-6)
+
+    # save_weights_and_get_sampling_client: an ephemeral sampler of the current weights
+    sc2 = tc.save_weights_and_get_sampling_client().result()
+    greedy = sc2.sample(prompt, 2, types.SamplingParams(max_tokens=1, temperature=0.0)).result()
+    assert greedy.sequences[0].tokens == greedy.sequences[1].tokens
+
+    # save_state, and a new training client from it (with the optimizer state) is the same model
+    state = tc.save_state("ckpt-1").result()
+    assert state.path == f"tinker://{tc.model_id}/weights/ckpt-1"
+    tc2 = client.create_training_client_from_state_with_optimizer(state.path).result()
+    assert tc2.model_id != tc.model_id and tc2.get_info().lora_rank == 8
+    for a, b in zip(probe(tc), probe(tc2), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # ... and both take the same next step
+    for c in (tc, tc2):
+        c.forward_backward(batch, "cross_entropy").result()
+        c.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    for a, b in zip(probe(tc), probe(tc2), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # weights only: the same parameters, fresh Adam moments (its next step differs from tc's)
+    tc3 = client.create_training_client_from_state(state.path).result()
+    assert tc3.get_info().lora_rank == 8
+    # a named checkpoint is not overwritten by accident
+    with pytest.raises(tinker.RequestFailedError, match="exists"):
+        tc.save_state("ckpt-1").result()
+
+
+def test_rl_losses(served: Served, client: Any) -> None:
+    tc = client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=8, seed=4).result()
+    lp = lp_of(tc.forward(PROBE, "cross_entropy").result())
+    old = [x - 0.1 for x in lp]  # the sampler's log-probs, a little off
+    adv = [1.0, -0.5]
+    data = [
+        types.Datum(
+            model_input=d.model_input,
+            loss_fn_inputs={
+                "target_tokens": d.loss_fn_inputs["target_tokens"],
+                "logprobs": old[i].tolist(),
+                "advantages": [adv[i]] * len(old[i]),
+            },
+        )
+        for i, d in enumerate(PROBE)
+    ]
+    out = tc.forward(data, "importance_sampling").result()
+    ratio = [np.exp(a - b) for a, b in zip(lp, old, strict=True)]
+    want = -sum(float((r * a).sum()) for r, a in zip(ratio, adv, strict=True))
+    assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-5)
+    # ppo with thresholds 0.95 / 1.05: ratio exp(0.1) = 1.105 is clipped
+    out = tc.forward(data, "ppo", {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}).result()
+    want = -sum(
+        float(np.minimum(r * a, np.clip(r, 0.95, 1.05) * a).sum()) for r, a in zip(ratio, adv, strict=True)
+    )
+    assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-5)
+
+
+# --------------------------------------------------------------------------------- the in-process step
+
+
+def test_forward_backward_equals_the_in_process_train_step(served: Served, client: Any) -> None:
+    """The SDK's forward_backward (importance_sampling) computes the loss and gradient the loop mode's
+    compiled step computes on the same rollouts (rljob.trainer.train_step.Trainer)."""
+    from rljob.trainer.packing import Rollout
+    from rljob.trainer.train_step import Trainer
+
+    tc = client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=8, seed=5).result()
+    rng = np.random.default_rng(0)
+    rollouts, data = [], []
+    for _ in range(80):  # more rows than one compiled call holds: several accumulate calls
+        prompt = [1, *rng.integers(2, 32, rng.integers(1, 5)).tolist()]
+        comp = rng.integers(2, 32, rng.integers(1, 8)).tolist()
+        old = (-np.log(32) + 0.3 * rng.standard_normal(len(comp))).astype(np.float32)
+        adv = float(rng.standard_normal())
+        ones = np.ones(len(comp), np.float32)
+        rollouts.append(Rollout(prompt, comp, adv, per_token={"old_logprobs": old, "loss_weight": ones}))
+        data.append(datum(prompt, comp, logprobs=old.tolist(), advantages=[adv] * len(comp)))
+    fb = tc.forward_backward(data, "importance_sampling").result()
+
+    svc = served.service
+    model = svc.engine.models[tc.model_id]
+    got = jax.device_get(model.grads)
+    trainer = Trainer(svc.engine.policy, svc.engine.cfg)
+    from rljob.trainer.packing import pack_rollouts
+    from rljob.trainer.train_step import stack_micro_batches
+
+    packed = pack_rollouts(rollouts, trainer.cfg.pack_config())
+    acc = trainer.zero_acc(model.lora)
+    for call in stack_micro_batches(packed, trainer.cfg.micro_batches):
+        acc = trainer.accumulate(acc, model.lora, trainer.policy.base, trainer.device_batch(call))
+    want_grads, metrics = jax.device_get(acc)
+    assert len(packed) > trainer.cfg.micro_batches  # the request took several compiled calls
+    assert fb.metrics["loss:sum"] == pytest.approx(float(metrics["loss"]), rel=1e-5)
+    flat_got, flat_want = jax.tree.leaves(got), jax.tree.leaves(want_grads)
+    num = sum(
+        float(np.sum((np.asarray(a) - np.asarray(b)) ** 2)) for a, b in zip(flat_got, flat_want, strict=True)
+    )
+    den = sum(float(np.sum(np.asarray(b) ** 2)) for b in flat_want)
+    assert den > 0
+    assert np.sqrt(num / den) <= 1e-5
+    tc.optim_step(types.AdamParams(learning_rate=0.0)).result()  # clears the buffer
+
+
+# ------------------------------------------------------------------------------------- many adapters
+
+
+def test_two_training_clients_do_not_disturb_each_other(served: Served, client: Any) -> None:
+    base = served.service.cfg.base_model
+    a = client.create_lora_training_client(base_model=base, rank=8, seed=11).result()
+    b = client.create_lora_training_client(base_model=base, rank=4, seed=12, train_mlp=False).result()
+    assert b.get_info().lora_rank == 4
+    b0 = probe(b)
+    batch = [datum([1, 5, 17], [6], weights=[1.0])]
+    for _ in range(3):
+        a.forward_backward(batch, "cross_entropy")
+        a.optim_step(types.AdamParams(learning_rate=0.05))
+    a1 = probe(a)
+    for x, y in zip(b0, probe(b), strict=True):
+        np.testing.assert_array_equal(x, y)  # b untouched by a's training
+    # interleaved, in flight at once: each client's requests run in its own order on its own adapter
+    futs = []
+    for _ in range(2):
+        futs += [
+            b.forward_backward(batch, "cross_entropy"),
+            b.optim_step(types.AdamParams(learning_rate=0.05)),
+        ]
+    for f in futs:
+        f.result()
+    for x, y in zip(a1, probe(a), strict=True):
+        np.testing.assert_array_equal(x, y)  # a untouched by b's training
+    # b trained rank 4, attention only: its other factors stayed exactly zero
+    eng = served.service.engine
+    mb = eng.models[b.model_id]
+    for leaf, (module, which) in zip(
+        jax.tree.leaves(jax.device_get(mb.lora)), eng.policy.lora_paths(), strict=True
+    ):
+        arr = np.asarray(leaf)
+        if module in ("wi_0", "wi_1", "wo"):
+            assert not arr.any()
+        elif which == "a":
+            assert not arr[..., 4:].any() and arr[..., :4].any()
+        else:
+            assert not arr[4:].any() and arr[:4].any()
+    # both adapters served by the samplers at once, each its own weights
+    sa, sb = (
+        a.save_weights_and_get_sampling_client().result(),
+        b.save_weights_and_get_sampling_client().result(),
+    )
+    p = types.ModelInput.from_ints([1, 5, 17, 6])
+    la, lb = sa.compute_logprobs(p).result(), sb.compute_logprobs(p).result()
+    np.testing.assert_allclose(la[1:], probe(a)[0][:3], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lb[1:], probe(b)[0][:3], rtol=1e-5, atol=1e-6)
+    ra = sa.sample(p, 1, types.SamplingParams(max_tokens=1, temperature=0.0)).result().sequences[0]
+    rb = sb.sample(p, 1, types.SamplingParams(max_tokens=1, temperature=0.0)).result().sequences[0]
+    ta = lp_of(a.forward([datum([1, 5, 17, 6], ra.tokens)], "cross_entropy").result())[0][-1]
+    tb = lp_of(b.forward([datum([1, 5, 17, 6], rb.tokens)], "cross_entropy").result())[0][-1]
+    assert ra.logprobs[0] == pytest.approx(ta, abs=1e-4) and rb.logprobs[0] == pytest.approx(tb, abs=1e-4)
+    assert len(served.sampler.adapters) >= 2
+
+
+# ------------------------------------------------------------------------------------ refused requests
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda tc: tc.forward_backward(PROBE, "cispo"), "loss_fn: 'cispo' is not supported"),
+        (lambda tc: tc.forward([datum([1, 5], [6], advantages=[1.0])], "cross_entropy"), "not read by loss"),
+        (
+            lambda tc: tc.forward([datum([1, 5], [6])], "importance_sampling"),
+            "needs \\['advantages', 'logprobs'\\]",
+        ),
+        (
+            lambda tc: tc.forward(
+                [
+                    types.Datum(
+                        model_input=types.ModelInput.from_ints([1, 2, 3]),
+                        loss_fn_inputs={"target_tokens": [2, 9, 4]},
+                    )
+                ],
+                "cross_entropy",
+            ),
+            "next-token targets",
+        ),
+        (lambda tc: tc.forward([datum([1, 5], [40])], "cross_entropy"), "token ids must lie in"),
+        (lambda tc: tc.forward([datum([1] * 20, [2] * 20)], "cross_entropy"), "at most 31 per datum"),
+    ],
+    ids=["loss", "extra-input", "missing-input", "targets", "vocab", "too-long"],
+)
+def test_unsupported_requests_fail_with_the_sdk_error(
+    served: Served, client: Any, call: Any, match: str
+) -> None:
+    tc = _shared_client(served, client)
+    t0 = time.monotonic()
+    with pytest.raises(tinker.RequestFailedError, match=match) as err:
+        call(tc).result(timeout=120)
+    assert err.value.category == types.RequestErrorCategory.User
+    assert time.monotonic() - t0 < 60  # an answer, never a hang
+    # the client still works after a refused request
+    assert probe(tc)[0].shape == (5,)
+
+
+_CLIENTS: dict[str, Any] = {}
+
+
+def _shared_client(served: Served, client: Any) -> Any:
+    if "c" not in _CLIENTS:
+        _CLIENTS["c"] = client.create_lora_training_client(
+            base_model=served.service.cfg.base_model, rank=8
+        ).result()
+    return _CLIENTS["c"]
+
+
+def test_refused_creation(served: Served, client: Any) -> None:
+    with pytest.raises(tinker.RequestFailedError, match="base_model"):
+        client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
+    with pytest.raises(tinker.RequestFailedError, match="rank"):
+        client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=64).result()
+
+
+def test_progress_report(served: Served, client: Any) -> None:
+    import json
+
+    tc = _shared_client(served, client)
+    tc.forward_backward([datum([1, 5], [6], weights=[1.0])], "cross_entropy")
+    tc.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    report = json.loads(Path(served.rc.progress.file).read_text())
+    steps = sum(m.step for m in served.service.engine.models.values())
+    assert report["step"] == steps >= 1 and report["lastCheckpointStep"] is not None

@@ -1,0 +1,152 @@
+"""The Tinker API service of an RLJob with ``spec.service.api: tinker`` (``rljob-trainer`` runs it).
+
+Builds the run's model (the run config's MaxText keys, or with ``--model tiny`` the CPU model of
+rljob.trainer.tinypolicy, shaped like the CPU sampler's), the :class:`~rljob.trainer.tinker.engine.Engine`
+on the run's packed shape, restores the models of a previous attempt (rljob.trainer.tinker.server), and
+serves the API on ``spec.service.port`` until SIGTERM / SIGINT. Once it answers it prints one JSON line
+``{"event": "serving", "url": ..., "base_model": ...}``.
+
+  python -m rljob.trainer.tinker.main --config run.json --model tiny --host 127.0.0.1 --port 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from typing import Any
+
+from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.plan import SERVICE_DEFAULTS
+from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, RunConfig
+
+__all__ = ["build", "main", "parser", "serve"]
+
+log = logging.getLogger("rljob.trainer.tinker")
+
+
+def _service_field(rc: RunConfig, name: str, default: Any) -> Any:
+    svc = getattr(rc.spec, "service", None)
+    value = getattr(svc, name, None) if svc is not None else None
+    return default if value is None else value
+
+
+def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -> Any:
+    """(Service, restored model ids) for the run config (``policy``: an already built model of the same
+    spec, e.g. the one an in-process test sampler serves); raises BadConfig naming the field."""
+    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.model import CheckpointError, Policy
+    from rljob.trainer.tinker.engine import Engine
+    from rljob.trainer.tinker.server import Service, ServiceConfig
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
+    from rljob.trainer.train_step import StepConfig
+
+    max_clients = int(_service_field(rc, "max_training_clients", SERVICE_DEFAULTS["maxTrainingClients"]))
+    if model == "tiny":
+        lora = rc.spec.lora
+        rank = lora.rank if lora and lora.rank else 8
+        alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
+        vocab, max_len = cpu_shape(rc)
+        checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
+        spec = cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len)
+        step_cfg = StepConfig(
+            budget=max_len, rows=4, micro_batches=4, segment_align=1, token_tile=32, vocab_chunk=64
+        )
+        arch = "tiny-qwen3"
+    else:
+        spec, step_cfg, _ = model_setup(rc, "config", None)
+        arch = str(rc.trainer.maxtext.get("model_name", ""))
+    try:
+        policy = policy or Policy(spec)
+    except CheckpointError as e:
+        raise BadConfig(str(e)) from e
+    base_model = rc.spec.model.name if rc.spec.model and rc.spec.model.name else spec.base_model
+    keys = os.environ.get(API_KEYS_ENV, "")
+    cfg = ServiceConfig(
+        base_model=str(base_model),
+        checkpoints=rc.storage.checkpoints,
+        adapters=rc.storage.adapters,
+        samplers=list(rc.endpoints.samplers),
+        max_context=min(int(step_cfg.budget), int(rc.sampler.max_model_len)),
+        arch=arch,
+        tokenizer_id=None if model == "tiny" else str(base_model),
+        checkpoint_every=int(_service_field(rc, "checkpoint_every", 1)),
+        api_keys=frozenset(k.strip() for k in keys.split(",") if k.strip()),
+    )
+    service = Service(Engine(policy, step_cfg, max_models=max_clients), cfg, reporter)
+    restored = service.restore()
+    return service, restored
+
+
+async def serve(
+    service: Any, host: str, port: int, ready: Any = None, stop: asyncio.Event | None = None
+) -> None:
+    """Serve until ``stop`` is set (default: SIGTERM / SIGINT); ``ready(url)`` once listening."""
+    from aiohttp import web
+
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = runner.addresses[0][1]
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread
+            loop.add_signal_handler(sig, stop.set)
+    if ready is not None:
+        ready(url)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m rljob.trainer.tinker.main", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
+    p.add_argument(
+        "--model", choices=["config", "tiny"], default=os.environ.get("RLJOB_TRAINER_MODEL", "config")
+    )
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int, default=None, help="default spec.service.port")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
+    logging.getLogger("gcsfs").setLevel(logging.ERROR)
+    from rljob.trainer.main import BadConfig, load_config
+    from rljob.trainer.progress import Reporter, sink_for
+
+    try:
+        args = parser().parse_args(argv)
+    except SystemExit as e:
+        return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
+    try:
+        rc = load_config(args.config)
+        reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ))
+        service, restored = build(rc, args.model, reporter)
+    except BadConfig as e:
+        print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
+        return EXIT_BAD_CONFIG
+    port = args.port if args.port is not None else int(_service_field(rc, "port", SERVICE_DEFAULTS["port"]))
+
+    def ready(url: str) -> None:
+        line = {"event": "serving", "url": url, "base_model": service.cfg.base_model, "restored": restored}
+        print(json.dumps(line), flush=True)
+
+    asyncio.run(serve(service, args.host, port, ready))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

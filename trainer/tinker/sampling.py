@@ -1,0 +1,129 @@
+"""The Tinker service's side of the samplers: OpenAI-style completions with a saved adapter's name.
+
+The run's samplers (vLLM in a pod, ``rljob-sampler --backend cpu`` locally; RunConfig.endpoints.samplers)
+serve adapters by name. An adapter the service saved for sampling is a PEFT directory on the run's
+storage; a sampler that does not serve it yet answers 404 for that model, and the service then asks the
+sampler's adapter agent (``POST`` to the sampler's port + ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH,
+rljob.sampler.adapters.AdapterAgent)
+to download and load it, evicting the least recently used adapter beyond ``spec.sampler.maxLoras``, and
+sends the request again. A restarted sampler is therefore refilled on demand. Requests go round-robin over
+the samplers; an unreachable sampler is retried until ``timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse, urlunparse
+
+import aiohttp
+from rljob.recipes.runconfig import ADAPTER_AGENT_PATH as AGENT_PATH
+from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET as AGENT_PORT_OFFSET
+
+__all__ = ["Completion", "SamplerError", "SamplerPool", "agent_url"]
+
+log = logging.getLogger("rljob.trainer.tinker.sampling")
+
+
+class SamplerError(RuntimeError):
+    """A sampler refused a request (4xx other than an unknown adapter), or none answered in time."""
+
+    def __init__(self, message: str, user: bool = False) -> None:
+        super().__init__(message)
+        self.user = user
+
+
+@dataclass(frozen=True)
+class Completion:
+    tokens: list[int]
+    logprobs: list[float]
+    stop_reason: str  # "stop" | "length"
+
+
+def agent_url(sampler_url: str) -> str:
+    """The adapter agent of a sampler: the same host, port + AGENT_PORT_OFFSET."""
+    u = urlparse(sampler_url)
+    port = (u.port or 80) + AGENT_PORT_OFFSET
+    return urlunparse(u._replace(netloc=f"{u.hostname}:{port}")).rstrip("/")
+
+
+class SamplerPool:
+    def __init__(self, urls: list[str], *, timeout: float = 600.0, retry_s: float = 0.5) -> None:
+        if not urls:
+            raise ValueError("endpoints.samplers: the run config names no sampler")
+        self.urls = [u.rstrip("/") for u in urls]
+        self.timeout, self.retry_s = timeout, retry_s
+        self._next = itertools.cycle(range(len(self.urls)))
+        self._session: aiohttp.ClientSession | None = None
+
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+    async def _ensure(self, url: str, name: str, uri: str) -> None:
+        async with self.session().post(f"{agent_url(url)}{AGENT_PATH}", json={"name": name, "uri": uri}) as r:
+            if r.status != 200:
+                text = await r.text()
+                raise SamplerError(
+                    f"sampler {url}: loading adapter {name} from {uri}: HTTP {r.status}: {text[:300]}"
+                )
+
+    async def complete(
+        self,
+        prompt: list[int],
+        *,
+        n: int,
+        params: dict[str, Any],
+        model: str,
+        adapter_uri: str | None,
+    ) -> list[Completion]:
+        """``n`` completions of ``prompt`` from ``model`` (a base model name, or an adapter name whose PEFT
+        directory is at ``adapter_uri``); per-token log-probs of the sampled tokens."""
+        url = self.urls[next(self._next)]
+        body = {
+            "model": model,
+            "prompt": prompt,
+            "n": n,
+            "logprobs": 0,
+            "return_token_ids": True,
+            **params,
+        }
+        deadline = time.monotonic() + self.timeout
+        loaded = False
+        while True:
+            try:
+                async with self.session().post(f"{url}/v1/completions", json=body) as r:
+                    if r.status == 404 and adapter_uri is not None and not loaded:
+                        await self._ensure(url, model, adapter_uri)
+                        loaded = True
+                        continue
+                    if 400 <= r.status < 500:
+                        text = await r.text()
+                        raise SamplerError(
+                            f"sampler refused the request: HTTP {r.status}: {text[:500]}", user=True
+                        )
+                    if r.status != 200:
+                        raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
+                    out = await r.json()
+                break
+            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as e:
+                if time.monotonic() > deadline:
+                    raise SamplerError(f"sampler {url} unavailable: {e}") from e
+                log.warning("sampler %s unavailable (%s); retrying", url, e)
+                await asyncio.sleep(self.retry_s)
+                loaded = False
+        result = []
+        for ch in sorted(out["choices"], key=lambda c: int(c["index"])):
+            lp = (ch.get("logprobs") or {}).get("token_logprobs") or []
+            reason = "stop" if ch.get("finish_reason") == "stop" else "length"
+            result.append(Completion([int(t) for t in ch["token_ids"]], [float(x) for x in lp], reason))
+        return result

@@ -1,0 +1,780 @@
+"""The Tinker HTTP API (aiohttp) over an :class:`~rljob.trainer.tinker.engine.Engine` and the run's samplers.
+
+Every request that starts work answers ``{"request_id"}`` at once (an ``UntypedAPIFuture``); the work runs
+in the background and ``/api/v1/retrieve_future`` holds the poll open until it ends (at most
+``POLL_S``, then ``{"type": "try_again"}``). A result is the SDK's JSON response model, or protobuf for
+forward / forward_backward and sample; a refused request is ``{"error", "category": "user"}`` (the SDK
+raises ``RequestFailedError``), a failure of the service ``"category": "server"``. Unknown routes are 404.
+
+Training requests of one model run in ``seq_id`` order (the SDK numbers them 1, 2, ... per training client
+and may send them out of order), one at a time on one worker thread, which owns every JAX call; a request
+whose predecessor never arrives runs after ``GAP_S``. A request sent twice (same model and seq_id) gets the
+first one's future.
+
+State on storage (``{storage.checkpoints}/tinker``): ``registry.json`` (the live training models and
+sampling sessions), each model's newest state under ``{model}/auto`` (saved after every
+``checkpoint_every`` optim steps) and the named ``save_state`` checkpoints under ``{model}/weights/{name}``;
+sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}``. A restarted service
+restores the registry and each model's newest auto checkpoint, so training clients continue where they
+were (futures in flight are lost: the SDK's poll then gets 410).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import jax
+import numpy as np
+from aiohttp import web
+from rljob.trainer.checkpoint import Checkpointer
+from rljob.trainer.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rljob.trainer.progress import Reporter
+from rljob.trainer.storage import join, open_store
+from rljob.trainer.tinker import wire
+from rljob.trainer.tinker.engine import (
+    LOSS_INPUTS,
+    REQUIRED_INPUTS,
+    AdamHP,
+    Engine,
+    LossSpec,
+    RequestError,
+    TrainingModel,
+)
+from rljob.trainer.tinker.sampling import SamplerError, SamplerPool
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+from tinker import types
+
+__all__ = ["POLL_S", "Service", "ServiceConfig", "api_key_ok"]
+
+log = logging.getLogger("rljob.trainer.tinker")
+
+POLL_S = 30.0  # the SDK gives up a retrieve_future poll after 45 s
+GAP_S = 60.0  # a training request waits this long for a missing predecessor seq_id
+RESULT_TTL_S = 300.0  # a retrieved result is kept this long (the SDK may poll again after a lost reply)
+UNRETRIEVED_TTL_S = 3600.0
+MAX_SAMPLES = 128
+# Routes whose answer is a future: a request refused before its work starts is a failed future, which the
+# SDK raises as RequestFailedError (category user), like a failure of the work itself.
+FUTURE_ROUTES = frozenset(
+    f"/api/v1/{r}"
+    for r in (
+        "create_model",
+        "forward_backward",
+        "optim_step",
+        "save_weights",
+        "save_weights_for_sampler",
+        "load_weights",
+        "asample",
+    )
+)
+_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+
+
+def api_key_ok(key: str | None, allowed: frozenset[str]) -> bool:
+    """The SDK sends ``X-API-Key``; with no configured keys any ``tml-`` key is accepted."""
+    if not key:
+        return False
+    return key in allowed if allowed else key.startswith("tml-")
+
+
+def _key(model_id: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", model_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class ServiceConfig:
+    base_model: str  # the name clients pass as base_model
+    checkpoints: str  # {storage.checkpoints}
+    adapters: str  # {storage.adapters}
+    samplers: list[str]
+    max_context: int
+    arch: str = ""
+    tokenizer_id: str | None = None
+    checkpoint_every: int = 1
+    api_keys: frozenset[str] = frozenset()
+    session_timeout_s: float = 600.0
+
+
+@dataclasses.dataclass
+class _Future:
+    request_id: str
+    kind: str
+    done: asyncio.Event
+    result: Any = None  # dict (JSON) or bytes (protobuf)
+    error: tuple[str, str] | None = None
+    created: float = dataclasses.field(default_factory=time.monotonic)
+    retrieved: float | None = None
+
+
+@dataclasses.dataclass
+class _SamplingSession:
+    sampler_id: str
+    base_model: str
+    model_path: str | None
+    adapter: str | None  # name the samplers serve it under (None: the base model)
+    uri: str | None  # its PEFT directory
+
+
+class Service:
+    def __init__(self, engine: Engine, cfg: ServiceConfig, reporter: Reporter | None = None) -> None:
+        self.engine, self.cfg, self.reporter = engine, cfg, reporter
+        self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-jax")
+        self.samplers = SamplerPool(cfg.samplers)
+        self.futures: dict[str, _Future] = {}
+        self.dedup: dict[tuple[str, int], str] = {}
+        self.next_seq: dict[str, int] = {}
+        self.seq_cond: asyncio.Condition | None = None
+        self.sessions: dict[str, float] = {}  # session id -> last heartbeat (monotonic)
+        self.finished: set[str] = set()
+        self.model_session: dict[str, str] = {}
+        self.sampling: dict[str, _SamplingSession] = {}
+        self.lora_cache: dict[str, Any] = {}  # adapter name -> LoRA state (prompt log-probs on the trainer)
+        self.last_checkpoint_step: int | None = None
+        self._lock = threading.Lock()
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ================================================================== plumbing
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[self._auth])
+        r = app.router
+        r.add_get("/api/v1/healthz", self.healthz)
+        r.add_post("/api/v1/client/config", self.client_config)
+        r.add_post("/api/v1/client/dynamic_config", self.dynamic_config)
+        r.add_get("/api/v1/get_server_capabilities", self.capabilities)
+        r.add_post("/api/v1/create_session", self.create_session)
+        r.add_post("/api/v1/session_heartbeat", self.heartbeat)
+        r.add_post("/api/v1/sessions/{session_id}/finish", self.finish_session)
+        r.add_post("/api/v1/telemetry", self.telemetry)
+        r.add_post("/api/v1/create_model", self.create_model)
+        r.add_post("/api/v1/get_info", self.get_info)
+        r.add_post("/api/v1/forward_backward", self.forward_backward)
+        r.add_post("/api/v1/optim_step", self.optim_step)
+        r.add_post("/api/v1/save_weights", self.save_weights)
+        r.add_post("/api/v1/save_weights_for_sampler", self.save_weights_for_sampler)
+        r.add_post("/api/v1/load_weights", self.load_weights)
+        r.add_post("/api/v1/create_sampling_session", self.create_sampling_session)
+        r.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
+        r.add_post("/api/v1/asample", self.asample)
+        r.add_post("/api/v1/retrieve_future", self.retrieve_future)
+        app.on_startup.append(self._start)
+        app.on_cleanup.append(self._stop)
+        return app
+
+    @web.middleware
+    async def _auth(
+        self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if request.path != "/api/v1/healthz" and not api_key_ok(
+            request.headers.get("X-API-Key"), self.cfg.api_keys
+        ):
+            return web.json_response({"error": "X-API-Key: missing or not accepted"}, status=401)
+        try:
+            return await handler(request)
+        except RequestError as e:
+            if request.path in FUTURE_ROUTES:  # the SDK's error shape: a failed future
+                f = _Future(request_id=uuid.uuid4().hex, kind=request.path, done=asyncio.Event())
+                f.error = (str(e), "user")
+                f.done.set()
+                self.futures[f.request_id] = f
+                return self._future_response(f)
+            return web.json_response({"error": str(e)}, status=422)
+
+    async def _start(self, _app: web.Application) -> None:
+        self.seq_cond = asyncio.Condition()
+        self._spawn(self._sweep())
+
+    async def _stop(self, _app: web.Application) -> None:
+        for t in list(self._tasks):
+            t.cancel()
+        await self.samplers.close()
+        self.worker.shutdown(wait=True, cancel_futures=True)
+
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _sweep(self) -> None:
+        """Drop old results; expire sessions without heartbeats (their training models are unloaded)."""
+        while True:
+            await asyncio.sleep(5.0)
+            now = time.monotonic()
+            for rid, f in list(self.futures.items()):
+                if (
+                    f.retrieved is not None and now - f.retrieved > RESULT_TTL_S
+                ) or now - f.created > UNRETRIEVED_TTL_S:
+                    self.futures.pop(rid, None)
+            self.dedup = {k: v for k, v in self.dedup.items() if v in self.futures}
+            for sid, seen in list(self.sessions.items()):
+                if now - seen > self.cfg.session_timeout_s:
+                    log.warning("session %s sent no heartbeat for %.0f s: ending it", sid, now - seen)
+                    await self._end_session(sid)
+
+    async def _end_session(self, sid: str) -> None:
+        self.sessions.pop(sid, None)
+        self.finished.add(sid)
+        gone = [m for m, s in self.model_session.items() if s == sid]
+        for m in gone:
+            self.model_session.pop(m, None)
+        if gone:
+            await self._on_worker(lambda: self._unload(gone))
+
+    def _unload(self, model_ids: list[str]) -> None:
+        for m in model_ids:
+            self.engine.unload(m)
+        self._save_registry()
+
+    async def _on_worker(self, fn: Callable[[], Any]) -> Any:
+        return await asyncio.get_running_loop().run_in_executor(self.worker, fn)
+
+    def _new_future(self, kind: str, work: Callable[[], Awaitable[Any]]) -> _Future:
+        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event())
+        self.futures[f.request_id] = f
+
+        async def run() -> None:
+            try:
+                f.result = await work()
+            except RequestError as e:
+                f.error = (str(e), "user")
+            except SamplerError as e:
+                f.error = (str(e), "user" if e.user else "server")
+            except Exception as e:
+                log.error("%s %s failed:\n%s", kind, f.request_id, traceback.format_exc())
+                f.error = (f"{type(e).__name__}: {e}", "server")
+            finally:
+                f.done.set()
+
+        self._spawn(run())
+        return f
+
+    async def _in_turn(self, model_id: str | None, seq_id: int | None, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the worker in the model's seq_id order (no model or seq_id: at once)."""
+        assert self.seq_cond is not None
+        if model_id is None or not seq_id:
+            return await self._on_worker(fn)
+        cond = self.seq_cond
+        async with cond:
+            # A model created here starts at 1; one restored after a restart adopts its client's next id.
+            nxt = self.next_seq.setdefault(model_id, seq_id)
+            if seq_id > nxt:
+                try:
+                    await asyncio.wait_for(
+                        cond.wait_for(lambda: self.next_seq.get(model_id, 1) >= seq_id), GAP_S
+                    )
+                except TimeoutError:
+                    log.warning(
+                        "model %s: seq_id %d waited %.0f s for its predecessor; running it",
+                        model_id,
+                        seq_id,
+                        GAP_S,
+                    )
+            pending = asyncio.get_running_loop().run_in_executor(self.worker, fn)  # FIFO: order kept
+            self.next_seq[model_id] = max(self.next_seq.get(model_id, 1), seq_id + 1)
+            cond.notify_all()
+        return await pending
+
+    def _future_response(self, f: _Future, **extra: Any) -> web.Response:
+        return web.json_response({"request_id": f.request_id, **extra})
+
+    def _training(
+        self, kind: str, model_id: str | None, seq_id: int | None, fn: Callable[[], Any]
+    ) -> web.Response:
+        if model_id is not None and seq_id:
+            prior = self.dedup.get((model_id, seq_id))
+            if prior is not None and prior in self.futures:
+                return self._future_response(self.futures[prior])
+        f = self._new_future(kind, lambda: self._in_turn(model_id, seq_id, fn))
+        if model_id is not None and seq_id:
+            self.dedup[(model_id, seq_id)] = f.request_id
+        return self._future_response(f)
+
+    async def _body(self, request: web.Request, model: type[Any]) -> Any:
+        return wire.parse(model, await request.read())
+
+    # ================================================================== session routes
+
+    async def healthz(self, _r: web.Request) -> web.Response:
+        return web.json_response({"status": "ok"})
+
+    async def client_config(self, _r: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "pjwt_auth_enabled": False,
+                "proto_compress_fwdbwd": False,
+                "parallel_fwdbwd_chunks": True,
+                "sample_use_retrieve_futures": False,
+                "custom_loss_server_side": False,
+                "sample_join_sampling_session": False,
+            }
+        )
+
+    async def dynamic_config(self, _r: web.Request) -> web.Response:
+        return web.json_response({"refresh_interval_sec": 300, "sample_cancel_enabled": False})
+
+    async def capabilities(self, _r: web.Request) -> web.Response:
+        model = {
+            "model_name": self.cfg.base_model,
+            "max_context_length": self.cfg.max_context,
+            "trainable": True,
+            "sampleable": True,
+        }
+        return web.json_response({"supported_models": [model]})
+
+    async def telemetry(self, _r: web.Request) -> web.Response:
+        return web.json_response({"status": "accepted"})
+
+    async def create_session(self, request: web.Request) -> web.Response:
+        await self._body(request, types.CreateSessionRequest)
+        sid = f"s-{uuid.uuid4().hex[:16]}"
+        self.sessions[sid] = time.monotonic()
+        return web.json_response({"type": "create_session", "session_id": sid})
+
+    async def heartbeat(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.SessionHeartbeatRequest)
+        if req.session_id in self.finished:
+            return web.json_response({"error": f"session {req.session_id} has finished"}, status=410)
+        self.sessions[req.session_id] = time.monotonic()  # also re-adopts a session after a restart
+        return web.json_response({"type": "session_heartbeat"})
+
+    async def finish_session(self, request: web.Request) -> web.Response:
+        await self._end_session(request.match_info["session_id"])
+        return web.json_response({})
+
+    # ================================================================== training routes
+
+    async def create_model(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.CreateModelRequest)
+        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        self._check_base(req.base_model)
+        lc = req.lora_config
+        if lc is None:
+            raise RequestError("lora_config: this service trains LoRA adapters only")
+        if getattr(req.optimizer_config, "type", "adamw") != "adamw":
+            raise RequestError(
+                f"optimizer_config.type: {req.optimizer_config.type!r}; this service runs adamw"
+            )
+        self.sessions.setdefault(req.session_id, time.monotonic())
+
+        def work() -> dict[str, Any]:
+            m = self.engine.create(
+                model_id,
+                base_model=req.base_model,
+                rank=lc.rank,
+                seed=lc.seed,
+                train_attn=lc.train_attn,
+                train_mlp=lc.train_mlp,
+                train_unembed=lc.train_unembed,
+            )
+            if lc.train_unembed:
+                log.info("model %s: train_unembed is not supported (frozen output head); ignored", model_id)
+            self.model_session[model_id] = req.session_id
+            self.next_seq[model_id] = 1
+            self._auto_checkpoint(m, force=True)
+            return {"model_id": model_id, "type": "create_model"}
+
+        return self._training("create_model", None, None, work)
+
+    def _check_base(self, base_model: str | None) -> None:
+        if base_model is not None and base_model != self.cfg.base_model:
+            raise RequestError(f"base_model: {base_model!r}; this service serves {self.cfg.base_model!r}")
+
+    async def get_info(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.GetInfoRequest)
+        m = self.engine.model(req.model_id)
+        return web.json_response(
+            {
+                "type": "get_info",
+                "model_data": {
+                    "arch": self.cfg.arch or None,
+                    "model_name": m.base_model,
+                    "tokenizer_id": self.cfg.tokenizer_id,
+                },
+                "model_id": m.model_id,
+                "is_lora": True,
+                "lora_rank": m.rank,
+                "model_name": m.base_model,
+            }
+        )
+
+    async def forward_backward(self, request: web.Request) -> web.Response:
+        if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
+            raise RequestError("Content-Encoding: compressed bodies are not accepted (client/config says so)")
+        call = wire.parse_forward_backward(await request.read())
+        backward = not call.forward_only
+
+        def work() -> bytes:  # checked in turn: a refused request still takes its place in seq_id order
+            loss = LossSpec.parse(call.loss_fn, call.loss_fn_config)
+            data = wire.datums_of(call, LOSS_INPUTS[loss.kind], REQUIRED_INPUTS[loss.kind])
+            total, lps = self.engine.forward(call.model_id, data, loss, backward=backward)
+            weights = [
+                d.weights if d.weights is not None else np.ones_like(lp)
+                for d, lp in zip(data, lps, strict=True)
+            ]
+            return wire.forward_backward_output(loss.kind, total, lps, weights)
+
+        return self._training("forward_backward" if backward else "forward", call.model_id, call.seq_id, work)
+
+    async def optim_step(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.OptimStepRequest)
+
+        def work() -> dict[str, Any]:
+            p = req.optim_params
+            if not isinstance(p, types.AdamParams):
+                kind = getattr(p, "type", type(p).__name__)
+                raise RequestError(f"optim_params: {kind} is not supported (AdamParams only)")
+            hp = AdamHP(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
+            metrics = self.engine.optim_step(req.model_id, hp)
+            m = self.engine.model(req.model_id)
+            self._auto_checkpoint(m)
+            self._report()
+            return {"metrics": {**metrics, "step": float(m.step)}}
+
+        return self._training("optim_step", req.model_id, req.seq_id, work)
+
+    def _weights_dir(self, model_id: str, name: str) -> str:
+        return join(self.cfg.checkpoints, "tinker", _key(model_id), "weights", name)
+
+    def _parse_path(self, path: str, kind: str) -> tuple[str, str]:
+        m = re.fullmatch(rf"tinker://(?P<model>[^/]+)/{kind}/(?P<name>[A-Za-z0-9._-]+)", path)
+        if not m:
+            raise RequestError(f"path: {path!r} is not a tinker://MODEL/{kind}/NAME path of this service")
+        return m.group("model"), m.group("name")
+
+    async def save_weights(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.SaveWeightsRequest)
+
+        def work() -> dict[str, Any]:
+            m = self.engine.model(req.model_id)
+            name = req.path or f"step-{m.step:06d}"
+            if not _NAME.match(name):
+                raise RequestError(f"path: {name!r}; a checkpoint name is 1-128 of A-Z a-z 0-9 . _ -")
+            directory = self._weights_dir(m.model_id, name)
+            store = open_store(directory)
+            existing = store.list()
+            if existing and not req.overwrite:
+                raise RequestError(f"path: checkpoint {name!r} exists (pass overwrite=True)")
+            for k in existing:
+                store.delete(k)
+            meta = {"config": m.config(), "optim_steps": m.step, "user_metadata": req.user_metadata or {}}
+            self._save_state(directory, m, meta)
+            return {"path": f"tinker://{m.model_id}/weights/{name}", "type": "save_weights"}
+
+        return self._training("save_weights", req.model_id, req.seq_id, work)
+
+    def _save_state(self, directory: str, m: TrainingModel, meta: dict[str, Any]) -> None:
+        ck = Checkpointer(directory, max_to_keep=1)
+        try:
+            ck.save(m.step, self.engine.state_tree(m), meta)
+        finally:
+            ck.close()
+
+    def _restore_state(self, directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        ck = Checkpointer(directory, max_to_keep=1)
+        try:
+            restored = ck.restore(self.engine.abstract_state())
+        finally:
+            ck.close()
+        if restored is None:
+            raise RequestError(f"path: no checkpoint at {directory}")
+        return restored
+
+    def _auto_checkpoint(self, m: TrainingModel, force: bool = False) -> None:
+        every = self.cfg.checkpoint_every
+        if force or (every > 0 and m.step % every == 0):
+            directory = join(self.cfg.checkpoints, "tinker", _key(m.model_id), "auto")
+            meta = {"config": m.config(), "optim_steps": m.step, "skipped": m.skipped}
+            ck = Checkpointer(directory, max_to_keep=2)
+            try:
+                ck.save(m.step, self.engine.state_tree(m), meta)
+            finally:
+                ck.close()
+            self.last_checkpoint_step = m.step
+        if force:  # a new or reloaded model: the registry changed
+            self._save_registry()
+
+    async def load_weights(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.LoadWeightsRequest)
+        src_model, name = self._parse_path(req.path, "weights")
+        directory = self._weights_dir(src_model, name)
+        self._check_base(req.base_model)
+        if req.session_id is not None:  # create-via-load: a new training client
+            if req.model_seq_id is None:
+                raise RequestError("model_seq_id: required with session_id")
+            model_id = f"{req.session_id}:train:{req.model_seq_id}"
+            self.sessions.setdefault(req.session_id, time.monotonic())
+            seq = None
+        else:
+            if req.model_id is None:
+                raise RequestError(
+                    "load_weights: needs model_id (with seq_id) or session_id (with model_seq_id)"
+                )
+            model_id, seq = req.model_id, req.seq_id
+
+        def work() -> dict[str, Any]:
+            tree, meta = self._restore_state(directory)
+            cfg = meta["config"]
+            if req.session_id is not None:
+                m = self.engine.create_from_config(model_id, cfg)
+                self.model_session[model_id] = req.session_id
+                self.next_seq[model_id] = 1
+            else:
+                m = self.engine.model(model_id)
+                if (m.rank, m.train_attn, m.train_mlp) != (cfg["rank"], cfg["train_attn"], cfg["train_mlp"]):
+                    raise RequestError(f"path: {req.path} has another LoRA shape than model {model_id}")
+            self.engine.set_state(m, tree, optimizer=req.optimizer)
+            m.step = int(meta.get("optim_steps", 0)) if req.optimizer else 0
+            self._auto_checkpoint(m, force=True)
+            return {"path": req.path, "model_id": model_id, "type": "load_weights"}
+
+        return self._training("load_weights", model_id if seq else None, seq, work)
+
+    # ================================================================== sampling
+
+    def _adapter_name(self, path: str) -> str:
+        return "tinker-" + hashlib.sha1(path.encode()).hexdigest()[:16]
+
+    def _sampler_uri(self, model_id: str, name: str) -> str:
+        return join(self.cfg.adapters, "tinker", _key(model_id), name)
+
+    async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.SaveWeightsForSamplerRequest)
+        if req.path is None and req.sampling_session_seq_id is None:
+            raise RequestError("save_weights_for_sampler: needs path or sampling_session_seq_id")
+        session = self.model_session.get(req.model_id, "s-unknown")
+
+        def work() -> dict[str, Any]:
+            m = self.engine.model(req.model_id)
+            name = req.path or f"ephemeral-{m.step:06d}-{uuid.uuid4().hex[:8]}"
+            if not _NAME.match(name):
+                raise RequestError(f"path: {name!r}; a name is 1-128 of A-Z a-z 0-9 . _ -")
+            path = f"tinker://{m.model_id}/sampler_weights/{name}"
+            uri = self._sampler_uri(m.model_id, name)
+            store = open_store(uri)
+            tensors = self.engine.peft(m.lora)
+            store.write(ADAPTER_WEIGHTS, st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
+            cfg = {**self.engine.policy.peft_config(), "base_model_name_or_path": m.base_model}
+            store.write(ADAPTER_CONFIG, json.dumps(cfg, indent=1, sort_keys=True).encode())
+            adapter = self._adapter_name(path)
+            self._cache_lora(adapter, m.lora)
+            if req.path is not None:
+                return {"path": path, "type": "save_weights_for_sampler"}
+            sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:6]}"
+            self.sampling[sid] = _SamplingSession(sid, m.base_model, path, adapter, uri)
+            self._save_registry()
+            return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
+
+        return self._training("save_weights_for_sampler", req.model_id, req.seq_id, work)
+
+    def _cache_lora(self, adapter: str, lora: Any) -> None:
+        self.lora_cache[adapter] = jax.tree.map(lambda x: x.copy(), lora)
+        while len(self.lora_cache) > max(2, self.engine.max_models):
+            self.lora_cache.pop(next(iter(self.lora_cache)))
+
+    async def create_sampling_session(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.CreateSamplingSessionRequest)
+        sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:6]}"
+        self.sampling[sid] = await self._session_for(sid, req.model_path, req.base_model)
+        self._save_registry()
+        return web.json_response({"type": "create_sampling_session", "sampling_session_id": sid})
+
+    async def _session_for(
+        self, sid: str, model_path: str | None, base_model: str | None
+    ) -> _SamplingSession:
+        if model_path is None:
+            self._check_base(base_model or self.cfg.base_model)
+            return _SamplingSession(sid, self.cfg.base_model, None, None, None)
+        model_id, name = self._parse_path(model_path, "sampler_weights")
+        uri = self._sampler_uri(model_id, name)
+        exists = await asyncio.to_thread(lambda: open_store(uri).exists(ADAPTER_CONFIG))
+        if not exists:
+            raise RequestError(f"model_path: no sampler weights at {model_path}")
+        return _SamplingSession(sid, self.cfg.base_model, model_path, self._adapter_name(model_path), uri)
+
+    async def get_sampler(self, request: web.Request) -> web.Response:
+        s = self.sampling.get(request.match_info["sampler_id"])
+        if s is None:
+            return web.json_response({"error": "no such sampler"}, status=404)
+        return web.json_response(
+            {"sampler_id": s.sampler_id, "base_model": s.base_model, "model_path": s.model_path}
+        )
+
+    async def asample(self, request: web.Request) -> web.Response:
+        req = await self._body(request, types.SampleRequest)
+        unsupported = [
+            name
+            for name, on in (
+                ("topk_prompt_logprobs", req.topk_prompt_logprobs > 0),
+                ("topk_sample_logprobs", req.topk_sample_logprobs > 0),
+                ("target_prompt_logprobs", req.target_prompt_logprobs is not None),
+                ("prompt_alt_tokens_k", req.prompt_alt_tokens_k > 0),
+                ("record_stability_info", bool(req.record_stability_info)),
+            )
+            if on
+        ]
+        if req.sampling_session_id is not None:
+            session = self.sampling.get(req.sampling_session_id)
+            if session is None:
+                raise RequestError(
+                    f"sampling_session_id: {req.sampling_session_id} is not a sampler of this service"
+                )
+        else:
+            session = await self._session_for("direct", req.model_path, req.base_model)
+        prompt = wire.tokens_of(req.prompt, "prompt")
+        n = int(req.num_samples)
+        sp = req.sampling_params
+        f = self._new_future("sample", lambda: self._sample(session, prompt, n, sp, req, unsupported))
+        return self._future_response(f, sample_sequence_ids=[f"{f.request_id}-{i}" for i in range(max(n, 0))])
+
+    async def _sample(
+        self, s: _SamplingSession, prompt: np.ndarray, n: int, sp: Any, req: Any, unsupported: list[str]
+    ) -> bytes:
+        if unsupported:
+            raise RequestError(f"{unsupported[0]}: not supported by this server")
+        if not 1 <= n <= MAX_SAMPLES:
+            raise RequestError(f"num_samples: {n}; 1..{MAX_SAMPLES}")
+        if prompt.size == 0 or prompt.size >= self.cfg.max_context:
+            raise RequestError(f"prompt: {prompt.size} tokens; 1..{self.cfg.max_context - 1} fit the model")
+        max_tokens = sp.max_tokens if sp.max_tokens is not None else self.cfg.max_context - int(prompt.size)
+        if not 1 <= max_tokens <= self.cfg.max_context - prompt.size:
+            raise RequestError(
+                f"sampling_params.max_tokens: {max_tokens}; prompt + max_tokens must fit "
+                f"{self.cfg.max_context}"
+            )
+        params: dict[str, Any] = {"max_tokens": int(max_tokens), "temperature": float(sp.temperature)}
+        if sp.top_p != 1:
+            params["top_p"] = float(sp.top_p)
+        if sp.top_k not in (-1, 0):
+            params["top_k"] = int(sp.top_k)
+        if sp.seed is not None:
+            params["seed"] = int(sp.seed)
+        stop = sp.stop
+        if isinstance(stop, str):
+            params["stop"] = [stop]
+        elif stop is not None and len(stop) and all(isinstance(x, int) for x in stop):
+            params["stop_token_ids"] = [int(x) for x in stop]
+        elif stop is not None and len(stop):
+            params["stop"] = [str(x) for x in stop]
+        model = s.adapter or s.base_model
+        comps = await self.samplers.complete(
+            [int(t) for t in prompt], n=n, params=params, model=model, adapter_uri=s.uri
+        )
+        plp = None
+        if req.prompt_logprobs:
+            plp = await self._prompt_logprobs(s, prompt, req.prompt_logprobs_last_n)
+        return wire.sample_response([(c.tokens, c.logprobs, c.stop_reason) for c in comps], plp)
+
+    async def _prompt_logprobs(
+        self, s: _SamplingSession, prompt: np.ndarray, last_n: int | None
+    ) -> np.ndarray:
+        """Prompt log-probs computed on the training chips (the numerics training uses), NaN at 0."""
+        if last_n is not None and not 1 <= last_n <= prompt.size - 1:
+            raise RequestError(f"prompt_logprobs_last_n: {last_n}; 1..{prompt.size - 1}")
+
+        def work() -> np.ndarray:
+            lora = self._lora_of(s)
+            out = np.full(prompt.size, np.nan, np.float32)
+            if prompt.size > 1:
+                out[1:] = self.engine.prompt_logprobs(lora, prompt)
+            if last_n is not None:
+                out[: prompt.size - last_n] = np.nan
+            return out
+
+        result: np.ndarray = await self._on_worker(work)
+        return result
+
+    def _lora_of(self, s: _SamplingSession) -> Any:
+        if s.adapter is None:
+            return self.engine.policy.lora0  # B = 0: the base model
+        if s.adapter not in self.lora_cache:
+            assert s.uri is not None
+            raw = open_store(s.uri).read(ADAPTER_WEIGHTS)
+            if raw is None:
+                raise RequestError(f"model_path: sampler weights {s.model_path} are gone")
+            self._cache_lora(s.adapter, self.engine._put(self.engine.policy.from_peft(dict(st_load(raw)))))
+        return self.lora_cache[s.adapter]
+
+    # ================================================================== futures
+
+    async def retrieve_future(self, request: web.Request) -> web.StreamResponse:
+        req = await self._body(request, types.FutureRetrieveRequest)
+        f = self.futures.get(req.request_id)
+        if f is None:
+            return web.json_response(
+                {"error": f"request {req.request_id} is unknown (expired, or the service restarted)"},
+                status=410,
+            )
+        try:
+            await asyncio.wait_for(f.done.wait(), POLL_S)
+        except TimeoutError:
+            return web.json_response(
+                {"type": "try_again", "request_id": f.request_id, "queue_state": "active"}
+            )
+        f.retrieved = f.retrieved or time.monotonic()
+        if f.error is not None:
+            return web.json_response(wire.error_body(*f.error))
+        if isinstance(f.result, bytes):
+            return web.Response(body=f.result, content_type=wire.PROTO_CONTENT_TYPE)
+        return web.json_response(f.result)
+
+    # ================================================================== registry, progress
+
+    def _registry_store(self) -> Any:
+        return open_store(join(self.cfg.checkpoints, "tinker"))
+
+    def _save_registry(self) -> None:
+        reg = {
+            "models": {
+                mid: {**m.config(), "session": self.model_session.get(mid)}
+                for mid, m in self.engine.models.items()
+            },
+            "sampling": {sid: dataclasses.asdict(s) for sid, s in self.sampling.items()},
+        }
+        with self._lock:
+            self._registry_store().write("registry.json", json.dumps(reg, indent=1).encode())
+
+    def restore(self) -> list[str]:
+        """Re-create the registry's models from their newest auto checkpoints (on start; worker thread or
+        before serving). Returns the model ids restored."""
+        raw = self._registry_store().read("registry.json")
+        if raw is None:
+            return []
+        reg = json.loads(raw)
+        for sid, s in reg.get("sampling", {}).items():
+            self.sampling[sid] = _SamplingSession(**s)
+        restored = []
+        for mid, c in reg.get("models", {}).items():
+            directory = join(self.cfg.checkpoints, "tinker", _key(mid), "auto")
+            try:
+                tree, meta = self._restore_state(directory)
+            except RequestError:
+                log.warning("model %s: no auto checkpoint; not restored", mid)
+                continue
+            m = self.engine.create_from_config(mid, c)
+            self.engine.set_state(m, tree, optimizer=True)
+            m.step, m.skipped = int(meta.get("optim_steps", 0)), int(meta.get("skipped", 0))
+            if c.get("session"):
+                self.model_session[mid] = c["session"]
+                self.sessions.setdefault(c["session"], time.monotonic())
+            restored.append(mid)
+        return restored
+
+    def _report(self) -> None:
+        if self.reporter is None:
+            return
+        steps = sum(m.step for m in self.engine.models.values())
+        self.reporter.update(step=steps, last_checkpoint_step=self.last_checkpoint_step)
