@@ -19,8 +19,9 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
+from rljob.recipes import syntax
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -55,6 +56,7 @@ class TpuSlice(ApiModel):
     topology: str = Field(
         description="Slice topology AxBxC (node label cloud.google.com/gke-tpu-topology), e.g. 2x2x1.",
         pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
+        max_length=32,
     )
 
 
@@ -66,7 +68,7 @@ _TPU_DESCRIPTION = (
     "chip) or the object {accelerator: tpu-v5p-slice | tpu7x, topology: AxBxC}."
 )
 TpuField = Annotated[
-    str | TpuSlice,
+    Annotated[str, StringConstraints(max_length=32)] | TpuSlice,
     WithJsonSchema({"description": _TPU_DESCRIPTION, "x-kubernetes-preserve-unknown-fields": True}),
 ]
 
@@ -75,12 +77,19 @@ class ModelSpec(ApiModel):
     """The model being post-trained."""
 
     name: str | None = Field(
-        default=None, description="Hugging Face model id of the base model, e.g. Qwen/Qwen3-8B.", min_length=1
+        default=None,
+        description="Hugging Face model id of the base model, e.g. Qwen/Qwen3-8B (org/name or name; starts "
+        "with a letter or digit).",
+        min_length=1,
+        max_length=syntax.HF_MODEL_ID_MAX,
+        pattern=syntax.HF_MODEL_ID,
     )
     maxtext_model: str | None = Field(
         default=None,
         description="MaxText model_name of the base model, e.g. qwen3-8b. Default: the recipe's.",
         min_length=1,
+        max_length=syntax.MAXTEXT_MODEL_MAX,
+        pattern=syntax.MAXTEXT_MODEL,
     )
     checkpoint: str | None = Field(
         default=None,
@@ -89,18 +98,28 @@ class ModelSpec(ApiModel):
         "gs://BUCKET/qwen3-8b/0/items). The trainer loads it before applying LoRA and refuses one that "
         "does not fit the model (exit 2). Without it the base weights are randomly initialized: a smoke "
         "test of the machinery, not a post-training run.",
-        pattern=r"^gs://[^/]+(/.*)?$",
+        pattern=r"^gs://[^/\s]+(/\S*)?$",
+        max_length=syntax.PATH_MAX,
     )
+
+
+_AXIS_MAX = 65536  # below is mesh.resolve's own check (-1 or >= 1)
 
 
 class MeshAxes(ApiModel):
     """Parallelism per mesh axis. -1 means inferred: the axis takes what the others leave."""
 
-    data: int | None = Field(default=None, description="Data parallelism (replicas of the model).")
-    fsdp: int | None = Field(default=None, description="Fully sharded data parallelism (parameter sharding).")
-    tensor: int | None = Field(default=None, description="Tensor (model) parallelism.")
-    context: int | None = Field(default=None, description="Context (sequence) parallelism.")
-    expert: int | None = Field(default=None, description="Expert parallelism for mixture-of-experts layers.")
+    data: int | None = Field(
+        default=None, le=_AXIS_MAX, description="Data parallelism (replicas of the model)."
+    )
+    fsdp: int | None = Field(
+        default=None, le=_AXIS_MAX, description="Fully sharded data parallelism (parameter sharding)."
+    )
+    tensor: int | None = Field(default=None, le=_AXIS_MAX, description="Tensor (model) parallelism.")
+    context: int | None = Field(default=None, le=_AXIS_MAX, description="Context (sequence) parallelism.")
+    expert: int | None = Field(
+        default=None, le=_AXIS_MAX, description="Expert parallelism for mixture-of-experts layers."
+    )
 
 
 class MeshSpec(MeshAxes):
@@ -147,14 +166,27 @@ class TrainerSpec(ApiModel):
         default=None,
         description="MaxText version pinned by the trainer image; its key set validates `maxtext`. "
         "Default 0.2.5.",
+        max_length=syntax.VERSION_MAX,
+        pattern=syntax.VERSION,
     )
     maxtext: dict[str, Any] | None = Field(
         default=None,
         description="Extra MaxText config keys (key: value). Win over the profile's and the recipe's keys.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        max_length=1024,
     )
-    profile: str | None = Field(default=None, description="A tuned-flag profile of the recipe, by name.")
-    image: str | None = Field(default=None, description="Trainer container image.")
+    profile: str | None = Field(
+        default=None,
+        description="A tuned-flag profile of the recipe, by name.",
+        max_length=syntax.CATALOG_NAME_MAX,
+        pattern=syntax.CATALOG_NAME,
+    )
+    image: str | None = Field(
+        default=None,
+        description="Trainer container image (a reference such as registry/path:tag or @sha256:...).",
+        max_length=syntax.IMAGE_MAX,
+        pattern=syntax.IMAGE,
+    )
     containers_per_host: int | None = Field(
         default=None,
         ge=1,
@@ -165,6 +197,7 @@ class TrainerSpec(ApiModel):
     micro_batch_size: int | None = Field(
         default=None,
         ge=1,
+        le=1 << 20,
         description="Sequences (packed rows) per optimizer micro-step across all trainer devices. Must be a "
         "multiple of the fsdpxdata parallelism. Default: the fsdpxdata parallelism (one row per shard).",
     )
@@ -179,11 +212,15 @@ class SamplerSpec(ApiModel):
         default=None, ge=1, le=256, description="Number of sampler slices. Default 1."
     )
     tensor_parallel: int | None = Field(
-        default=None, ge=1, description="vLLM --tensor-parallel-size. Default: the JAX devices of one host."
+        default=None,
+        ge=1,
+        le=4096,
+        description="vLLM --tensor-parallel-size. Default: the JAX devices of one host.",
     )
     max_model_len: int | None = Field(
         default=None,
         ge=128,
+        le=1 << 22,
         description="vLLM --max-model-len. Default: prompt + algorithm.maxTokens rounded up.",
     )
     max_loras: int | None = Field(
@@ -193,21 +230,33 @@ class SamplerSpec(ApiModel):
         description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
         "the next).",
     )
-    image: str | None = Field(default=None, description="Sampler container image.")
+    image: str | None = Field(
+        default=None,
+        description="Sampler container image (a reference such as registry/path:tag or @sha256:...).",
+        max_length=syntax.IMAGE_MAX,
+        pattern=syntax.IMAGE,
+    )
 
 
 class LoraSpec(ApiModel):
     """The LoRA adapter trained by the trainer (qwix) and served by the samplers (vLLM)."""
 
     rank: int | None = Field(
-        default=None, ge=1, description="LoRA rank; one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512."
+        default=None,
+        ge=1,
+        le=512,
+        description="LoRA rank; one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512.",
     )
     alpha: float | None = Field(
-        default=None, gt=0, description="LoRA alpha (scale = alpha / rank). Default 2xrank."
+        default=None, gt=0, le=1e6, description="LoRA alpha (scale = alpha / rank). Default 2xrank."
     )
-    targets: list[str] | None = Field(
+    targets: (
+        list[Annotated[str, StringConstraints(pattern=syntax.MODULE_NAME, max_length=syntax.MODULE_NAME_MAX)]]
+        | None
+    ) = Field(
         default=None,
         min_length=1,
+        max_length=64,
         description="Module names the adapter wraps, e.g. [q_proj, k_proj, v_proj, o_proj].",
     )
 
@@ -220,20 +269,27 @@ class AlgorithmSpec(ApiModel):
         description="Policy loss: importance_sampling or ppo (clipped). Default importance_sampling.",
     )
     group_size: int | None = Field(
-        default=None, ge=1, description="Completions sampled per prompt. Default 8."
+        default=None, ge=1, le=4096, description="Completions sampled per prompt. Default 8."
     )
     groups_per_batch: int | None = Field(
-        default=None, ge=1, description="Prompts (groups) per optimizer step. Default 16."
+        default=None, ge=1, le=65536, description="Prompts (groups) per optimizer step. Default 16."
     )
-    max_tokens: int | None = Field(default=None, ge=1, description="Completion token limit. Default 2048.")
-    max_prompt_tokens: int | None = Field(default=None, ge=1, description="Prompt token limit. Default 1024.")
+    max_tokens: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="Completion token limit. Default 2048."
+    )
+    max_prompt_tokens: int | None = Field(
+        default=None, ge=1, le=1 << 20, description="Prompt token limit. Default 1024."
+    )
     learning_rate: float | None = Field(
         default=None, gt=0, lt=1, description="Adam learning rate. Default 1e-5."
     )
-    steps: int | None = Field(default=None, ge=1, description="Optimizer steps to run. Default 100.")
+    steps: int | None = Field(
+        default=None, ge=1, le=1_000_000_000, description="Optimizer steps to run. Default 100."
+    )
     kl_penalty_coef: float | None = Field(
         default=None,
         ge=0,
+        le=1e6,
         description="Weight of a k3 KL penalty against the base policy (the adapter off), per token: the "
         "trainer computes the base policy's log-probs of each packed micro-batch in one more forward pass. "
         "Default 0 (no penalty, no extra pass).",
@@ -255,12 +311,14 @@ class PackingSpec(ApiModel):
     token_budget: int | None = Field(
         default=None,
         ge=128,
+        le=1 << 22,
         description="Tokens per packed row (MaxText max_target_length). Default: maxPromptTokens + maxTokens "
         "rounded up to a multiple of 128 and of segmentAlign.",
     )
     segment_align: int | None = Field(
         default=None,
         ge=1,
+        le=1 << 22,
         description="Every segment after the first in a row starts at a multiple of this many tokens. "
         "Default 64.",
     )
@@ -273,6 +331,7 @@ class PackingSpec(ApiModel):
     pad_align: int | None = Field(
         default=None,
         ge=1,
+        le=1 << 22,
         description="With padPosition start: the shift is rounded down to a multiple of this many tokens "
         "(a positive multiple of segmentAlign; default 4096, the largest Splash block), so segment starts "
         "keep their place relative to the kernel's tiles. Not read with end, where only the default is "
@@ -286,7 +345,10 @@ class StorageSpec(ApiModel):
     root: str | None = Field(
         default=None,
         description="gs:// prefix for checkpoints, adapters, rollouts and caches; the run writes under "
-        "{root}/{namespace}/{name}/.",
+        "{root}/{namespace}/{name}/{uid}/ (uid: the RLJob's metadata.uid, so that an RLJob created again "
+        "under the same name never resumes another run's checkpoints; without a uid, as in `rljob render` "
+        "of a file, {root}/{namespace}/{name}/).",
+        max_length=syntax.PATH_MAX,
     )
 
     @field_validator("root")
@@ -305,6 +367,14 @@ class FailurePolicySpec(ApiModel):
 
     max_restarts: int | None = Field(
         default=None, ge=0, le=1000, description="Restarts after a crash before the job fails. Default 3."
+    )
+    max_non_finite_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10000,
+        description="Consecutive optimizer steps whose update is not finite (NaN or Inf in the loss, a "
+        "gradient or the update; the trainer skips such an update) before the run fails with exit 2, "
+        "not restarted: a restart resumes the same state and rollouts and would diverge again. Default 10.",
     )
 
 
@@ -327,17 +397,21 @@ class DatasetSpec(ApiModel):
         "the final answer after ####), as a gs:// object or an absolute path in the trainer's "
         "filesystem. Default {storage.root}/data/train.jsonl. The trainer reads it at start: a missing "
         "or malformed file fails the run at once (exit 2), it is never retried.",
+        max_length=syntax.PATH_MAX,
     )
     eval_size: int | None = Field(
         default=None,
         ge=1,
+        le=1 << 20,
         description="Problems held out from the head of the file for evaluation (never trained on). "
         "Default 64.",
     )
     prompt_template: str | None = Field(
         default=None,
         min_length=1,
-        description="Python format string of each prompt with the field {question}. Default "
+        max_length=16384,
+        description="Python format string of each prompt with the field {question} (no format spec or "
+        "conversion; {{ and }} are literal braces). Default "
         '"{question}\\nPut the final answer after ####.\\n".',
     )
 
@@ -353,11 +427,23 @@ class DatasetSpec(ApiModel):
     def _template(cls, value: str | None) -> str | None:
         if value is None:
             return value
+        # Parsed, never formatted here: str.format of a spec such as {question:>999999999} allocates what the
+        # spec asks for before any check could refuse it. The parse is linear in the template's length.
+        import string
+
         try:
-            value.format(question="")
-        except (KeyError, IndexError, ValueError) as e:
+            parsed = list(string.Formatter().parse(value))
+            fields = [(f, spec, conv) for _, f, spec, conv in parsed if f is not None]
+        except ValueError as e:
             raise ValueError(f"must be a format string whose only field is {{question}} ({e})") from None
-        if "{question}" not in value:
+        for name, spec, conversion in fields:
+            if name != "question" or spec or conversion:
+                text = "{" + name + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+                raise ValueError(
+                    f"must be a format string whose only field is {{question}}, without a format spec or "
+                    f"conversion (found {text[:80] + '}'!r}; write {{{{ and }}}} for literal braces)"
+                )
+        if not fields:
             raise ValueError("must contain {question}")
         return value
 
@@ -403,6 +489,8 @@ class RLJobSpec(ApiModel):
         default=None,
         description="A catalog recipe (`rljob recipes list`); its values are defaults the manifest "
         "overrides key by key.",
+        max_length=syntax.CATALOG_NAME_MAX,
+        pattern=syntax.CATALOG_NAME,
     )
     model: ModelSpec | None = Field(default=None, description="The base model.")
     trainer: TrainerSpec | None = Field(default=None, description="The trainer role.")
@@ -421,10 +509,17 @@ class RLJobSpec(ApiModel):
         default=None, description="Suspend the run (the JobSet is suspended). Default false."
     )
     queue_name: str | None = Field(
-        default=None, description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name).", max_length=63
+        default=None,
+        description="Kueue LocalQueue name (label kueue.x-k8s.io/queue-name): lowercase letters, digits, "
+        "'-' and '.', at most 63.",
+        max_length=syntax.QUEUE_NAME_MAX,
+        pattern=syntax.QUEUE_NAME,
     )
     priority_class_name: str | None = Field(
-        default=None, description="PriorityClass of every pod.", max_length=253
+        default=None,
+        description="PriorityClass of every pod (a DNS-1123 subdomain).",
+        max_length=syntax.DNS1123_SUBDOMAIN_MAX,
+        pattern=syntax.DNS1123_SUBDOMAIN,
     )
 
 
@@ -556,7 +651,12 @@ class ObjectMeta(BaseModel):
     )
     labels: dict[str, str] = Field(default_factory=dict, description="Labels.")
     annotations: dict[str, str] = Field(default_factory=dict, description="Annotations.")
-    uid: str | None = Field(default=None, description="Object UID (set by the API server).")
+    uid: str | None = Field(
+        default=None,
+        description="Object UID (set by the API server).",
+        max_length=syntax.UID_MAX,
+        pattern=syntax.UID,
+    )
     generation: int | None = Field(default=None, description="Spec generation (set by the API server).")
 
 

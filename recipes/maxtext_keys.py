@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -53,10 +54,11 @@ def versions() -> list[str]:
 
 @cache
 def load(version: str) -> KeySet:
-    """The key set of a MaxText version; KeyError when no list is committed for it."""
-    res = resources.files("rljob.recipes").joinpath("data", f"{_PREFIX}{version}{_SUFFIX}")
-    if not res.is_file():
+    """The key set of a MaxText version; KeyError when no list is committed for it (the version is looked
+    up among the committed files, never joined into a path)."""
+    if version not in versions():
         raise KeyError(version)
+    res = resources.files("rljob.recipes").joinpath("data", f"{_PREFIX}{version}{_SUFFIX}")
     doc = json.loads(res.read_text(encoding="utf-8"))
     return KeySet(version=str(doc["maxtext"]), defaults=doc["keys"], models=doc.get("models", {}))
 
@@ -78,15 +80,15 @@ def _truthy(value: Any) -> bool:
 
 
 def _number(value: Any) -> float | None:
+    """A key's value as a finite number (MaxText reads numbers from strings too), else None."""
     if isinstance(value, bool):
         return float(value)
-    if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
+    try:
+        if isinstance(value, int | float | str):
+            out = float(value)
+            return out if math.isfinite(out) else None
+    except (ValueError, OverflowError):
+        return None
     return None
 
 

@@ -9,12 +9,11 @@ from __future__ import annotations
 import copy
 import json
 import math
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import maxtext_keys, mesh, naming, tpu
+from rljob.recipes import maxtext_keys, mesh, naming, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -26,6 +25,7 @@ from rljob.recipes.runconfig import (
     StoragePaths,
     TrainerPlan,
 )
+from rljob.recipes.syntax import key_path
 
 IMAGE_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
@@ -66,7 +66,7 @@ DEFAULTS: dict[str, Any] = {
     },
     "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
     "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
-    "failurePolicy": {"maxRestarts": 3},
+    "failurePolicy": {"maxRestarts": 3, "maxNonFiniteSteps": 10},
     "suspend": False,
 }
 # Defaults of spec.service when a layer sets it; the samplers' maxLoras then defaults to one adapter per
@@ -91,18 +91,31 @@ DERIVED_KEYS: dict[str, str] = {
     },
 }
 
-_PLAIN_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+# Location parts pydantic adds for the members of a union (not keys of the manifest).
+_UNION_STR = frozenset({"str", "constrained-str"})
+_UNION_PARTS = _UNION_STR | {"TpuSlice"}
+# Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
+MAX_KEY_HINTS = 10
 
 # Where each maxtext key came from, lowest precedence first.
 SOURCES = ("rljob", "recipe", "profile", "manifest")
+
+
+# A refusal lists at most this many problems, each at most this long (a webhook answer, a terminal screen).
+MAX_PROBLEMS = 50
+MAX_PROBLEM_CHARS = 1000
 
 
 class PlanError(ValueError):
     """The manifest cannot run; `problems` holds every reason as `spec.path: message`."""
 
     def __init__(self, problems: list[str]) -> None:
-        super().__init__("\n".join(problems))
-        self.problems = problems
+        lines = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..." for p in problems]
+        if len(lines) > MAX_PROBLEMS:
+            more = len(lines) - MAX_PROBLEMS + 1
+            lines = [*lines[: MAX_PROBLEMS - 1], f"spec: and {more} more problems (fix the ones above first)"]
+        super().__init__("\n".join(lines))
+        self.problems = lines
 
 
 def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
@@ -110,25 +123,26 @@ def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
     out = []
     errors = err.errors(include_url=False)
     for e in errors:
-        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and "str" in e["loc"]:
-            continue  # the shorthand branch of a `str | object` union, given an object
-        parts = [prefix] if prefix else []
         loc = list(e["loc"])
+        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and _UNION_STR.intersection(loc):
+            continue  # the shorthand branch of a `str | object` union, given an object
+        path = prefix
         for i, p in enumerate(loc):
             odd_key = e["type"] == "invalid_key" and i == len(loc) - 1
             if type(p) is int and not odd_key:
-                parts[-1:] = [f"{parts[-1]}[{p}]"] if parts else [f"(root)[{p}]"]
-            elif p == "[key]" or p in ("str", "TpuSlice") or str(p).startswith("function-"):
+                path = f"{path or '(root)'}[{p}]"
+            elif p == "[key]" or p in _UNION_PARTS or str(p).startswith("function-"):
                 continue
-            elif isinstance(p, str) and _PLAIN_KEY.match(p) and not odd_key:
-                parts.append(str(p))
-            else:  # an odd key, quoted so the line stays `path: message`
-                quoted = f"[{json.dumps(str(p))}]"
-                parts[-1:] = [f"{parts[-1]}{quoted}"] if parts else [f"(root){quoted}"]
-        path = ".".join(parts) or "(root)"
+            else:  # odd keys are quoted so that the line stays `path: message`
+                path = key_path(path, str(p), quote=odd_key)
+        path = path or "(root)"
         msg = " ".join(e["msg"].removeprefix("Value error, ").split())
         if e["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif e["type"] == "string_pattern_mismatch":
+            shown = json.dumps(e["input"])
+            shown = shown if len(shown) <= 80 else shown[:77] + '..."'
+            msg = f"{shown} {syntax.DESCRIPTIONS.get(str((e.get('ctx') or {}).get('pattern')), msg)}"
         out.append(f"{path}: {msg}")
     return list(dict.fromkeys(out))
 
@@ -164,6 +178,7 @@ class _Layers:
         self.profile: dict[str, Any] = {}
         self.recipe_name: str | None = None
         self.profile_name: str | None = None
+        self.unknown_recipe = False
 
 
 def _layers(job: RLJob, problems: list[str]) -> _Layers:
@@ -179,6 +194,7 @@ def _layers(job: RLJob, problems: list[str]) -> _Layers:
             problems.append(
                 f"spec.recipe: unknown recipe {name!r}; known: {', '.join(recipe_catalog.names())}"
             )
+            layers.unknown_recipe = True
             return layers
         layers.recipe_name = name
         layers.recipe = _dump(recipe.spec)
@@ -212,16 +228,18 @@ def merged_spec(job: RLJob) -> tuple[dict[str, Any], _Layers, list[str]]:
     return merged, layers, problems
 
 
-def _require(spec: RLJobSpec, problems: list[str]) -> None:
+def _require(spec: RLJobSpec, problems: list[str]) -> bool:
+    """Append a problem for each required field nobody set; whether there was one."""
     need = {
         "spec.model.name": spec.model and spec.model.name,
         "spec.trainer.tpu": spec.trainer and spec.trainer.tpu,
         "spec.sampler.tpu": spec.sampler and spec.sampler.tpu,
         "spec.storage.root": spec.storage and spec.storage.root,
     }
-    for path, value in need.items():
-        if not value:
-            problems.append(f"{path}: required (set it, or name a spec.recipe that does)")
+    missing = [path for path, value in need.items() if not value]
+    for path in missing:
+        problems.append(f"{path}: required (set it, or name a spec.recipe that does)")
+    return bool(missing)
 
 
 def _round_up(n: int, k: int) -> int:
@@ -235,8 +253,9 @@ def resolve(job: RLJob) -> RunConfig:
         spec = RLJobSpec.model_validate(merged)
     except ValidationError as err:
         raise PlanError(problems + pydantic_problems(err, "spec")) from None
-    _require(spec, problems)
-    if problems:
+    # Without a required field or the recipe nothing further can be planned; any other problem found so
+    # far (an unknown profile) is reported together with the rest.
+    if _require(spec, problems) or layers.unknown_recipe:
         raise PlanError(problems)
     assert spec.model and spec.trainer and spec.sampler and spec.storage and spec.algorithm
     assert spec.lora and spec.packing and spec.failure_policy
@@ -504,7 +523,11 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
 
 
 def _storage(root: str, job: RLJob) -> StoragePaths:
+    # The RLJob's uid makes the path this run's own: an RLJob deleted and created again under the same
+    # name (a new uid) starts from scratch instead of resuming the old run's checkpoints and rollouts.
     base = f"{root.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
+    if job.metadata.uid:
+        base = f"{base}/{job.metadata.uid}"
     return StoragePaths(
         root=base,
         checkpoints=f"{base}/checkpoints",
@@ -546,9 +569,10 @@ def _maxtext(
     sources: dict[str, str] = {}
     for k, v in derived.items():
         keys[k], sources[k] = v, "rljob"
+    hints_left = MAX_KEY_HINTS
     for source in ("recipe", "profile", "manifest"):
         for k, v in layer_keys[source].items():
-            path = f"spec.trainer.maxtext.{k}"
+            path = key_path("spec.trainer.maxtext", k)
             if v is None:  # a manifest removing a recipe key
                 keys.pop(k, None)
                 sources.pop(k, None)
@@ -559,7 +583,9 @@ def _maxtext(
                 )
                 continue
             if k not in keyset:
-                hint = keyset.suggest(k)
+                # difflib costs O(keys x key length) per unknown key: hints for the first few only.
+                hint = keyset.suggest(k) if hints_left > 0 and len(k) <= 64 else []
+                hints_left -= 1
                 problems.append(
                     f"{path}: not a MaxText {keyset.version} config key{where[source]}"
                     + (f" (did you mean {', '.join(hint)}?)" if hint else "")
@@ -573,31 +599,14 @@ def _maxtext(
         )
     if rules:
         for k, msg in maxtext_keys.check_rules(keys, keyset):
-            problems.append(f"spec.trainer.maxtext.{k}: {msg}{where.get(sources.get(k, ''), '')}")
+            origin = where.get(sources.get(k, ""), "")
+            problems.append(f"{key_path('spec.trainer.maxtext', k)}: {msg}{origin}")
     return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 
 def parse_manifest(text: str) -> RLJob:
-    """An RLJob from YAML text (one document); PlanError with `path: message` lines when it is not one."""
-    import yaml
+    """An RLJob from YAML text (one document), bounded and checked as the API server checks it; PlanError
+    with every problem as a `path: message` line (rljob.recipes.manifest)."""
+    from rljob.recipes import manifest
 
-    try:
-        docs = [
-            d
-            for d in yaml.load_all(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-            if d is not None
-        ]
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise PlanError([f"(yaml): {where}{problem}"]) from None
-    if len(docs) != 1:
-        raise PlanError([f"(yaml): expected one RLJob document, found {len(docs)}"])
-    doc = docs[0]
-    if not isinstance(doc, dict):
-        raise PlanError([f"(root): expected a mapping (an RLJob), got {type(doc).__name__}"])
-    try:
-        return RLJob.model_validate(doc)
-    except ValidationError as err:
-        raise PlanError(pydantic_problems(err)) from None
+    return manifest.parse_text(text)

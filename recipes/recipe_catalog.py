@@ -39,18 +39,28 @@ def names() -> list[str]:
 
 
 def source(name: str) -> str:
-    """The recipe file's text; KeyError when there is no such recipe."""
-    res = _dir().joinpath(f"{name}.yaml")
-    if not res.is_file():
+    """The recipe file's text; KeyError when there is no such recipe. The name is looked up among the
+    catalog's files, never joined into a path (`../x` names no recipe)."""
+    if name not in names():
         raise KeyError(name)
-    return res.read_text(encoding="utf-8")
+    return _dir().joinpath(f"{name}.yaml").read_text(encoding="utf-8")
 
 
 @cache
 def load(name: str) -> Recipe:
-    import yaml
+    """A catalog recipe, read as a manifest is (rljob.recipes.manifest: bounded, duplicate keys refused,
+    strict types)."""
+    import json
 
-    recipe = Recipe.model_validate(yaml.safe_load(source(name)))
+    from rljob.recipes import manifest
+
+    docs, problems = manifest.load_yaml(source(name))
+    if problems or len(docs) != 1:
+        raise ValueError(f"catalog/{name}.yaml: {'; '.join(problems) or 'not one YAML document'}")
+    data, problems, _ = manifest.clean(docs[0])
+    if problems:
+        raise ValueError(f"catalog/{name}.yaml: {'; '.join(problems)}")
+    recipe = Recipe.model_validate_json(json.dumps(data), strict=True)
     if recipe.name != name:
         raise ValueError(f"catalog/{name}.yaml names itself {recipe.name!r}")
     return recipe

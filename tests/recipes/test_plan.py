@@ -277,7 +277,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"dataset": {"path": "train.jsonl", "promptTemplate": "{prompt}"}},
         [
             "spec.dataset.path: must be a gs://BUCKET/OBJECT or an absolute path to a file",
-            "spec.dataset.promptTemplate: must be a format string whose only field is {question} ('prompt')",
+            "spec.dataset.promptTemplate: must be a format string whose only field is {question}, without "
+            "a format spec or conversion (found '{prompt}'; write {{ and }} for literal braces)",
         ],
     ),
     (

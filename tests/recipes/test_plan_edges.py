@@ -13,18 +13,27 @@ from rljob.recipes.api import RLJob
 
 HEAD = "apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata: {name: t}\n"
 
+
+def required(*fields: str) -> list[str]:
+    """The plan's lines for required fields the manifest leaves unset: a manifest that does not parse is
+    still planned without the values that failed, so these come in the same run."""
+    return [f"spec.{f}: required (set it, or name a spec.recipe that does)" for f in fields]
+
+
+ALL = ("model.name", "trainer.tpu", "sampler.tpu", "storage.root")
+
 # ------------------------------------------------------------------ `path: message` of odd manifests
 
 PARSE: list[tuple[str, str, list[str]]] = [
     (
         "numeric key: quoted, not an index",
         HEAD + "spec: {1: x}\n",
-        ['spec["1"]: Keys should be strings'],
+        ['spec["1"]: unknown field', *required(*ALL)],
     ),
     (
         "numeric key deeper",
         HEAD + "spec: {trainer: {1: x}}\n",
-        ['spec.trainer["1"]: Keys should be strings'],
+        ['spec.trainer["1"]: unknown field', *required(*ALL)],
     ),
     (
         "odd keys quoted, indexes and the tpu union",
@@ -34,20 +43,22 @@ PARSE: list[tuple[str, str, list[str]]] = [
             'metadata.labels["a/b"]: Input should be a valid string',
             "spec.model.name: Input should be a valid string",
             "spec.trainer.tpu: Input should be a valid string",
-            "spec.trainer.tpu: Input should be a valid dictionary or instance of TpuSlice",
+            "spec.trainer.tpu: Input should be an object",
             'spec.trainer.mesh["a.b"]: unknown field',
             "spec.lora.targets[1]: Input should be a valid string",
+            # Not repeated for the fields that failed (model.name, trainer.tpu): only the others.
+            *required("sampler.tpu", "storage.root"),
         ],
     ),
     (
         "a tpu object with a bad field: only the object's problem",
         HEAD + "spec: {sampler: {tpu: {accelerator: tpu7x, topology: 2x2x2, chips: 8}}}\n",
-        ["spec.sampler.tpu.chips: unknown field"],
+        ["spec.sampler.tpu.chips: unknown field", *required("model.name", "trainer.tpu", "storage.root")],
     ),
     (
         "odd key at the root",
         HEAD + "spec: {}\nx y: 1\n",
-        ['(root)["x y"]: unknown field'],
+        ['(root)["x y"]: unknown field', *required(*ALL)],
     ),
     (
         "two documents",
