@@ -17,7 +17,7 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, placement, plan
+from rljob.recipes import failure, naming, placement, plan, podspec
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -166,7 +166,7 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]
                 "name": role if n == 1 else f"{role}-{i}",
                 "env": env,
                 "ports": ports,
-                "chips": tpu.chips_per_container,
+                "resources": podspec.resources(tpu.chips_per_container, TPU_RESOURCE),
             }
         )
     return out
@@ -197,6 +197,8 @@ def _role(run: RunConfig, role: str) -> dict[str, Any]:
         "job_annotations": placement.job_annotations(),
         "node_selector": placement.node_selector(tpu),
         "grace_seconds": 120 if role == naming.TRAINER else 30,
+        "automount_token": podspec.mounts_api_token(role),
+        "shm_size": podspec.SHM_SIZE[role],
         "image": image,
         "command": command,
         "containers": _containers(run, role, tpu),
@@ -227,7 +229,9 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         service_account=naming.service_account(run.name),
         priority_class_name=spec.priority_class_name,
         tolerations=placement.tolerations(),
-        tpu_resource=TPU_RESOURCE,
+        pod_security=podspec.pod_security_context(),
+        container_security=podspec.container_security_context(),
+        termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
         config_dir=CONFIG_DIR,
         run_configmap=naming.run_configmap(run.name),
     )

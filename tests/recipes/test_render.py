@@ -141,7 +141,8 @@ def test_values_cannot_break_the_yaml() -> None:
     import yaml
 
     template = "img: {{a: [1]}}\n- x # {question}\n---\n"
-    doc = manifest({"dataset": {"promptTemplate": template}, "trainer": {"maxtext": {"remat_policy": "p: q"}}})
+    maxtext = {"remat_policy": "p: q"}
+    doc = manifest({"dataset": {"promptTemplate": template}, "trainer": {"maxtext": maxtext}})
     objs = objects(doc)
     run = json.loads(objs[3]["data"]["run.json"])
     assert run["spec"]["dataset"]["promptTemplate"] == template
