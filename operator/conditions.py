@@ -36,6 +36,8 @@ QUEUE_LABEL: Final = "kueue.x-k8s.io/queue-name"
 """Kueue's LocalQueue label on the JobSet (from spec.queueName)."""
 
 JOBSET_NAME_LABEL: Final = "jobset.sigs.k8s.io/jobset-name"
+JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
+"""Set by the JobSet controller on its Jobs and pods: a pod's failure counts only for its own JobSet."""
 REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
 
@@ -62,10 +64,19 @@ CONDITION_TYPES: Final = (ACCEPTED, READY, SUSPENDED, RESTARTING, SUCCEEDED, FAI
 # Accepted
 REASON_ACCEPTED: Final = "Rendered"
 REASON_INVALID_SPEC: Final = "InvalidSpec"
+REASON_SPEC_NO_LONGER_PLANS: Final = "SpecNoLongerPlans"
+"""Accepted=False while a running JobSet is tracked although this operator version cannot plan the spec
+(an upgrade refuses what an older version admitted): the run is followed to its end, never recreated."""
 # Ready
 REASON_ALL_ROLES_READY: Final = "AllRolesReady"
 REASON_WAITING_FOR_PODS: Final = "WaitingForPods"
 REASON_NOT_RUNNING: Final = "NotRunning"
+REASON_CREATE_FAILED: Final = "CreateFailed"
+"""Ready=False while a child object (ServiceAccount, Role, RoleBinding, ConfigMap, JobSet) cannot be created:
+the API answered an error (a 422, an RBAC denial, the JobSet CRD missing); retried with backoff."""
+REASON_NOT_OWNED: Final = "ChildNotOwned"
+"""Ready=False while an object with a child's name exists that this RLJob does not own (its controller owner
+reference names another uid): it is never adopted, overwritten or counted; retried with backoff."""
 # Suspended
 REASON_SUSPENDED_BY_USER: Final = "SuspendedByUser"
 REASON_QUEUED: Final = "WaitingForQueue"
@@ -91,6 +102,7 @@ EVENT_RESTARTING: Final = "Restarting"
 EVENT_SUCCEEDED: Final = "Succeeded"
 EVENT_FAILED: Final = "Failed"
 EVENT_INVALID_SPEC: Final = "InvalidSpec"
+# Also events: REASON_CREATE_FAILED, REASON_NOT_OWNED, REASON_SPEC_NO_LONGER_PLANS (Warning).
 
 # ------------------------------------------------------------------------------- JobSet vocabulary
 JS_COMPLETED: Final = "Completed"

@@ -26,6 +26,7 @@ class OperatorConfig:
     webhook_host: str | None = None
     webhook_cert: str | None = "/etc/rljob/webhook/tls.crt"
     webhook_key: str | None = "/etc/rljob/webhook/tls.key"
+    namespaces: tuple[str, ...] = ()  # () serves every namespace (RLJOB_NAMESPACES: comma-separated)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -42,4 +43,5 @@ class OperatorConfig:
             webhook_host=e.get("RLJOB_WEBHOOK_HOST") or d.webhook_host,
             webhook_cert=e.get("RLJOB_WEBHOOK_CERT", d.webhook_cert),
             webhook_key=e.get("RLJOB_WEBHOOK_KEY", d.webhook_key),
+            namespaces=tuple(n.strip() for n in e.get("RLJOB_NAMESPACES", "").split(",") if n.strip()),
         )

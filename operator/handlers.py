@@ -99,7 +99,12 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     configure(settings, config)
     memo.metrics_runner = await metrics.start_server(config.metrics_addr, config.metrics_port)
     reconciler = Reconciler(
-        k8s.Kube(login), render, workers=config.workers, resync_s=config.resync_s, plans=PLANS
+        k8s.Kube(login),
+        render,
+        workers=config.workers,
+        resync_s=config.resync_s,
+        plans=PLANS,
+        namespaces=config.namespaces,
     )
     memo.reconciler = reconciler  # before the first await that may be cancelled: cleanup closes it
     await reconciler.prefill()

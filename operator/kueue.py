@@ -35,10 +35,12 @@ class Outcome:
     deactivated: bool  # the JobSet's Workload is known to be inactive now
 
 
-async def set_active(kube: k8s.Kube, jobset_uid: str, active: bool) -> int | None:
+async def set_active(kube: k8s.Kube, js: JobSetView, active: bool) -> int | None:
     """Set spec.active on the Workloads of the JobSet; how many there are, None without the Workload API."""
     try:
-        workloads = await kube.list(WORKLOAD, label_selector=f"{JOB_UID_LABEL}={jobset_uid}")
+        workloads = await kube.list(
+            WORKLOAD, namespace=js.namespace or None, label_selector=f"{JOB_UID_LABEL}={js.uid}"
+        )
     except k8s.ApiError as exc:
         if exc.status == 404:
             return None
@@ -60,13 +62,13 @@ async def reconcile_suspend(
     if want:
         if deactivated:
             return Outcome(None, True)
-        found = await set_active(kube, js.uid, False)
+        found = await set_active(kube, js, False)
         if found:
             return Outcome(None, True)
         return Outcome(True if not js.suspended else None, False)
     if not (deactivated or by_user):
         return Outcome(None, False)  # the common case: Kueue's own suspension, not ours to touch
-    found = await set_active(kube, js.uid, True)
+    found = await set_active(kube, js, True)
     if not found and js.suspended:
         return Outcome(False, False)
     return Outcome(None, False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 
 # The operator image does not install the official `kubernetes` client; in a development venv where it
@@ -18,7 +19,12 @@ import kopf  # noqa: E402
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rljob-operator", description=__doc__)
-    parser.add_argument("--namespace", action="append", default=[], help="serve only these namespaces")
+    parser.add_argument(
+        "--namespace",
+        action="append",
+        default=[],
+        help="serve only these namespaces (default: $RLJOB_NAMESPACES, comma-separated; else all)",
+    )
     parser.add_argument(
         "--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint URL"
     )
@@ -34,12 +40,19 @@ def main(argv: list[str] | None = None) -> int:
         # scale that say nothing. Warnings and errors (and the operator's own INFO lines) stay.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     from rljob.operator import handlers  # noqa: F401  (registers the handlers)
+    from rljob.operator.config import OperatorConfig
+
+    # One list of namespaces for kopf's watches and the reconciler's start-up lists (handlers.on_startup
+    # reads RLJOB_NAMESPACES): flags win over the environment.
+    if args.namespace:
+        os.environ["RLJOB_NAMESPACES"] = ",".join(args.namespace)
+    namespaces = list(OperatorConfig.from_env().namespaces)
 
     asyncio.run(
         kopf.operator(
             standalone=True,
-            clusterwide=not args.namespace,
-            namespaces=args.namespace,
+            clusterwide=not namespaces,
+            namespaces=namespaces,
             liveness_endpoint=args.liveness or None,
         )
     )

@@ -42,12 +42,13 @@ from rljob.operator.status import (
     Observed,
     PodFailure,
     classify_pod,
+    controller_uid,
     derive_status,
     status_body,
 )
-from rljob.recipes import naming
+from rljob.recipes import manifest, naming
 from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJob, RLJobStatus
-from rljob.recipes.plan import PlanError, pydantic_problems
+from rljob.recipes.plan import PlanError
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +98,9 @@ Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
 
 
 def parse(body: Mapping[str, Any]) -> RLJob:
-    """The RLJob model of an API body (server-added metadata is ignored; status is not parsed)."""
-    return RLJob.model_validate(_parse_input(body))
+    """The RLJob model of an API body (server-added metadata is ignored; status is not parsed): bounded
+    and strictly typed, PlanError with every problem (rljob.recipes.manifest.parse_object)."""
+    return manifest.parse_object(_parse_input(body))
 
 
 def _parse_input(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -141,17 +143,27 @@ class PlanCache:
         return plan
 
 
+def _generation(body: Mapping[str, Any]) -> int:
+    value = (body.get("metadata") or {}).get("generation")
+    return value if type(value) is int else 0
+
+
 def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
-    """Parse and render; every failure becomes `Plan.error` (a permanent, user-facing error)."""
-    generation = int((body.get("metadata") or {}).get("generation") or 0)
+    """Parse and render; every failure becomes `Plan.error` (a permanent, user-facing error).
+
+    Planning is pure, so any failure is permanent for this generation: an unexpected exception (a bug in
+    rljob) is reported like a refusal, naming itself as internal, instead of an HTTP 500 from the webhook
+    or a reconcile retried forever."""
+    generation = _generation(body)
     try:
-        rljob = parse(body)
-    except pydantic.ValidationError as exc:
-        return Plan(generation, error="\n".join(pydantic_problems(exc)))
-    try:
-        objects = tuple(render(rljob))
+        objects = tuple(render(parse(body)))
     except PlanError as exc:
         return Plan(generation, error="\n".join(exc.problems))
+    except Exception as exc:
+        meta = body.get("metadata") or {}
+        logger.exception("planning %s/%s failed", meta.get("namespace"), meta.get("name"))
+        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+        return Plan(generation, error=f"spec: rljob failed to plan this RLJob (internal error, {detail})")
     plan = Plan(generation, objects=objects)
     js = plan.jobset
     if js is None:
@@ -216,6 +228,7 @@ class RLJobEntry:
 class ProgressEntry:
     rv: str
     report: dict[str, Any] | None
+    owner_uid: str = ""  # the controller owner's uid: only the RLJob's own ConfigMap counts
 
 
 def slim_rljob(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -288,8 +301,9 @@ class Caches:
                 report = loaded if isinstance(loaded, dict) else None
             except ValueError:
                 report = None
-        self.progress[key] = ProgressEntry(rv, report)
-        return old is None or old.report != report
+        owner = controller_uid(body.get("metadata") or {})
+        self.progress[key] = ProgressEntry(rv, report, owner)
+        return old is None or (old.report, old.owner_uid) != (report, owner)
 
     def put_failure(self, key: Key, failure: PodFailure) -> bool:
         """Keep the first failure of the newest attempt: the cause, not the pods it took down."""
@@ -372,8 +386,10 @@ class Reconciler:
         workers: int = 8,
         resync_s: float = 600.0,
         plans: PlanCache | None = None,
+        namespaces: Sequence[str] = (),
     ) -> None:
         self.kube = kube
+        self.namespaces = tuple(namespaces)  # () serves every namespace
         self.render = render
         self.plans = plans if plans is not None else PlanCache()
         self.caches = Caches()
@@ -428,12 +444,16 @@ class Reconciler:
     async def prefill(self) -> None:
         """List what exists before any worker runs, so a restarted operator never acts on a half-filled
         cache (e.g. re-applying a JobSet it has not seen yet)."""
-        for body in await self.kube.list(k8s.JOBSET, label_selector=c.LABEL_NAME):
-            self.observe_jobset(None, body)
-        for body in await self.kube.list(k8s.CONFIGMAP, label_selector=c.LABEL_PROGRESS):
-            self.observe_progress(None, body)
-        for body in await self.kube.list(k8s.RLJOB):
-            self.observe_rljob(None, body)
+        scopes: Sequence[str | None] = self.namespaces or (None,)
+        for ns in scopes:
+            for body in await self.kube.list(k8s.JOBSET, namespace=ns, label_selector=c.LABEL_NAME):
+                self.observe_jobset(None, body)
+        for ns in scopes:
+            for body in await self.kube.list(k8s.CONFIGMAP, namespace=ns, label_selector=c.LABEL_PROGRESS):
+                self.observe_progress(None, body)
+        for ns in scopes:
+            for body in await self.kube.list(k8s.RLJOB, namespace=ns):
+                self.observe_rljob(None, body)
 
     def start(self) -> None:
         for i in range(self.workers):
@@ -491,46 +511,49 @@ class Reconciler:
         if entry is None or "deletionTimestamp" in entry.body["metadata"]:
             return
         body = entry.body
+        uid = str(body["metadata"].get("uid") or "")
         prior = _prior_status(entry.status)
         latched = prior is not None and prior.phase in TERMINAL
         spec = body.get("spec") or {}
         plan = self.plan_for(key, entry)
         created = False
+        create_error: tuple[str, str] | None = None
 
-        if not latched and plan.error is None:
-            js = self.caches.jobsets.get(key)
-            if js is None and not (prior and prior.job_set_name):
-                if not plan.objects:
-                    plan = self.plans.make_plan(body, self.render)
-                # In waves: the ServiceAccount, Role and ConfigMaps (the progress one too) concurrently; then
-                # the RoleBinding (the API server resolves its Role to check escalation: 404 before it
-                # exists); then the JobSet, whose pods need all of them. Created (POST), or server-side
-                # applied where one exists already (k8s.Kube.create).
-                first = key not in self.caches.progress
-                for wave in _waves(plan.objects):
-                    if first:
-                        wave = [progress_configmap(body), *(owned(obj, body) for obj in wave)]
-                    else:
-                        wave = [owned(obj, body) for obj in wave]
-                    resps = await asyncio.gather(*(self.kube.create(obj) for obj in wave))
-                    if first:
-                        self.caches.put_progress(key, resps[0])
-                        first = False
-                jobset = owned(plan.jobset or {}, body)
-                resp = await self.kube.create(jobset)
-                self.caches.put_jobset(key, resp)
-                created = True
-            elif key not in self.caches.progress:
-                resp = await self.kube.create(progress_configmap(body))
-                self.caches.put_progress(key, resp)
-            if js is not None:
-                await self._reconcile_mutable(key, js, spec, prior)
+        # Only children whose controller owner reference is this RLJob (by uid) are ever read, patched or
+        # counted; another object of the same name is reported, never adopted (k8s.Kube.create).
+        js = self._owned_jobset(key, uid)
+        if not latched and js is None and not (prior and prior.job_set_name):
+            if plan.error is None:
+                try:
+                    await self._create_children(key, body, plan)
+                    created = True
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    create_error = _create_error(exc)
+        elif not latched and js is not None:
+            if self._owned_progress(key, uid) is None:
+                try:
+                    self.caches.put_progress(key, await self.kube.create(progress_configmap(body)))
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    create_error = _create_error(exc)
+            # The two mutable fields need no plan: also done for a JobSet tracked after an upgrade that
+            # can no longer plan its spec.
+            await self._reconcile_mutable(key, js, spec, prior)
 
-        js = self.caches.jobsets.get(key)
-        progress = self.caches.progress.get(key)
+        js = self._owned_jobset(key, uid)
+        progress = self._owned_progress(key, uid)
         report = None
         if progress is not None and progress.report is not None:
             report = _parse_progress(progress.report)
+        failure = self.caches.failures.get(key)
+        if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
+            failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
+        max_restarts = plan.max_restarts
+        if plan.error is not None and js is not None and js.max_restarts is not None:
+            max_restarts = js.max_restarts
         derived = derive_status(
             Observed(
                 generation=entry.generation,
@@ -539,12 +562,13 @@ class Reconciler:
                 spec_error=plan.error,
                 suspend=bool(spec.get("suspend", False)),
                 queue_name=spec.get("queueName") or (js.queue_name if js is not None else None),
-                max_restarts=plan.max_restarts,
+                max_restarts=max_restarts,
                 jobset_name=(plan.jobset or {}).get("metadata", {}).get("name") if plan.objects else None,
                 jobset=js,
-                failure=self.caches.failures.get(key),
+                failure=failure,
                 progress=report,
                 api_url=plan.api_url if plan.objects else None,
+                create_error=create_error,
             )
         )
         new_status = status_body(derived.status)
@@ -564,6 +588,37 @@ class Reconciler:
             await self.kube.post_event(body, type_="Normal", reason=c.EVENT_JOBSET_CREATED, note=note)
         for ev in events:
             await self.kube.post_event(body, type_=ev.type, reason=ev.reason, note=ev.message)
+        if create_error is not None:
+            # After the status and the event: the worker retries with backoff.
+            raise ChildError(create_error[1])
+
+    def _owned_jobset(self, key: Key, uid: str) -> JobSetView | None:
+        js = self.caches.jobsets.get(key)
+        return js if js is not None and uid and js.owner_uid == uid else None
+
+    def _owned_progress(self, key: Key, uid: str) -> ProgressEntry | None:
+        entry = self.caches.progress.get(key)
+        return entry if entry is not None and uid and entry.owner_uid == uid else None
+
+    async def _create_children(self, key: Key, body: Mapping[str, Any], plan: Plan) -> None:
+        """Every object of a new run. In waves: the ServiceAccount, Role and ConfigMaps (the progress one
+        too) concurrently; then the RoleBinding (the API server resolves its Role to check escalation:
+        404 before it exists); then the JobSet, whose pods need all of them. Created (POST), or server-side
+        applied where one of ours exists already (k8s.Kube.create; NotOwned for one that is not ours)."""
+        if not plan.objects:
+            plan = self.plans.make_plan(body, self.render)
+        first = self._owned_progress(key, str(body["metadata"].get("uid") or "")) is None
+        for wave in _waves(plan.objects):
+            if first:
+                wave = [progress_configmap(body), *(owned(obj, body) for obj in wave)]
+            else:
+                wave = [owned(obj, body) for obj in wave]
+            resps = await asyncio.gather(*(self.kube.create(obj) for obj in wave))
+            if first:
+                self.caches.put_progress(key, resps[0])
+                first = False
+        resp = await self.kube.create(owned(plan.jobset or {}, body))
+        self.caches.put_jobset(key, resp)
 
     async def _reconcile_mutable(
         self, key: Key, js: JobSetView, spec: Mapping[str, Any], prior: RLJobStatus | None
@@ -602,6 +657,21 @@ class Reconciler:
         if patch:
             resp = await self.kube.merge_patch(k8s.JOBSET, key[0], js.name, patch)
             self.caches.put_jobset(key, resp)
+
+
+class ChildError(Exception):
+    """A child could not be created; the status says why, the worker retries with backoff."""
+
+
+def _create_error(exc: Exception) -> tuple[str, str]:
+    """(reason, message) of a failed create, for the Ready condition and a Warning event."""
+    if isinstance(exc, k8s.NotOwned):
+        return c.REASON_NOT_OWNED, str(exc)
+    if isinstance(exc, k8s.ApiError) and exc.status == 404:
+        # POST to a collection that does not exist: the kind is not installed (no JobSet CRD).
+        return c.REASON_CREATE_FAILED, f"{exc}: is the JobSet CRD (jobset.x-k8s.io/v1alpha2) installed?"
+    text = " ".join(str(exc).split())[:900] or type(exc).__name__
+    return c.REASON_CREATE_FAILED, f"creating the run's objects failed (retrying): {text}"
 
 
 _LATER = {"RoleBinding": 1, "JobSet": 2}

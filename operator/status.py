@@ -7,7 +7,12 @@ calls `derive_status`, which returns the complete new status and the events to p
 Rules (the tests in tests/operator/test_status.py are the table of cases):
 - Terminal phases are latched: once Succeeded or Failed, the phase and terminal conditions never change
   and the operator never creates a JobSet again (also when the JobSet is later deleted by its TTL).
-- A spec that does not parse or plan makes the run Failed (reason InvalidSpec, naming the field).
+- A spec that does not parse or plan makes the run Failed (reason InvalidSpec, naming the field), unless its
+  JobSet exists already (an operator upgrade that refuses what an older version admitted): then the run is
+  tracked from its JobSet to its end, with Accepted=False (SpecNoLongerPlans) and a Warning event.
+- A child that cannot be created (an API error, or an object of the same name this RLJob does not own)
+  keeps the run Pending with Ready=False (CreateFailed, ChildNotOwned) and a Warning event; the reconcile
+  retries with backoff.
 - A JobSet that disappears before its outcome was observed makes the run Failed (JobSetDeleted): the
   operator does not guess whether it finished, and never silently starts the run over.
 - Restarts: `used` is the JobSet's restartsCountTowardsMax (crashes); restarts after preemption or
@@ -50,6 +55,14 @@ def parse_time(value: Any) -> datetime | None:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The uid of an object's controller owner reference ("" when it has none)."""
+    for ref in meta.get("ownerReferences") or []:
+        if isinstance(ref, Mapping) and ref.get("controller"):
+            return str(ref.get("uid") or "")
+    return ""
+
+
 # --------------------------------------------------------------------------------- JobSet projection
 
 
@@ -78,6 +91,9 @@ class JobSetView:
     failed_reason: str = ""
     failed_message: str = ""
     queue_name: str | None = None
+    owner_uid: str = ""  # the controller owner reference's uid: the RLJob that owns this JobSet
+    namespace: str = ""
+    max_restarts: int | None = None  # spec.failurePolicy.maxRestarts
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobSetView:
@@ -99,6 +115,7 @@ class JobSetView:
         conds = {str(x.get("type")): x for x in status.get("conditions") or [] if x.get("status") == "True"}
         terminal = str(status.get("terminalState") or "")
         failed = conds.get(c.JS_FAILED)
+        max_restarts = (spec.get("failurePolicy") or {}).get("maxRestarts")
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -113,6 +130,9 @@ class JobSetView:
             failed_reason=str((failed or {}).get("reason", "")),
             failed_message=str((failed or {}).get("message", "")),
             queue_name=(meta.get("labels") or {}).get(c.QUEUE_LABEL),
+            owner_uid=controller_uid(meta),
+            namespace=str(meta.get("namespace", "")),
+            max_restarts=max_restarts if type(max_restarts) is int else None,
         )
 
     def role_status(self, role: str) -> RoleStatus:
@@ -136,6 +156,7 @@ class PodFailure:
     time: datetime
     attempt: int
     role: str
+    jobset_uid: str = ""  # the JobSet the pod came from (its jobset-uid label)
 
 
 def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFailure | None:
@@ -155,6 +176,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
         attempt = int(labels.get(c.RESTART_ATTEMPT_LABEL, 0))
     except (TypeError, ValueError):
         attempt = 0
+    jobset_uid = str(labels.get(c.JOBSET_UID_LABEL, ""))
     fallback = now or datetime.now(UTC)
     for cond in status.get("conditions") or []:
         if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
@@ -167,7 +189,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
             if cond.get("message"):
                 message += f": {cond['message']}"
             when = parse_time(cond.get("lastTransitionTime")) or fallback
-            return PodFailure(klass, our_reason, message, when, attempt, role)
+            return PodFailure(klass, our_reason, message, when, attempt, role, jobset_uid)
     if status.get("phase") != "Failed" or meta.get("deletionTimestamp"):
         # A pod killed while being deleted (the JobSet tearing an attempt down) is a consequence of
         # another failure, not its cause.
@@ -178,11 +200,18 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
         if isinstance(code, int) and code != 0:
             when = parse_time(term.get("finishedAt")) or fallback
             message = f"container {cs.get('name', '?')} of pod {name} exited with code {code}"
-            if code == 2:
-                return PodFailure(
-                    FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION, message, when, attempt, role
-                )
-            return PodFailure(FailureClass.CRASH, c.REASON_CRASHED, message, when, attempt, role)
+            # The container's termination message: what it wrote to /dev/termination-log, or with
+            # terminationMessagePolicy FallbackToLogsOnError the end of its log (the entrypoints print one
+            # `field: message` line before exit 2). Its last line, bounded.
+            said = [x.strip() for x in str(term.get("message") or "").splitlines() if x.strip()]
+            if said:
+                message += f": {said[-1][:500]}"
+            klass, reason = (
+                (FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION)
+                if code == 2
+                else (FailureClass.CRASH, c.REASON_CRASHED)
+            )
+            return PodFailure(klass, reason, message, when, attempt, role, jobset_uid)
     return None
 
 
@@ -205,6 +234,8 @@ class Observed:
     failure: PodFailure | None = None
     progress: ProgressReport | None = None
     api_url: str | None = None
+    # A child the reconcile could not create: (reason, message); REASON_CREATE_FAILED or REASON_NOT_OWNED.
+    create_error: tuple[str, str] | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -288,6 +319,8 @@ def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | No
                 REASON_JOBSET_DELETED,
                 f"JobSet {prior_js} was deleted before its outcome was observed",
             )
+        if obs.create_error is not None:
+            return Phase.PENDING, *obs.create_error
         if obs.suspend:
             return Phase.SUSPENDED, c.REASON_SUSPENDED_BY_USER, "spec.suspend is true"
         return Phase.PENDING, c.REASON_WAITING_FOR_PODS, "creating the JobSet"
@@ -327,7 +360,12 @@ def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | No
     )
 
 
-def _conditions(phase: Phase, reason: str, message: str) -> list[tuple[str, bool, str, str]]:
+_CREATE_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_NOT_OWNED})
+
+
+def _conditions(
+    phase: Phase, reason: str, message: str, no_longer_plans: str | None = None
+) -> list[tuple[str, bool, str, str]]:
     """(type, status, reason, message) for every condition type, in CONDITION_TYPES order."""
     invalid = phase == Phase.FAILED and reason == c.REASON_INVALID_SPEC
 
@@ -337,17 +375,26 @@ def _conditions(phase: Phase, reason: str, message: str) -> list[tuple[str, bool
         return (ctype, active, reason if active else inactive_reason, message if active else inactive_message)
 
     waiting = phase in (Phase.PENDING, Phase.RESTARTING)
-    return [
-        (
+    accepted = (
+        (c.ACCEPTED, False, c.REASON_SPEC_NO_LONGER_PLANS, no_longer_plans)
+        if no_longer_plans is not None
+        else (
             c.ACCEPTED,
             not invalid,
             reason if invalid else c.REASON_ACCEPTED,
             message if invalid else "spec is valid",
-        ),
+        )
+    )
+    return [
+        accepted,
         row(
             c.READY,
             phase == Phase.RUNNING,
-            c.REASON_WAITING_FOR_PODS if waiting else c.REASON_NOT_RUNNING,
+            reason
+            if reason in _CREATE_REASONS
+            else c.REASON_WAITING_FOR_PODS
+            if waiting
+            else c.REASON_NOT_RUNNING,
             message if phase == Phase.PENDING else f"phase {phase.value}",
         ),
         row(c.SUSPENDED, phase == Phase.SUSPENDED, c.REASON_NOT_SUSPENDED),
@@ -399,6 +446,15 @@ def derive_status(obs: Observed) -> Derived:
             update={"roles": roles, "progress": progress, "observed_generation": obs.generation}
         )
         return Derived(status=status, events=())
+    no_longer_plans = None
+    if obs.spec_error is not None and obs.jobset is not None:
+        # The spec was admitted and its JobSet runs, but this operator cannot plan it (an upgrade): follow
+        # the JobSet to its end rather than fail a running job or leave it untracked.
+        no_longer_plans = (
+            f"this operator cannot plan the spec any more; JobSet {obs.jobset.name} is tracked to its end "
+            f"and never recreated: {obs.spec_error}"
+        )
+        obs = dataclasses.replace(obs, spec_error=None)
     used = (
         obs.jobset.counted_restarts
         if obs.jobset is not None
@@ -413,9 +469,8 @@ def derive_status(obs: Observed) -> Derived:
             time=obs.now,
         )
     phase, reason, message = _phase_and_reasons(obs, roles, last)
-    conds = merge_conditions(
-        prior.conditions if prior else [], _conditions(phase, reason, message), obs.generation, obs.now
-    )
+    rows = _conditions(phase, reason, message, no_longer_plans)
+    conds = merge_conditions(prior.conditions if prior else [], rows, obs.generation, obs.now)
     status = RLJobStatus(
         phase=phase,
         conditions=conds,
@@ -435,7 +490,17 @@ def derive_status(obs: Observed) -> Derived:
             events.append(Event(etype, ereason, f"{reason}: {message}"[:1024]))
         elif phase == Phase.RUNNING and prior_phase == Phase.SUSPENDED:
             events.append(Event("Normal", c.EVENT_RESUMED, message))
+    # Warnings for what the phase does not show, once per new message (not on every retry).
+    before = {x.type: x for x in prior.conditions} if prior else {}
+    for ctype, ok, why, text in rows:
+        old = before.get(ctype)
+        new = old is None or (old.reason, old.message) != (why, text[:1024])
+        if not ok and why in _WARN_REASONS and new:
+            events.append(Event("Warning", why, text[:1024]))
     return Derived(status=status, events=events)
+
+
+_WARN_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_NOT_OWNED, c.REASON_SPEC_NO_LONGER_PLANS})
 
 
 def status_body(status: RLJobStatus) -> dict[str, Any]:

@@ -102,7 +102,7 @@ def _loader() -> type:
 
     base: type = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
-    class Loader(base):  # type: ignore[misc,valid-type]
+    class Loader(base):  # type: ignore[misc]
         """SafeLoader that refuses duplicate keys and non-JSON values (kept as Refused, with their line)."""
 
         def __init__(self, stream: str) -> None:
@@ -331,8 +331,8 @@ def _set_aside(doc: dict[str, Any], err: ValidationError) -> list[str]:
         loc = tuple(e["loc"])
         prefix, _ = _dig(doc, loc)
         if loc[:2] == ("metadata", "name") or loc == ("metadata",):
-            meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-            doc["metadata"] = {**meta, "name": _PLACEHOLDER_NAME}
+            meta = doc.get("metadata")
+            doc["metadata"] = {**(meta if isinstance(meta, dict) else {}), "name": _PLACEHOLDER_NAME}
             removed.append("metadata.name")
         elif loc == ("spec",):
             doc["spec"] = {}

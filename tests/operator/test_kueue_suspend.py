@@ -67,7 +67,9 @@ class FakeKube:
     async def post_event(self, regarding: dict[str, Any], *, type_: str, reason: str, note: str) -> None:
         self.calls.append(("event", reason))
 
-    async def list(self, kind: k8s.Kind, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         if kind != kueue.WORKLOAD:
             return []
         self.calls.append(("list", "Workload"))
@@ -176,7 +178,9 @@ def test_without_a_workload_the_operator_suspends_and_resumes_the_jobset_itself(
 
 def test_other_api_errors_are_raised() -> None:
     class Forbidden(FakeKube):
-        async def list(self, kind: k8s.Kind, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+        async def list(
+            self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+        ) -> list[dict[str, Any]]:
             raise k8s.ApiError(403, {"reason": "Forbidden", "message": "no"})
 
     with pytest.raises(k8s.ApiError):

@@ -15,7 +15,8 @@ import pytest
 from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s
-from rljob.operator.reconcile import PlanCache, Reconciler, WorkQueue, make_plan, newer
+from rljob.operator.reconcile import PlanCache, Reconciler, WorkQueue, make_plan, newer, owned
+from rljob.operator.status import controller_uid
 from rljob.recipes.render import render
 
 
@@ -26,15 +27,24 @@ class MemoryKube:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.writes: list[tuple[str, str, str]] = []
         self.rv = 100
+        self.fail: dict[str, Exception] = {}  # kind -> what a create of that kind raises
 
     def _next_rv(self) -> str:
         self.rv += 1
         return str(self.rv)
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """k8s.Kube.create: a POST, or a server-side apply when the object exists."""
+        """k8s.Kube.create: a POST; when the object exists, a server-side apply if it has the same
+        controller owner (a JobSet is read back as it is), NotOwned otherwise."""
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
+        if obj["kind"] in self.fail:
+            raise self.fail[obj["kind"]]
         if key in self.objects:
+            owner = controller_uid(self.objects[key]["metadata"])
+            if not owner or owner != controller_uid(obj["metadata"]):
+                raise k8s.NotOwned(key[0], key[1], key[2], owner)
+            if key[0] == "JobSet":
+                return copy.deepcopy(self.objects[key])
             return await self.apply(obj)
         return await self._store("create", obj)
 
@@ -70,7 +80,9 @@ class MemoryKube:
     async def post_event(self, regarding: dict[str, Any], *, type_: str, reason: str, note: str) -> None:
         self.writes.append(("event", reason, "", ""))
 
-    async def list(self, kind: k8s.Kind, *, label_selector: str | None = None) -> list[dict[str, Any]]:
+    async def list(
+        self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+    ) -> list[dict[str, Any]]:
         return []
 
 
@@ -160,16 +172,10 @@ def test_terminal_phase_never_creates_a_jobset(phase: str) -> None:
 
 
 def test_children_left_by_an_interrupted_run_are_applied_not_created() -> None:
-    rec, kube = setup(rljob())
-    run(
-        kube.create(
-            {
-                "apiVersion": "v1",
-                "kind": "ServiceAccount",
-                "metadata": {"name": "demo-rljob", "namespace": "ns"},
-            }
-        )
-    )
+    body = rljob()
+    rec, kube = setup(body)
+    sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "demo-rljob", "namespace": "ns"}}
+    run(kube.create(owned(sa, body)))
     kube.writes.clear()
     run(rec.reconcile(("ns", "demo")))
     verbs = {w[1]: w[0] for w in kube.writes if w[0] in ("create", "apply")}
@@ -260,6 +266,7 @@ def test_first_failure_of_the_newest_attempt_is_kept() -> None:
     assert caches.put_failure(key, newer_attempt) and caches.failures[key] is newer_attempt
 
 
+<<<<<<< HEAD
 def test_plan_api_url_of_a_service_run() -> None:
     """status.url comes from the rendered Service: the run's name, namespace and spec.service.port."""
     body = rljob(service={"api": "tinker", "port": 9090}, trainer={"tpu": "v5p-8"}, sampler={"tpu": "v5p-8"})
@@ -268,3 +275,216 @@ def test_plan_api_url_of_a_service_run() -> None:
     assert plan.api_url == "http://demo-api.ns.svc:9090"
     assert make_plan(rljob(), render).api_url is None
     assert k8s.kind_of(next(o for o in plan.objects if o["kind"] == "Service")) is k8s.SERVICE
+=======
+# ------------------------------------------------------------------ ownership, failures to create, upgrades
+
+
+def _foreign(kind: str, name: str, owner: str | None, **extra: Any) -> dict[str, Any]:
+    """An object with a child's name that this RLJob did not create (another owner, or none)."""
+    api = {"JobSet": "jobset.x-k8s.io/v1alpha2", "ConfigMap": "v1"}[kind]
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": "ns",
+        "uid": f"foreign-{name}",
+        "resourceVersion": "50",
+        # The label the operator's watches select on: anyone can set it.
+        "labels": {c.LABEL_NAME: "demo", c.LABEL_PROGRESS: "true"},
+    }
+    if owner is not None:
+        meta["ownerReferences"] = [
+            {
+                "apiVersion": "rljob.dev/v1alpha1",
+                "kind": "RLJob",
+                "name": "demo",
+                "uid": owner,
+                "controller": True,
+            }
+        ]
+    return {"apiVersion": api, "kind": kind, "metadata": meta, **extra}
+
+
+def _status(kube: MemoryKube) -> dict[str, Any]:
+    status: dict[str, Any] = kube.objects[("RLJob", "ns", "demo")]["status"]
+    return status
+
+
+def _condition(kube: MemoryKube, ctype: str) -> dict[str, Any]:
+    return next(x for x in _status(kube)["conditions"] if x["type"] == ctype)
+
+
+def _events(kube: MemoryKube) -> list[str]:
+    return [w[1] for w in kube.writes if w[0] == "event"]
+
+
+@pytest.mark.parametrize("owner", [None, "uid-of-another-rljob"], ids=["no owner", "another owner"])
+def test_a_jobset_of_the_same_name_is_never_adopted_nor_its_outcome_counted(owner: str | None) -> None:
+    from rljob.operator.reconcile import ChildError
+
+    rec, kube = setup(rljob())
+    done = {"status": {"conditions": [{"type": "Completed", "status": "True"}], "terminalState": "Completed"}}
+    js = _foreign("JobSet", "demo", owner, spec={"suspend": True}, **done)
+    kube.objects[("JobSet", "ns", "demo")] = copy.deepcopy(js)
+    rec.observe_jobset("ADDED", js)
+    with pytest.raises(ChildError):
+        run(rec.reconcile(("ns", "demo")))
+    # Not Succeeded although that JobSet says Completed; not patched (suspend), not applied over.
+    status = _status(kube)
+    assert status["phase"] == "Pending" and "jobSetName" not in status
+    ready = _condition(kube, c.READY)
+    assert ready["reason"] == c.REASON_NOT_OWNED and "JobSet ns/demo exists" in ready["message"]
+    assert _events(kube) == [c.REASON_NOT_OWNED]
+    assert not [w for w in kube.writes if w[1] == "JobSet" and w[0] in ("create", "apply", "patch")]
+    assert kube.objects[("JobSet", "ns", "demo")] == js
+    # Retried: the same problem again writes nothing new (no second status write, no second event).
+    before = len(kube.writes)
+    with pytest.raises(ChildError):
+        run(rec.reconcile(("ns", "demo")))
+    assert [w for w in kube.writes[before:] if w[0] in ("status", "event")] == []
+    # Once it is gone, the run starts.
+    del kube.objects[("JobSet", "ns", "demo")]
+    rec.observe_jobset("DELETED", js)
+    run(rec.reconcile(("ns", "demo")))
+    assert _status(kube)["jobSetName"] == "demo"
+    assert controller_uid(kube.objects[("JobSet", "ns", "demo")]["metadata"]) == "uid-demo"
+    assert _events(kube)[-1] == c.EVENT_JOBSET_CREATED
+
+
+def test_a_progress_configmap_not_ours_is_not_the_runs_progress() -> None:
+    from rljob.operator.reconcile import ChildError
+
+    rec, kube = setup(rljob())
+    fake = _foreign("ConfigMap", "demo-progress", "uid-else", data={"progress.json": '{"step": 99}'})
+    kube.objects[("ConfigMap", "ns", "demo-progress")] = copy.deepcopy(fake)
+    rec.observe_progress("ADDED", fake)
+    with pytest.raises(ChildError):
+        run(rec.reconcile(("ns", "demo")))
+    assert "progress" not in _status(kube)
+    assert _condition(kube, c.READY)["reason"] == c.REASON_NOT_OWNED
+    assert kube.objects[("ConfigMap", "ns", "demo-progress")] == fake  # never overwritten
+
+
+def test_a_pod_failure_of_another_jobset_is_not_counted() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from rljob.operator.status import PodFailure
+    from rljob.recipes.api import FailureClass
+
+    rec, kube = setup(rljob())
+    run(rec.reconcile(("ns", "demo")))
+    js = kube.objects[("JobSet", "ns", "demo")]
+    js["status"] = {"restarts": 1, "restartsCountTowardsMax": 1}
+    js["metadata"]["resourceVersion"] = "900"
+    rec.observe_jobset("MODIFIED", js)
+    t = datetime.now(UTC) + timedelta(hours=1)
+    other = PodFailure(FailureClass.BAD_CONFIGURATION, "BadConfiguration", "exit 2", t, 0, "trainer", "x")
+    rec.caches.put_failure(("ns", "demo"), other)
+    run(rec.reconcile(("ns", "demo")))
+    last = _status(kube)["lastFailure"]
+    assert last["class"] == "crash" and "not observed" in last["message"]  # from the JobSet's counter
+    ours = PodFailure(
+        FailureClass.PREEMPTION, "Preempted", "node gone", t, 0, "trainer", js["metadata"]["uid"]
+    )
+    rec.caches.failures.clear()
+    rec.caches.put_failure(("ns", "demo"), ours)
+    run(rec.reconcile(("ns", "demo")))
+    assert _status(kube)["lastFailure"]["class"] == "preemption"
+
+
+@pytest.mark.parametrize(
+    ("error", "expected"),
+    [
+        (k8s.ApiError(403, {"message": "jobsets.jobset.x-k8s.io is forbidden: cannot create"}), "forbidden"),
+        (k8s.ApiError(422, {"message": 'JobSet.jobset.x-k8s.io "demo" is invalid: x'}), "is invalid"),
+        (k8s.ApiError(404, {"message": "the server could not find the requested resource"}), "CRD"),
+    ],
+    ids=["rbac", "invalid", "no-crd"],
+)
+def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retried(
+    error: Exception, expected: str
+) -> None:
+    from rljob.operator.reconcile import ChildError
+
+    rec, kube = setup(rljob())
+    kube.fail["JobSet"] = error
+    with pytest.raises(ChildError):
+        run(rec.reconcile(("ns", "demo")))
+    ready = _condition(kube, c.READY)
+    assert (_status(kube)["phase"], ready["status"], ready["reason"]) == (
+        "Pending",
+        "False",
+        c.REASON_CREATE_FAILED,
+    )
+    assert expected in ready["message"]
+    assert _events(kube) == [c.REASON_CREATE_FAILED]
+    # The worker retries with backoff (client-go style: 1 s, 2 s, ... capped at 60 s).
+    delays: list[float] = []
+    rec.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+
+    async def one_attempt() -> None:
+        rec.queue.add(("ns", "demo"))
+        worker = asyncio.create_task(rec._worker())
+        while rec.queue._active or len(rec.queue):
+            await asyncio.sleep(0.01)
+        worker.cancel()
+
+    run(one_attempt())
+    run(one_attempt())
+    assert delays == [1.0, 2.0]
+    del kube.fail["JobSet"]
+    run(one_attempt())
+    assert delays == [1.0, 2.0] and rec._retries == {}
+    assert _status(kube)["jobSetName"] == "demo" and _events(kube)[-1] == c.EVENT_JOBSET_CREATED
+
+
+def test_a_plan_that_crashes_fails_the_run_once_with_the_reason() -> None:
+    """A bug in planning is permanent for the generation: Failed with the reason, never retried forever."""
+
+    def broken(job: Any) -> Any:
+        raise ZeroDivisionError("division by zero")
+
+    plan = make_plan(rljob(), broken)
+    assert plan.error is not None and plan.error.startswith("spec: rljob failed to plan this RLJob")
+    assert "ZeroDivisionError" in plan.error
+    kube = MemoryKube()
+    kube.objects[("RLJob", "ns", "demo")] = rljob()
+    rec = Reconciler(kube, broken)  # type: ignore[arg-type]
+    rec.observe_rljob(None, rljob())
+    run(rec.reconcile(("ns", "demo")))
+    assert (
+        _status(kube)["phase"] == "Failed" and _status(kube)["lastFailure"]["reason"] == c.REASON_INVALID_SPEC
+    )
+    assert not [w for w in kube.writes if w[0] in ("create", "apply")]
+
+
+def test_an_upgrade_that_cannot_plan_a_running_run_tracks_its_jobset_to_the_end() -> None:
+    """An RLJob admitted by an older operator whose spec this version refuses: its JobSet keeps running
+    and is followed (phase, restarts, outcome), never recreated; Accepted=False says why."""
+    from rljob.recipes.plan import PlanError
+
+    rec, kube = setup(rljob(failurePolicy={"maxRestarts": 5}))
+    run(rec.reconcile(("ns", "demo")))
+    js = kube.objects[("JobSet", "ns", "demo")]
+
+    def stricter(job: Any) -> Any:
+        raise PlanError(["spec.trainer.maxtext.remat_policy: not a MaxText 0.2.6 config key"])
+
+    upgraded = Reconciler(kube, stricter)  # type: ignore[arg-type]
+    upgraded.observe_jobset(None, js)
+    upgraded.observe_progress(None, kube.objects[("ConfigMap", "ns", "demo-progress")])
+    upgraded.observe_rljob(None, kube.objects[("RLJob", "ns", "demo")])
+    kube.writes.clear()
+    run(upgraded.reconcile(("ns", "demo")))
+    status = _status(kube)
+    accepted = _condition(kube, c.ACCEPTED)
+    assert status["phase"] == "Pending" and status["restarts"] == {"used": 0, "left": 5}
+    assert (accepted["status"], accepted["reason"]) == ("False", c.REASON_SPEC_NO_LONGER_PLANS)
+    assert "remat_policy" in accepted["message"]
+    assert _events(kube) == [c.REASON_SPEC_NO_LONGER_PLANS]
+    assert not [w for w in kube.writes if w[0] in ("create", "apply")]
+    # The JobSet finishes: the run succeeds.
+    js["status"] = {"terminalState": "Completed", "conditions": [{"type": "Completed", "status": "True"}]}
+    js["metadata"]["resourceVersion"] = "999"
+    upgraded.observe_jobset("MODIFIED", js)
+    run(upgraded.reconcile(("ns", "demo")))
+    assert _status(kube)["phase"] == "Succeeded"
+>>>>>>> 7ae4739 (operator: children owned by uid, failures to create them in the status, plan failures permanent, upgrades that cannot plan a running run track it)
