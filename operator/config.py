@@ -20,6 +20,9 @@ class OperatorConfig:
     resync_s: float = 600.0
     metrics_addr: str = "0.0.0.0"
     metrics_port: int = 8080
+    metrics_auth: bool = False  # only callers the API server authorizes (TokenReview + SubjectAccessReview)
+    metrics_cert: str | None = None  # HTTPS for /metrics when set (with metrics_key)
+    metrics_key: str | None = None
     webhook_enabled: bool = True
     webhook_addr: str = "0.0.0.0"
     webhook_port: int = 9443
@@ -37,6 +40,9 @@ class OperatorConfig:
             resync_s=float(e.get("RLJOB_RESYNC_SECONDS", d.resync_s)),
             metrics_addr=e.get("RLJOB_METRICS_ADDR", d.metrics_addr),
             metrics_port=int(e.get("RLJOB_METRICS_PORT", d.metrics_port)),
+            metrics_auth=_bool(e.get("RLJOB_METRICS_AUTH"), d.metrics_auth),
+            metrics_cert=e.get("RLJOB_METRICS_CERT") or d.metrics_cert,
+            metrics_key=e.get("RLJOB_METRICS_KEY") or d.metrics_key,
             webhook_enabled=_bool(e.get("RLJOB_WEBHOOK_ENABLED"), d.webhook_enabled),
             webhook_addr=e.get("RLJOB_WEBHOOK_ADDR", d.webhook_addr),
             webhook_port=int(e.get("RLJOB_WEBHOOK_PORT", d.webhook_port)),

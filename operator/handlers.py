@@ -27,6 +27,7 @@ kopf settings (set in `configure`, chosen for 1,000s of RLJobs; see
 from __future__ import annotations
 
 import logging
+import ssl
 from typing import Any
 
 import kopf
@@ -79,6 +80,14 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
         settings.admission.managed = None  # the chart owns the ValidatingWebhookConfiguration
 
 
+def _ssl(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    if not cert or not key:
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(cert, key)
+    return ctx
+
+
 async def login() -> kopf.ConnectionInfo:
     """A kubeconfig (local process, tests) or the pod's ServiceAccount (in the cluster)."""
     settings = kopf.OperatorSettings()
@@ -97,9 +106,15 @@ async def on_login(**_: Any) -> kopf.ConnectionInfo:
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
     configure(settings, config)
-    memo.metrics_runner = await metrics.start_server(config.metrics_addr, config.metrics_port)
+    kube = k8s.Kube(login)
+    memo.metrics_runner = await metrics.start_server(
+        config.metrics_addr,
+        config.metrics_port,
+        auth=metrics.Authorizer(kube.review) if config.metrics_auth else None,
+        ssl_context=_ssl(config.metrics_cert, config.metrics_key),
+    )
     reconciler = Reconciler(
-        k8s.Kube(login),
+        kube,
         render,
         workers=config.workers,
         resync_s=config.resync_s,

@@ -209,6 +209,10 @@ class Kube:
                 await asyncio.sleep(RETRY_DELAYS[attempt])
                 attempt += 1
 
+    async def review(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """A TokenReview or SubjectAccessReview (metrics.Authorizer): one POST, no retries of its own."""
+        return await self.request(method, path, resource=path.rsplit("/", 1)[-1], body=body)
+
     # ---------------------------------------------------------------------------------------- reads
 
     async def list(

@@ -1,8 +1,16 @@
-"""Prometheus metrics of the operator, served at :<port>/metrics (chart value `metrics.port`)."""
+"""Prometheus metrics of the operator, served at :<port>/metrics (chart value `metrics.port`).
+
+In the chart's Deployment the endpoint is HTTPS (the webhook's certificate) and answers only callers the
+API server authorizes (`Authorizer`); a local process (tests, development) serves plain HTTP on the
+address it is given."""
 
 from __future__ import annotations
 
-from typing import Final
+import hashlib
+import ssl
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
@@ -33,11 +41,92 @@ async def _metrics(_: web.Request) -> web.Response:
     return web.Response(body=generate_latest(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-async def start_server(host: str, port: int) -> web.AppRunner:
-    """Serve /metrics on host:port in the operator's event loop; the caller cleans the runner up."""
-    app = web.Application()
+class Authorizer:
+    """Who may read /metrics, decided by the API server as for any Kubernetes endpoint: the caller's bearer
+    token is checked with a TokenReview, then a SubjectAccessReview asks whether that user may `get` the
+    non-resource URL /metrics (grant it with a ClusterRole rule `nonResourceURLs: ["/metrics"], verbs:
+    ["get"]`, as Prometheus' own ServiceAccount usually has). controller-runtime protects its metrics the
+    same way (filters.WithAuthenticationAndAuthorization). Answers are cached for `ttl_s` by a hash of the
+    token, so a scrape every few seconds costs two API calls a minute."""
+
+    def __init__(self, request: Requester, *, ttl_s: float = 60.0, size: int = 256) -> None:
+        self._request = request
+        self._ttl = ttl_s
+        self._size = size
+        self._cache: dict[str, tuple[float, int]] = {}
+
+    async def status(self, authorization: str | None) -> int:
+        """200 when the token may read /metrics, 401 without a valid token, 403 without the permission."""
+        token = (authorization or "").removeprefix("Bearer ").strip()
+        if not authorization or not authorization.startswith("Bearer ") or not token:
+            return 401
+        key = hashlib.sha256(token.encode()).hexdigest()
+        now = time.monotonic()
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        code = await self._review(token)
+        if len(self._cache) >= self._size:
+            self._cache.clear()
+        self._cache[key] = (now + self._ttl, code)
+        return code
+
+    async def _review(self, token: str) -> int:
+        review = await self._request(
+            "POST",
+            "/apis/authentication.k8s.io/v1/tokenreviews",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "spec": {"token": token}},
+        )
+        status = review.get("status") or {}
+        if not status.get("authenticated"):
+            return 401
+        user = status.get("user") or {}
+        access = await self._request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            {
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {
+                    "user": user.get("username"),
+                    "uid": user.get("uid"),
+                    "groups": user.get("groups") or [],
+                    "extra": user.get("extra") or {},
+                    "nonResourceAttributes": {"path": "/metrics", "verb": "get"},
+                },
+            },
+        )
+        return 200 if (access.get("status") or {}).get("allowed") else 403
+
+
+# (method, path, body) -> the API's JSON answer (k8s.Kube.request bound to a resource label).
+Requester = Callable[[str, str, dict[str, Any]], Awaitable[dict[str, Any]]]
+
+
+def _guard(auth: Authorizer) -> Any:
+    @web.middleware
+    async def guard(request: web.Request, handler: Any) -> web.StreamResponse:
+        try:
+            code = await auth.status(request.headers.get("Authorization"))
+        except Exception as exc:  # the API server is unreachable: refuse, say why
+            return web.Response(status=503, text=f"cannot check the caller's access: {exc}\n")
+        if code != 200:
+            reason = "a bearer token is required" if code == 401 else "get on /metrics is not allowed"
+            return web.Response(status=code, text=f"{reason}\n")
+        response: web.StreamResponse = await handler(request)
+        return response
+
+    return guard
+
+
+async def start_server(
+    host: str, port: int, *, auth: Authorizer | None = None, ssl_context: ssl.SSLContext | None = None
+) -> web.AppRunner:
+    """Serve /metrics on host:port in the operator's event loop (HTTPS with `ssl_context`, only to callers
+    `auth` allows when given); the caller cleans the runner up."""
+    app = web.Application(middlewares=[_guard(auth)] if auth is not None else [])
     app.router.add_get("/metrics", _metrics)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    await web.TCPSite(runner, host, port, ssl_context=ssl_context).start()
     return runner

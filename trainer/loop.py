@@ -484,10 +484,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
-    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.main import BadConfig, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
-    from rljob.trainer.runtime import RunPaths, RunSettings, run
+    from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from rljob.trainer.train_step import Trainer
 
@@ -537,7 +537,12 @@ def main(argv: list[str] | None = None) -> int:
         run(
             Trainer(policy, step_cfg),
             RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
-            RunSettings(steps=steps, checkpoint_every=args.checkpoint_every, export_adapters=first),
+            RunSettings(
+                steps=steps,
+                checkpoint_every=args.checkpoint_every,
+                export_adapters=first,
+                max_non_finite_steps=max_non_finite_steps(rc),
+            ),
             source,
             steplog=steplog,
             reporter=reporter,
@@ -546,6 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except Diverged as e:
+        print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
     except SamplerRejected as e:
         print(f"sampler rejected a request (check spec.algorithm, spec.sampler): {e}", file=sys.stderr)

@@ -221,6 +221,12 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     return spec, step_cfg, st
 
 
+def max_non_finite_steps(rc: RunConfig) -> int:
+    """spec.failurePolicy.maxNonFiniteSteps (the plan fills it; 10 for a run config written without it)."""
+    fp = rc.spec.failure_policy
+    return fp.max_non_finite_steps if fp and fp.max_non_finite_steps else 10
+
+
 def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
     argv = ["--config", args.config, "--model", args.model, "--checkpoint-every", str(args.checkpoint_every)]
     argv += ["--seed", str(args.seed)]
@@ -308,6 +314,7 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
             steps=st["steps"],
             checkpoint_every=args.checkpoint_every,
             export_adapters=jax.process_index() == 0,
+            max_non_finite_steps=max_non_finite_steps(rc),
         ),
         source,
         steplog=steplog,
@@ -327,9 +334,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, extra = _parser().parse_known_args(argv)
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
+    from rljob.trainer.runtime import Diverged
+
     try:
         return run_main(args, extra)
-    except BadConfig as e:
+    except (BadConfig, Diverged) as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
 

@@ -38,6 +38,7 @@ from rljob.trainer.storage import open_store
 from rljob.trainer.train_step import Trainer, TrainState
 
 __all__ = [
+    "Diverged",
     "RolloutSource",
     "RunPaths",
     "RunSettings",
@@ -66,6 +67,15 @@ class RunSettings:
     steps: int
     checkpoint_every: int = 1
     export_adapters: bool = True
+    # spec.failurePolicy.maxNonFiniteSteps: consecutive skipped (non-finite) updates before Diverged.
+    max_non_finite_steps: int = 10
+
+
+class Diverged(RuntimeError):
+    """Too many consecutive optimizer steps had a non-finite loss, gradient or update. Each such update is
+    skipped (the parameters stay), but a run that only skips trains nothing: it stops with exit 2 (contract
+    3: not restarted, since a restart resumes the same state and the same cached rollouts and would skip
+    again). The message is one `field: message` line."""
 
 
 # --------------------------------------------------------------------------- rollout cache
@@ -168,10 +178,12 @@ def run(
     template = _state_tree(state)
     restored = ckpt.restore(template)
     resumed_from: int | None = None
+    streak = 0
     if restored is not None:
         tree, meta = restored
         state = TrainState(tree["lora"], tree["opt_state"], tree["step"], tree["skipped"])
         resumed_from = int(meta["step"])
+        streak = int(meta.get("non_finite_streak", 0))
         steplog.event("resume", step=resumed_from, checkpoints=ckpt.all_steps())
     start = int(state.step)
     reporter.update(step=start, resumed_from_step=resumed_from, last_checkpoint_step=ckpt.latest_step())
@@ -182,7 +194,18 @@ def run(
     )
     try:
         state = _steps(
-            trainer, settings, source, state, start, ckpt, cache, publisher, to_peft, steplog, reporter
+            trainer,
+            settings,
+            source,
+            state,
+            start,
+            ckpt,
+            cache,
+            publisher,
+            to_peft,
+            steplog,
+            reporter,
+            streak,
         )
     except BaseException:
         if publisher is not None:  # keep what was exported (a complete version) if it uploads in time
@@ -228,7 +251,9 @@ def _steps(
     to_peft: Callable[[Any], dict[str, np.ndarray]] | None,
     steplog: StepLog,
     reporter: Reporter,
+    streak: int = 0,
 ) -> TrainState:
+    """The steps from `start`; `streak`: consecutive non-finite updates before `start` (checkpoint meta)."""
     if start == 0 and publisher is not None and to_peft is not None:
         publisher.submit(0, to_peft(state.lora))
     for s in range(start, settings.steps):
@@ -246,9 +271,18 @@ def _steps(
         rollouts, src_metrics = decode_rollouts(share_from_first(blob))
         state, metrics = trainer.train_on_batch(state, rollouts)
         done = s + 1
+        streak = streak + 1 if metrics.get("update_skipped", 0.0) > 0 else 0
+        metrics["non_finite_streak"] = float(streak)
+        if streak >= settings.max_non_finite_steps:
+            steplog.step(done, metrics)
+            raise Diverged(
+                f"spec.failurePolicy.maxNonFiniteSteps: {streak} consecutive optimizer steps (steps "
+                f"{done - streak}..{s}) had a non-finite loss, gradient or update and were skipped; the run "
+                "stops (lower spec.algorithm.learningRate, or check the rewards and the sampler's log-probs)"
+            )
         saved = done % settings.checkpoint_every == 0 or done == settings.steps
         if saved:
-            ckpt.save(done, _state_tree(state), {"adapter_version": done})
+            ckpt.save(done, _state_tree(state), {"adapter_version": done, "non_finite_streak": streak})
         if publisher is not None and to_peft is not None:
             publisher.submit(done, to_peft(state.lora))
             if publisher.publish_seconds is not None:

@@ -104,3 +104,92 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
     for k in b:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert int(final.step) == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final.lora))
+
+
+def _nan_source(tiny_policy: Any, bad_steps: set[int]) -> Any:
+    """Synthetic rollouts; at `bad_steps` every advantage is NaN, so the loss and every gradient are NaN
+    and the train step skips the update (the real containment path, not a mock)."""
+    import dataclasses
+
+    def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
+        rollouts, metrics = synthetic_rollouts(
+            step,
+            seed=3,
+            vocab_size=tiny_policy.vocab_size,
+            groups=2,
+            group_size=2,
+            max_prompt=8,
+            max_completion=16,
+        )
+        if step in bad_steps:
+            rollouts = [dataclasses.replace(r, advantage=float("nan")) for r in rollouts]
+        return rollouts, metrics
+
+    return source
+
+
+def test_consecutive_non_finite_updates_stop_the_run_with_the_field_named(
+    tiny_policy: Any, gcs_bucket: str
+) -> None:
+    from rljob.trainer.runtime import Diverged
+
+    trainer = Trainer(
+        tiny_policy,
+        StepConfig(budget=64, rows=2, micro_batches=4, learning_rate=1e-2, token_tile=32, vocab_chunk=128),
+    )
+
+    def paths(name: str) -> RunPaths:
+        root = f"{gcs_bucket}/ns/{name}"
+        return RunPaths(f"{root}/checkpoints", f"{root}/adapters", f"{root}/rollouts")
+
+    def go(name: str, steps: int, bad: set[int]) -> list[dict[str, Any]]:
+        out = io.StringIO()
+        try:
+            run(
+                trainer,
+                paths(name),
+                RunSettings(steps=steps, max_non_finite_steps=3),
+                _nan_source(tiny_policy, bad),
+                steplog=StepLog(stream=out),
+                reporter=Reporter(None),
+            )
+        finally:
+            events = [json.loads(x) for x in out.getvalue().splitlines()]
+        return events
+
+    # Skipped updates that are not consecutive enough: the run completes, the streak resets.
+    events = go("intermittent", 6, {0, 1, 3, 4})
+    streaks = [e["non_finite_streak"] for e in events if e["event"] == "step"]
+    assert streaks == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0]
+    assert [e["update_skipped"] for e in events if e["event"] == "step"] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    # Three in a row: Diverged at the third, naming the field, the steps and what to do.
+    with pytest.raises(Diverged) as err:
+        go("diverged", 10, set(range(10)))
+    assert str(err.value).startswith(
+        "spec.failurePolicy.maxNonFiniteSteps: 3 consecutive optimizer steps (steps 0..2)"
+    )
+    # The streak survives a restart: two skipped steps, a checkpoint, a restart, and one more skip stops it.
+    go("resumed", 2, {0, 1})
+    with pytest.raises(Diverged, match=r"\(steps 0\.\.2\)"):
+        go("resumed", 5, {2, 3, 4})
+
+
+def test_diverged_exits_2_with_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The entrypoint's contract for a diverged run: exit 2 (not restarted), the reason on stderr."""
+    from rljob.recipes.failure import EXIT_BAD_CONFIG
+    from rljob.trainer import main as trainer_main
+    from rljob.trainer.runtime import Diverged
+
+    def diverges(args: Any, extra: Any = ()) -> int:
+        raise Diverged(
+            "spec.failurePolicy.maxNonFiniteSteps: 10 consecutive optimizer steps (steps 0..9) ..."
+        )
+
+    monkeypatch.setattr(trainer_main, "run_main", diverges)
+    assert trainer_main.main(["--config", "/nonexistent.json"]) == EXIT_BAD_CONFIG
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "rljob-trainer: spec.failurePolicy.maxNonFiniteSteps: 10 consecutive optimizer steps (steps 0..9) ..."
+    ]
