@@ -147,13 +147,20 @@ def test_failure_restarts_the_jobset(cluster: Cluster, namespace: str, how: str,
 def test_exit_code_2_fails_the_jobset_without_restart(cluster: Cluster, namespace: str) -> None:
     cluster.create_jobset(namespace, tpu_jobset("badcfg", "tpu7x", "2x2x1", 1, slices=2))
     pods = wait_for(lambda: running_pods(cluster, namespace, "badcfg", 2), 60, "pods Running")
-    fail_pod(cluster, namespace, pods[0].metadata.name, 2, message="spec.trainer.mesh: bad")
+    victim = pods[0].metadata.name
+    fail_pod(cluster, namespace, victim, 2, message="spec.trainer.mesh: bad")
 
     failed = wait_for(lambda: jobset_condition(cluster.get_jobset(namespace, "badcfg"), "Failed"), 60,
                       "JobSet Failed")
+    # The fault happened (exit code 2), and it was not restarted: restarts 0, no second attempt's pods.
+    pod = cluster.core.read_namespaced_pod(victim, namespace)
+    assert [cs.state.terminated.exit_code for cs in pod.status.container_statuses] == [2]
     js = cluster.get_jobset(namespace, "badcfg")
     assert js["status"].get("restarts", 0) == 0
     assert failed["reason"] == "FailJobSetFailurePolicyAction", failed
+    attempts = {p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
+                for p in cluster.jobset_pods(namespace, "badcfg")}
+    assert attempts == {"0"}, attempts
 
 
 def test_counted_restarts_stop_at_max_restarts(cluster: Cluster, namespace: str) -> None:

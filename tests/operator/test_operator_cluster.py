@@ -94,12 +94,27 @@ def test_exit_2_fails_at_once_as_bad_configuration(
 ) -> None:
     create_rljob(cluster, manifest("badcfg", namespace))
     _running(cluster, namespace, "badcfg")
-    fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "badcfg").metadata.name, 2)
+    victim = _trainer_pod(cluster, namespace, "badcfg").metadata.name
+    fail_pod(cluster, namespace, victim, 2, message="spec.trainer.mesh: product 3 != 4 devices")
     status = wait_phase(cluster, namespace, "badcfg", "Failed", timeout=90)["status"]
+    # The fault happened: the pod's container terminated with exit code 2.
+    pod = cluster.core.read_namespaced_pod(victim, namespace)
+    assert [cs.state.terminated.exit_code for cs in pod.status.container_statuses] == [2]
     assert status["lastFailure"]["class"] == "badConfiguration"
     assert status["restarts"]["used"] == 0
     failed = next(x for x in status["conditions"] if x["type"] == "Failed")
     assert failed["reason"] == "BadConfiguration" and "exited with code 2" in failed["message"]
+    # The entrypoint's line (its termination message) says why.
+    assert "spec.trainer.mesh: product 3 != 4 devices" in status["lastFailure"]["message"]
+    # Not restarted at all: the JobSet's own restart count stayed 0 (restarts.used only counts the
+    # restarts charged to maxRestarts), and no pod of a second attempt was ever made.
+    js = _get_jobset(cluster, namespace, "badcfg")
+    assert js is not None and js["status"].get("restarts", 0) == 0
+    attempts = {
+        p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
+        for p in pods_of(cluster, namespace, "badcfg")
+    }
+    assert attempts == {"0"}
 
 
 def test_crash_is_a_counted_restart_then_exhausted(
