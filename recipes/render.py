@@ -241,8 +241,22 @@ def jobset(run: RunConfig) -> dict[str, Any]:
     return obj
 
 
+# Kubernetes refuses a ConfigMap whose data exceeds 1 MiB (corev1 validation: MaxSecretSize applies to
+# ConfigMaps too).
+CONFIGMAP_MAX_BYTES = 1 << 20
+
+
 def configmap(run: RunConfig) -> dict[str, Any]:
-    """The run ConfigMap: RunConfig JSON under key run.json."""
+    """The run ConfigMap: RunConfig JSON under key run.json. PlanError when it would exceed 1 MiB."""
+    run_json = run.model_dump_json(indent=1, exclude_none=True)
+    size = len(run_json.encode("utf-8"))
+    if size > CONFIGMAP_MAX_BYTES:
+        raise plan.PlanError(
+            [
+                f"spec: the run config is {size} bytes, over the {CONFIGMAP_MAX_BYTES} bytes of a ConfigMap "
+                "(shorten spec.dataset.promptTemplate or spec.trainer.maxtext)"
+            ]
+        )
     obj: dict[str, Any]
     (obj,) = _render(
         "configmap.yaml.j2",
@@ -250,7 +264,7 @@ def configmap(run: RunConfig) -> dict[str, Any]:
         namespace=run.namespace,
         labels=labels(run),
         key=CONFIG_KEY,
-        run_json=run.model_dump_json(indent=1, exclude_none=True),
+        run_json=run_json,
     )
     return obj
 
