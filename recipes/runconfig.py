@@ -108,7 +108,9 @@ class SamplerPlan(ApiModel):
 class StoragePaths(ApiModel):
     """Storage locations derived from spec.storage.root."""
 
-    root: str = Field(description="{root}/{namespace}/{name}.")
+    root: str = Field(
+        description="{root}/{namespace}/{name}/{uid} ({root}/{namespace}/{name} without a uid)."
+    )
     checkpoints: str = Field(description="Trainer checkpoints (orbax).")
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")

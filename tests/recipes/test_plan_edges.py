@@ -242,3 +242,28 @@ def test_a_catalog_file_must_name_itself(monkeypatch: pytest.MonkeyPatch, other:
     with pytest.raises(ValueError) as err:
         recipe_catalog.load.__wrapped__("qwen3-8b-v5p")
     assert str(err.value) == f"catalog/qwen3-8b-v5p.yaml names itself '{other}'"
+
+
+def test_the_runs_uid_is_in_its_storage_path() -> None:
+    """An RLJob deleted and created again under the same name (a new uid) never resumes the old run: its
+    checkpoints, adapters and rollout cache live under its own uid. Without a uid (`rljob render` of a
+    file) the path is {root}/{namespace}/{name}."""
+    first = manifest({})
+    first["metadata"]["uid"] = "6f0c5d3e-8a4b-4b55-9f1e-2b7d2c9e0a11"
+    again = copy.deepcopy(first)
+    again["metadata"]["uid"] = "0b2d7c1a-1111-4c3e-8a4b-5f6e7d8c9b0a"
+    a, b, plain = resolve(first), resolve(again), resolve(manifest({}))
+    assert a.storage.checkpoints == "gs://bucket/runs/ns/t/6f0c5d3e-8a4b-4b55-9f1e-2b7d2c9e0a11/checkpoints"
+    assert b.storage.root == "gs://bucket/runs/ns/t/0b2d7c1a-1111-4c3e-8a4b-5f6e7d8c9b0a"
+    assert {a.storage.adapters, b.storage.adapters, plain.storage.adapters} == {
+        f"{a.storage.root}/adapters",
+        f"{b.storage.root}/adapters",
+        "gs://bucket/runs/ns/t/adapters",
+    }
+    assert a.trainer.maxtext["base_output_directory"] == a.storage.checkpoints
+    # The uid becomes a path component: only the API server's form is accepted.
+    bad = copy.deepcopy(first)
+    bad["metadata"]["uid"] = "../other-run"
+    assert problems(bad) == [
+        "metadata.uid: String should match pattern '^[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?$'"
+    ]
