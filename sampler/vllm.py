@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rljob.recipes import syntax
 from rljob.recipes.runconfig import SAMPLER_PORT, RunConfig
 
 # The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
@@ -56,6 +57,10 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
     model = spec.model.name if spec.model else None
     if not model:
         raise SamplerConfigError("spec.model.name: the Hugging Face model id vLLM serves is required")
+    if not syntax.matches(syntax.HF_MODEL_ID, model):
+        # The plan refuses it too; here it would become an argument of `vllm serve` (one starting with "-"
+        # parses as a flag, e.g. --trust-remote-code).
+        raise SamplerConfigError(f"spec.model.name: {model!r} {syntax.DESCRIPTIONS[syntax.HF_MODEL_ID]}")
     plan = rc.sampler
     if plan.lora_max_rank not in VLLM_LORA_RANKS:
         raise SamplerConfigError(

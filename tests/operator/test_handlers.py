@@ -53,6 +53,14 @@ def test_admission_accepts_the_example() -> None:
         ({"lora": {"rank": 7}}, "spec.lora.rank"),
         ({"trainer": {"tpu": "v5p-8", "mesh": {"fsdp": 3}}}, "spec.trainer.mesh"),
         ({"bogus": 1}, "spec.bogus"),
+        # Each of these crashed the webhook (an HTTP 500 with the exception's text) or made it allocate ~1 GB.
+        ({"recipe": "../../examples/qwen3-8b-v5p"}, "spec.recipe"),
+        ({"recipe": "a" * 300}, "spec.recipe"),
+        ({"dataset": {"promptTemplate": "{question.x}"}}, "spec.dataset.promptTemplate"),
+        ({"dataset": {"promptTemplate": "{question:>999999999}"}}, "spec.dataset.promptTemplate"),
+        ({"algorithm": {"maxPromptTokens": 10**400}}, "spec.algorithm.maxPromptTokens"),
+        ({"trainer": {"tpu": "v5p-8", "microBatchSize": 4 * 10**400}}, "spec.trainer.microBatchSize"),
+        ({"queueName": "my queue"}, "spec.queueName"),
     ],
 )
 def test_admission_refuses_naming_the_field(patch: dict[str, Any], field: str) -> None:

@@ -266,3 +266,14 @@ def test_key_sets_are_immutable() -> None:
     ks = maxtext_keys.load("0.2.5")
     with pytest.raises(dataclasses.FrozenInstanceError):
         ks.version = "0.2.6"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", float("inf"), 1e400, "1e999"])
+def test_non_finite_numbers_fire_no_rule_and_never_crash(value: object) -> None:
+    """int(float('inf')) raised OverflowError inside the webhook; a value that is no finite number now
+    counts as no number (MaxText itself refuses it at start, naming the key)."""
+    from rljob.recipes import maxtext_keys
+
+    keyset = maxtext_keys.load("0.2.5")
+    keys = {"num_moe_token_chunks": value, "num_vocab_tiling": value, "max_target_length": 4096}
+    assert maxtext_keys.check_rules(keys, keyset) == []

@@ -172,3 +172,83 @@ def test_pods_identity_is_rendered_with_least_privilege() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": "t-rljob", "namespace": sa["metadata"]["namespace"]}
     ]
+
+
+def _restricted_violations(pod: dict[str, Any]) -> list[str]:
+    """The Pod Security Standards' `restricted` checks (https://kubernetes.io/docs/concepts/security/
+    pod-security-standards/) that apply to a rendered pod: host namespaces, privileged, capabilities,
+    volume types, privilege escalation, non-root, seccomp."""
+    out = []
+    for field in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod.get(field):
+            out.append(field)
+    psc = pod.get("securityContext") or {}
+    for c in pod["containers"]:
+        sc = c.get("securityContext") or {}
+        name = c["name"]
+        if sc.get("privileged"):
+            out.append(f"{name}: privileged")
+        if sc.get("allowPrivilegeEscalation") is not False:
+            out.append(f"{name}: allowPrivilegeEscalation")
+        caps = sc.get("capabilities") or {}
+        if "ALL" not in (caps.get("drop") or []) or set(caps.get("add") or []) - {"NET_BIND_SERVICE"}:
+            out.append(f"{name}: capabilities")
+        if not (sc.get("runAsNonRoot") or psc.get("runAsNonRoot")) or 0 in (
+            sc.get("runAsUser"),
+            psc.get("runAsUser"),
+        ):
+            out.append(f"{name}: runAsNonRoot")
+        seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
+        if seccomp not in ("RuntimeDefault", "Localhost"):
+            out.append(f"{name}: seccompProfile")
+        if any(p.get("hostPort") for p in c.get("ports") or []):
+            out.append(f"{name}: hostPort")
+    allowed = {
+        "configMap",
+        "emptyDir",
+        "projected",
+        "secret",
+        "downwardAPI",
+        "persistentVolumeClaim",
+        "ephemeral",
+        "csi",
+    }
+    for v in pod.get("volumes") or []:
+        kinds = set(v) - {"name"}
+        if not kinds <= allowed:
+            out.append(f"volume {v['name']}: {sorted(kinds - allowed)}")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("spec", "host_network_trainer"),
+    [({}, False), ({"trainer": {"tpu": "tpu7x-16"}}, False), ({"trainer": {"slices": 2}}, True)],
+    ids=["v5p single slice", "tpu7x two containers", "two slices"],
+)
+def test_pods_meet_the_restricted_profile_but_for_named_exceptions(
+    spec: dict[str, Any], host_network_trainer: bool
+) -> None:
+    """Every rendered pod passes `restricted`, except hostNetwork on a multi-slice trainer
+    (rljob.recipes.podspec names it); the sampler gets no API token; /dev/shm is bounded; every TPU
+    container requests a CPU and memory floor and its chips, limits only its chips; a failed container's
+    log tail becomes its termination message."""
+    js = objects(manifest(spec))[-1]
+    for rj in js["spec"]["replicatedJobs"]:
+        pod = rj["template"]["spec"]["template"]["spec"]
+        violations = _restricted_violations(pod)
+        expected = ["hostNetwork"] if rj["name"] == "trainer" and host_network_trainer else []
+        assert violations == expected, (rj["name"], violations)
+        assert pod["automountServiceAccountToken"] is (rj["name"] == "trainer")
+        (shm,) = [v for v in pod["volumes"] if v["name"] == "dshm"]
+        assert shm["emptyDir"] == {
+            "medium": "Memory",
+            "sizeLimit": {"trainer": "8Gi", "sampler": "32Gi"}[rj["name"]],
+        }
+        for c in pod["containers"]:
+            res = c["resources"]
+            chips = res["limits"]["google.com/tpu"]
+            assert res == {
+                "requests": {"cpu": "1", "memory": "4Gi", "google.com/tpu": chips},
+                "limits": {"google.com/tpu": chips},
+            }
+            assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"

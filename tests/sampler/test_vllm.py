@@ -81,6 +81,13 @@ def test_command_from_plan(tmp_path: Path, model: str, maxtext: str, pow2: int |
     assert cmd.env[vllm.RUNTIME_LORA_ENV] == "True"
 
 
+@pytest.mark.parametrize("name", ["--trust-remote-code", "-x", "a b", "../models/x", "org/name/extra", ""])
+def test_a_model_name_never_reaches_vllm_as_a_flag_or_path(tmp_path: Path, name: str) -> None:
+    """Checked again where it becomes an argument (a run config written by hand skips the plan)."""
+    with pytest.raises(vllm.SamplerConfigError, match=r"^spec\.model\.name: "):
+        vllm.build_command(_rc(tmp_path, name=name))
+
+
 @pytest.mark.parametrize(
     ("update", "field"),
     [
@@ -239,9 +246,10 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
         while status.get("version") != 0:
             assert proc.poll() is None, (tmp_path / "sampler.log").read_text()[-2000:]
             assert time.monotonic() < deadline, "adapter v0 never served"
-            with contextlib.suppress(OSError), urllib.request.urlopen(
-                f"http://127.0.0.1:{status_port}/rljob/v1/adapter", timeout=2
-            ) as r:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(f"http://127.0.0.1:{status_port}/rljob/v1/adapter", timeout=2) as r,
+            ):
                 status = json.loads(r.read())
             time.sleep(0.5)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
