@@ -46,12 +46,16 @@ class Authorizer:
     token is checked with a TokenReview, then a SubjectAccessReview asks whether that user may `get` the
     non-resource URL /metrics (grant it with a ClusterRole rule `nonResourceURLs: ["/metrics"], verbs:
     ["get"]`, as Prometheus' own ServiceAccount usually has). controller-runtime protects its metrics the
-    same way (filters.WithAuthenticationAndAuthorization). Answers are cached for `ttl_s` by a hash of the
-    token, so a scrape every few seconds costs two API calls a minute."""
+    same way (filters.WithAuthenticationAndAuthorization). Answers are cached by a hash of the token, an
+    allowed one for `ttl_s` (a scrape every few seconds costs two API calls a minute), a refusal for
+    `denied_ttl_s` (a permission just granted works within seconds)."""
 
-    def __init__(self, request: Requester, *, ttl_s: float = 60.0, size: int = 256) -> None:
+    def __init__(
+        self, request: Requester, *, ttl_s: float = 60.0, denied_ttl_s: float = 5.0, size: int = 256
+    ) -> None:
         self._request = request
         self._ttl = ttl_s
+        self._denied_ttl = denied_ttl_s
         self._size = size
         self._cache: dict[str, tuple[float, int]] = {}
 
@@ -68,7 +72,7 @@ class Authorizer:
         code = await self._review(token)
         if len(self._cache) >= self._size:
             self._cache.clear()
-        self._cache[key] = (now + self._ttl, code)
+        self._cache[key] = (now + (self._ttl if code == 200 else self._denied_ttl), code)
         return code
 
     async def _review(self, token: str) -> int:

@@ -54,6 +54,7 @@ def test_default_install(helm: Path) -> None:
         [
             "ClusterRole",
             "ClusterRoleBinding",
+            "ClusterRoleBinding",  # system:auth-delegator, for metrics.auth
             "CustomResourceDefinition",
             "Deployment",
             "Secret",
@@ -86,8 +87,15 @@ def test_default_install(helm: Path) -> None:
 
 
 def test_rbac_is_least_privilege(helm: Path) -> None:
-    (role,) = by_kind(template(helm), "ClusterRole")
+    docs = template(helm)
+    (role,) = by_kind(docs, "ClusterRole")
     rules = role["rules"]
+    bindings = {b["roleRef"]["name"]: b for b in by_kind(docs, "ClusterRoleBinding")}
+    # The only other cluster-wide grant: TokenReviews and SubjectAccessReviews, for /metrics.
+    assert set(bindings) == {"rljob-rljob-operator", "system:auth-delegator"}
+    assert by_kind(template(helm, "metrics.auth=false"), "ClusterRoleBinding") == [
+        bindings["rljob-rljob-operator"]
+    ]
     for rule in rules:
         assert "secrets" not in rule["resources"], rule
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
@@ -127,6 +135,8 @@ def test_webhook_disabled(helm: Path) -> None:
         ("workers=0", "workers"),
         ("webhook.url=http://insecure", "url"),
         ("nosuchkey=1", "nosuchkey"),
+        ("rbac.scope=everywhere", "scope"),
+        ("rbac.namespaces={Bad_NS}", "namespaces"),
     ],
 )
 def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:
@@ -134,3 +144,68 @@ def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:
     proc = subprocess.run(args, capture_output=True, text=True)
     assert proc.returncode != 0
     assert complaint in proc.stderr, proc.stderr
+
+
+def test_namespaced_mode_has_no_cluster_role_for_the_children(helm: Path) -> None:
+    """rbac.scope namespaced: the ClusterRole's rules as a Role + RoleBinding in each served namespace, the
+    operator told which (RLJOB_NAMESPACES), the webhook limited to them; no ClusterRole at all."""
+    cluster_rules = by_kind(template(helm), "ClusterRole")[0]["rules"]
+    docs = template(helm, "rbac.scope=namespaced", "rbac.namespaces={team-a,team-b}", "metrics.auth=false")
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
+    roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    assert all(r["rules"] == cluster_rules for r in roles)
+    for b in bindings:
+        assert b["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": "rljob-rljob-operator",
+        }
+        assert b["subjects"] == [
+            {"kind": "ServiceAccount", "name": "rljob-rljob-operator", "namespace": "rljob-system"}
+        ]
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_NAMESPACES"] == "team-a,team-b"
+    (hook,) = by_kind(docs, "ValidatingWebhookConfiguration")
+    assert hook["webhooks"][0]["namespaceSelector"] == {
+        "matchExpressions": [
+            {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}
+        ]
+    }
+    # Default: the release's namespace.
+    docs = template(helm, "rbac.scope=namespaced")
+    assert [r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == ["rljob-system"]
+
+
+def test_webhook_certificate_checksum_rolls_the_operator(helm: Path) -> None:
+    """The pod template carries the checksum of the certificate the Secret holds: a new certificate
+    (helm template always makes one; an upgrade keeps the Secret's, see the cluster test) changes it."""
+    import hashlib
+    import json
+
+    first, second = template(helm), template(helm)
+    sums = []
+    for docs in (first, second):
+        (secret,) = by_kind(docs, "Secret")
+        (dep,) = by_kind(docs, "Deployment")
+        data = secret["data"]
+        shared = json.dumps(
+            {"ca": data["ca.crt"], "cert": data["tls.crt"], "key": data["tls.key"]}, separators=(",", ":")
+        )
+        annotation = dep["spec"]["template"]["metadata"]["annotations"]["checksum/webhook-certificate"]
+        assert annotation == hashlib.sha256(shared.encode()).hexdigest()
+        sums.append(annotation)
+    assert sums[0] != sums[1]
+
+
+def test_metrics_are_https_and_authorized_in_cluster(helm: Path) -> None:
+    (dep,) = by_kind(template(helm), "Deployment")
+    pod = dep["spec"]["template"]
+    env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_METRICS_AUTH"] == "true"
+    assert env["RLJOB_METRICS_CERT"] == "/etc/rljob/webhook/tls.crt"
+    assert pod["metadata"]["annotations"]["prometheus.io/scheme"] == "https"
+    (dep,) = by_kind(template(helm, "webhook.enabled=false", "metrics.auth=false"), "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_METRICS_AUTH"] == "false" and "RLJOB_METRICS_CERT" not in env
