@@ -23,6 +23,12 @@ class _Died(Exception):
     pass
 
 
+def _small_rollouts(policy: Any, step: int, seed: int) -> tuple[list[Any], dict[str, float]]:
+    return synthetic_rollouts(
+        step, seed=seed, vocab_size=policy.vocab_size, groups=2, group_size=2, max_prompt=8, max_completion=16
+    )
+
+
 def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> None:
     root = f"{gcs_bucket}/team/job"
     paths = RunPaths(f"{root}/checkpoints", f"{root}/adapters", f"{root}/rollouts")
@@ -34,15 +40,7 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
 
     def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
         sampled.append(step)
-        return synthetic_rollouts(
-            step,
-            seed=11,
-            vocab_size=tiny_policy.vocab_size,
-            groups=2,
-            group_size=2,
-            max_prompt=8,
-            max_completion=16,
-        )
+        return _small_rollouts(tiny_policy, step, seed=11)
 
     real = trainer.train_on_batch
     calls = {"n": 0}
@@ -112,15 +110,7 @@ def _nan_source(tiny_policy: Any, bad_steps: set[int]) -> Any:
     import dataclasses
 
     def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
-        rollouts, metrics = synthetic_rollouts(
-            step,
-            seed=3,
-            vocab_size=tiny_policy.vocab_size,
-            groups=2,
-            group_size=2,
-            max_prompt=8,
-            max_completion=16,
-        )
+        rollouts, metrics = _small_rollouts(tiny_policy, step, seed=3)
         if step in bad_steps:
             rollouts = [dataclasses.replace(r, advantage=float("nan")) for r in rollouts]
         return rollouts, metrics
