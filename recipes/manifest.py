@@ -8,8 +8,8 @@ Bounds, each refused with one `path: message` line, before any work that could g
 - any document (YAML or an API body): at most `MAX_NODES` values, `MAX_DEPTH` levels, strings of at most
   `MAX_STRING` characters and `MAX_JSON_BYTES` of JSON; only JSON values (YAML's !!binary, !!set, !!omap,
   unknown tags are refused), integers within int64 (the CRD's `format: int64`), finite floats;
-- duplicate mapping keys are refused (PyYAML keeps the last one silently; Kubernetes' strict decoding
-  refuses them);
+- duplicate mapping keys are refused (PyYAML would keep the last one silently: a second `trainer:` block
+  would drop the first without a word);
 - YAML timestamps stay strings, as sigs.k8s.io/yaml (kubectl) decodes them.
 
 Types are then checked as the API server checks them: the document is validated from its JSON with pydantic's
