@@ -30,7 +30,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
-from rljob.recipes.syntax import key_path
+from rljob.recipes.syntax import ROOT_FIELDS, key_path
 
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
@@ -251,7 +251,8 @@ class _Walk:
                 if name is None:
                     self.refuse(path, f"refused: a key that is not a string ({type(key).__name__})")
                     continue
-                here = key_path(path, name)
+                at_root = path == "(root)" and name not in ROOT_FIELDS  # not an RLJob field: quoted
+                here = key_path(path, name, quote=at_root)
                 if name in obj:
                     self.refuse(here, "duplicate key")
                     continue

@@ -133,8 +133,9 @@ def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
                 path = f"{path or '(root)'}[{p}]"
             elif p == "[key]" or p in _UNION_PARTS or str(p).startswith("function-"):
                 continue
-            else:  # odd keys are quoted so that the line stays `path: message`
-                path = key_path(path, str(p), quote=odd_key)
+            else:  # odd keys are quoted so that the line stays `path: message`, as is an unknown root field
+                unknown_root = e["type"] == "extra_forbidden" and not path and len(loc) == 1
+                path = key_path(path, str(p), quote=odd_key or unknown_root)
         path = path or "(root)"
         msg = " ".join(e["msg"].removeprefix("Value error, ").split())
         if e["type"] == "extra_forbidden":

@@ -108,14 +108,14 @@ def matches(pattern: str, value: str) -> bool:
 
 _PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+")
 ROOT_FIELDS: Final = frozenset({"apiVersion", "kind", "metadata", "spec", "status"})
+"""An RLJob's own top-level fields: any other key at a manifest's root is quoted, `(root)["foo"]`."""
 
 
 def key_path(base: str, key: str, *, quote: bool = False) -> str:
     """`base.key` for a plain key, `base["odd key"]` (JSON-quoted) otherwise, so that a problem line stays
-    `path: message` whatever the key holds. A base of "" or "(root)" is the document's root, where only an
-    RLJob's own fields are plain (`(root)["foo"]: unknown field`); all-digit keys are quoted too (`x.1`
-    would read as an index)."""
+    `path: message` whatever the key holds. A base of "" or "(root)" is the document's root. All-digit keys
+    are quoted too (`x.1` would read as an index)."""
     plain = not quote and _PLAIN_KEY.fullmatch(key) is not None and not key.isdigit()
     if base in ("", "(root)"):
-        return key if plain and key in ROOT_FIELDS else f"(root)[{json.dumps(key)}]"
+        return key if plain else f"(root)[{json.dumps(key)}]"
     return f"{base}.{key}" if plain else f"{base}[{json.dumps(key)}]"
