@@ -28,63 +28,94 @@ TOPO = "cloud.google.com/gke-tpu-topology"
 # The failure rules under test (contract 3 in notes/contracts.md): exit 2 = bad configuration, the JobSet
 # fails at once; another non-zero exit = a restart counted against maxRestarts; a disruption (pod condition
 # DisruptionTarget: eviction, node deleted) = a restart NOT counted.
-POD_FAILURE_POLICY: dict[str, Any] = {"rules": [
-    {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
-    {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-]}
+POD_FAILURE_POLICY: dict[str, Any] = {
+    "rules": [
+        {"action": "FailJob", "onExitCodes": {"operator": "In", "values": [2]}},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]
+}
 JOBSET_FAILURE_POLICY: dict[str, Any] = {
     "maxRestarts": 2,
     "rules": [
-        {"name": "badConfig", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"],
-         "onJobFailureMessagePatterns": ["failed with exit code 2 matching FailJob rule"]},
-        {"name": "disruption", "action": "RestartJobSetAndIgnoreMaxRestarts",
-         "onJobFailureReasons": ["PodFailurePolicy"],
-         "onJobFailureMessagePatterns": ["has condition DisruptionTarget matching FailJob rule"]},
+        {
+            "name": "badConfig",
+            "action": "FailJobSet",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "onJobFailureMessagePatterns": ["failed with exit code 2 matching FailJob rule"],
+        },
+        {
+            "name": "disruption",
+            "action": "RestartJobSetAndIgnoreMaxRestarts",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "onJobFailureMessagePatterns": ["has condition DisruptionTarget matching FailJob rule"],
+        },
     ],
 }
 
 
-def tpu_jobset(name: str, accelerator: str, topology: str, hosts: int, slices: int,
-               failure_policy: bool = True) -> dict[str, Any]:
+def tpu_jobset(
+    name: str, accelerator: str, topology: str, hosts: int, slices: int, failure_policy: bool = True
+) -> dict[str, Any]:
     """A JobSet shaped like the ones rljob renders: one Job per slice, one pod per TPU VM."""
     job_spec: dict[str, Any] = {
-        "parallelism": hosts, "completions": hosts, "backoffLimit": 0,
-        "template": {"spec": {
-            "restartPolicy": "Never",
-            "nodeSelector": {ACCEL: accelerator, TOPO: topology},
-            "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
-            "containers": [{
-                "name": "worker", "image": "example.invalid/worker:0",
-                "resources": {"limits": {"google.com/tpu": "4"}, "requests": {"google.com/tpu": "4"}},
-            }],
-        }},
+        "parallelism": hosts,
+        "completions": hosts,
+        "backoffLimit": 0,
+        "template": {
+            "spec": {
+                "restartPolicy": "Never",
+                "nodeSelector": {ACCEL: accelerator, TOPO: topology},
+                "tolerations": [{"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"}],
+                "containers": [
+                    {
+                        "name": "worker",
+                        "image": "example.invalid/worker:0",
+                        "resources": {"limits": {"google.com/tpu": "4"}, "requests": {"google.com/tpu": "4"}},
+                    }
+                ],
+            }
+        },
     }
-    spec: dict[str, Any] = {"replicatedJobs": [
-        {"name": "slice", "replicas": slices, "template": {"spec": job_spec}},
-    ]}
+    spec: dict[str, Any] = {
+        "replicatedJobs": [
+            {"name": "slice", "replicas": slices, "template": {"spec": job_spec}},
+        ]
+    }
     if failure_policy:
         job_spec["podFailurePolicy"] = POD_FAILURE_POLICY
         spec["failurePolicy"] = JOBSET_FAILURE_POLICY
-    return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
-            "metadata": {"name": name, "annotations": {EXCLUSIVE: NODEPOOL}}, "spec": spec}
+    return {
+        "apiVersion": "jobset.x-k8s.io/v1alpha2",
+        "kind": "JobSet",
+        "metadata": {"name": name, "annotations": {EXCLUSIVE: NODEPOOL}},
+        "spec": spec,
+    }
 
 
 def running_pods(c: Cluster, ns: str, js: str, want: int, attempt: int = 0) -> list[Any] | None:
     """The JobSet's pods of restart attempt `attempt` once `want` of them are Running, else None."""
-    pods = [p for p in c.jobset_pods(ns, js)
-            if p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt") == str(attempt)
-            and p.metadata.deletion_timestamp is None]
+    pods = [
+        p
+        for p in c.jobset_pods(ns, js)
+        if p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt") == str(attempt)
+        and p.metadata.deletion_timestamp is None
+    ]
     running = [p for p in pods if p.status.phase == "Running"]
     return running if len(running) == want else None
 
 
-@pytest.mark.parametrize(("accelerator", "topology", "hosts", "pool_prefix"), [
-    ("tpu-v5p-slice", "2x2x1", 1, "v5p-8-"),
-    ("tpu-v5p-slice", "2x2x2", 2, "v5p-16-"),
-    ("tpu7x", "2x2x1", 1, "tpu7x-8-"),
-], ids=["v5p-8", "v5p-16", "tpu7x-8"])
-def test_two_slices_run_on_their_own_tpu_pools(cluster: Cluster, namespace: str, accelerator: str,
-                                               topology: str, hosts: int, pool_prefix: str) -> None:
+@pytest.mark.parametrize(
+    ("accelerator", "topology", "hosts", "pool_prefix"),
+    [
+        ("tpu-v5p-slice", "2x2x1", 1, "v5p-8-"),
+        ("tpu-v5p-slice", "2x2x2", 2, "v5p-16-"),
+        ("tpu7x", "2x2x1", 1, "tpu7x-8-"),
+    ],
+    ids=["v5p-8", "v5p-16", "tpu7x-8"],
+)
+def test_two_slices_run_on_their_own_tpu_pools(
+    cluster: Cluster, namespace: str, accelerator: str, topology: str, hosts: int, pool_prefix: str
+) -> None:
     cluster.create_jobset(namespace, tpu_jobset("place", accelerator, topology, hosts, slices=2))
     pods = wait_for(lambda: running_pods(cluster, namespace, "place", 2 * hosts), 60, "pods Running")
 
@@ -116,8 +147,9 @@ def test_jobset_webhooks_default_and_validate(cluster: Cluster, namespace: str) 
     assert created["spec"]["network"]["enableDNSHostnames"] is True
 
     bad = tpu_jobset("hooks-bad", "tpu-v5p-slice", "2x2x1", 1, slices=1, failure_policy=False)
-    bad["spec"]["failurePolicy"] = {"rules": [{"name": "r", "action": "FailJobSet",
-                                               "targetReplicatedJobs": ["no-such-job"]}]}
+    bad["spec"]["failurePolicy"] = {
+        "rules": [{"name": "r", "action": "FailJobSet", "targetReplicatedJobs": ["no-such-job"]}]
+    }
     with pytest.raises(ApiException) as err:
         cluster.create_jobset(namespace, bad)
     assert err.value.status == 403 or err.value.status == 422, err.value
@@ -150,27 +182,36 @@ def test_exit_code_2_fails_the_jobset_without_restart(cluster: Cluster, namespac
     victim = pods[0].metadata.name
     fail_pod(cluster, namespace, victim, 2, message="spec.trainer.mesh: bad")
 
-    failed = wait_for(lambda: jobset_condition(cluster.get_jobset(namespace, "badcfg"), "Failed"), 60,
-                      "JobSet Failed")
+    failed = wait_for(
+        lambda: jobset_condition(cluster.get_jobset(namespace, "badcfg"), "Failed"), 60, "JobSet Failed"
+    )
     # The fault happened (exit code 2), and it was not restarted: restarts 0, no second attempt's pods.
     pod = cluster.core.read_namespaced_pod(victim, namespace)
     assert [cs.state.terminated.exit_code for cs in pod.status.container_statuses] == [2]
     js = cluster.get_jobset(namespace, "badcfg")
     assert js["status"].get("restarts", 0) == 0
     assert failed["reason"] == "FailJobSetFailurePolicyAction", failed
-    attempts = {p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
-                for p in cluster.jobset_pods(namespace, "badcfg")}
+    attempts = {
+        p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
+        for p in cluster.jobset_pods(namespace, "badcfg")
+    }
     assert attempts == {"0"}, attempts
 
 
 def test_counted_restarts_stop_at_max_restarts(cluster: Cluster, namespace: str) -> None:
     cluster.create_jobset(namespace, tpu_jobset("budget", "tpu-v5p-slice", "2x2x1", 1, slices=1))
     for attempt in range(JOBSET_FAILURE_POLICY["maxRestarts"] + 1):
-        pods = wait_for(lambda a=attempt: running_pods(cluster, namespace, "budget", 1, a), 60,
-                        f"attempt {attempt} Running")
+        pods = wait_for(
+            lambda a=attempt: running_pods(cluster, namespace, "budget", 1, a),
+            60,
+            f"attempt {attempt} Running",
+        )
         fail_pod(cluster, namespace, pods[0].metadata.name, 1)
-    failed = wait_for(lambda: jobset_condition(cluster.get_jobset(namespace, "budget"), "Failed"), 60,
-                      "JobSet Failed after the restart budget")
+    failed = wait_for(
+        lambda: jobset_condition(cluster.get_jobset(namespace, "budget"), "Failed"),
+        60,
+        "JobSet Failed after the restart budget",
+    )
     js = cluster.get_jobset(namespace, "budget")
     assert js["status"]["restarts"] == JOBSET_FAILURE_POLICY["maxRestarts"]
     assert failed["reason"] == "ReachedMaxRestarts", failed
@@ -183,12 +224,18 @@ def test_deleting_a_node_restarts_the_jobset_without_counting(cluster: Cluster, 
     node = pods[0].spec.node_name
     with deleted_node(cluster, node):
         # The pod GC marks pods of a vanished node DisruptionTarget after a 40 s quarantine.
-        js = wait_for(lambda: (lambda j: j if j.get("status", {}).get("restarts") == 1 else None)(
-            cluster.get_jobset(namespace, "preempt")), 120, "JobSet restart after node deletion")
+        js = wait_for(
+            lambda: (lambda j: j if j.get("status", {}).get("restarts") == 1 else None)(
+                cluster.get_jobset(namespace, "preempt")
+            ),
+            120,
+            "JobSet restart after node deletion",
+        )
         assert js["status"].get("restartsCountTowardsMax", 0) == 0
         assert jobset_condition(js, "Failed") is None
     # The replacement runs on a v5p-8 pool (the other one, or the deleted node once it is back).
-    new = wait_for(lambda: running_pods(cluster, namespace, "preempt", 1, attempt=1), 60,
-                   "restarted pod Running")
+    new = wait_for(
+        lambda: running_pods(cluster, namespace, "preempt", 1, attempt=1), 60, "restarted pod Running"
+    )
     node_labels = cluster.core.read_node(new[0].spec.node_name).metadata.labels
     assert node_labels[NODEPOOL].startswith("v5p-8-"), node_labels
