@@ -34,7 +34,7 @@ import kopf
 from rljob.operator import conditions as c
 from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
-from rljob.operator.reconcile import PlanCache, Reconciler
+from rljob.operator.reconcile import PlanCache, Reconciler, warm_up
 from rljob.recipes.api import GROUP, PLURAL, VERSION
 from rljob.recipes.render import render
 
@@ -106,6 +106,7 @@ async def on_login(**_: Any) -> kopf.ConnectionInfo:
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
     configure(settings, config)
+    warm_up(render)  # before kopf serves the first admission request
     kube = k8s.Kube(login)
     memo.metrics_runner = await metrics.start_server(
         config.metrics_addr,

@@ -172,6 +172,31 @@ def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
     return dataclasses.replace(plan, max_restarts=max_restarts)
 
 
+def warm_up(render: Renderer) -> None:
+    """Plan one small RLJob and load every catalog recipe, so that the caches the plan path builds on first
+    use (the templates, JobSet's schema validator, MaxText's key sets, pydantic's validators) are built at
+    start-up rather than in the first admission request (about half a second on a loaded 2-core machine;
+    bench/webhook_worst_case.py)."""
+    from rljob.recipes import recipe_catalog
+
+    for name in recipe_catalog.names():
+        recipe_catalog.load(name)
+    body = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": "warm-up", "namespace": "default", "uid": "0", "generation": 1},
+        "spec": {
+            "model": {"name": "Qwen/Qwen3-8B"},
+            "trainer": {"tpu": "v5p-8"},
+            "sampler": {"tpu": "v5p-8"},
+            "storage": {"root": "gs://warm-up"},
+        },
+    }
+    plan = make_plan(body, render)
+    if plan.error is not None:
+        logger.warning("the start-up plan failed: %s", plan.error)
+
+
 def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
     """`obj` with the RLJob's labels and a controller owner reference (garbage collection on delete)."""
     out: dict[str, Any] = json.loads(json.dumps(obj))

@@ -266,7 +266,6 @@ def test_first_failure_of_the_newest_attempt_is_kept() -> None:
     assert caches.put_failure(key, newer_attempt) and caches.failures[key] is newer_attempt
 
 
-<<<<<<< HEAD
 def test_plan_api_url_of_a_service_run() -> None:
     """status.url comes from the rendered Service: the run's name, namespace and spec.service.port."""
     body = rljob(service={"api": "tinker", "port": 9090}, trainer={"tpu": "v5p-8"}, sampler={"tpu": "v5p-8"})
@@ -275,7 +274,8 @@ def test_plan_api_url_of_a_service_run() -> None:
     assert plan.api_url == "http://demo-api.ns.svc:9090"
     assert make_plan(rljob(), render).api_url is None
     assert k8s.kind_of(next(o for o in plan.objects if o["kind"] == "Service")) is k8s.SERVICE
-=======
+
+
 # ------------------------------------------------------------------ ownership, failures to create, upgrades
 
 
@@ -487,4 +487,13 @@ def test_an_upgrade_that_cannot_plan_a_running_run_tracks_its_jobset_to_the_end(
     upgraded.observe_jobset("MODIFIED", js)
     run(upgraded.reconcile(("ns", "demo")))
     assert _status(kube)["phase"] == "Succeeded"
->>>>>>> 7ae4739 (operator: children owned by uid, failures to create them in the status, plan failures permanent, upgrades that cannot plan a running run track it)
+
+
+def test_the_start_up_warm_up_plans_without_a_problem(caplog: pytest.LogCaptureFixture) -> None:
+    """rljob.operator.reconcile.warm_up builds the plan path's caches at start-up; its RLJob must plan (a
+    refusal would be logged, and the caches it meant to fill would stay cold)."""
+    from rljob.operator.reconcile import warm_up
+
+    with caplog.at_level("WARNING", logger="rljob.operator.reconcile"):
+        warm_up(render)
+    assert caplog.records == []
