@@ -13,13 +13,23 @@ from typing import Any
 import pytest
 from fixtures.cluster import Cluster
 from fixtures.recipes import MINIMAL, resolve
+from kubernetes import client
 from rljob.operator import handlers, k8s
-from rljob.operator.reconcile import owned
 from rljob.recipes import render
 
-# The RLJob the objects belong to (as the reconcile's `owned` marks them); the API server does not check
-# that an owner reference names an existing object.
-OWNER = {"metadata": {"name": "t", "namespace": "", "uid": "5b1d2c3e-0000-4000-8000-000000000001"}}
+
+def _owner(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    """A controller owner reference to a real object (a ConfigMap standing in for the RLJob: the garbage
+    collector deletes what an owner reference to a missing object holds)."""
+    cm = cluster.core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata={"name": name}))
+    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm.metadata.uid, "controller": True}
+
+
+def _owned(obj: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(obj)
+    out["metadata"]["ownerReferences"] = [ref]
+    return out
+
 
 pytestmark = pytest.mark.cluster
 
@@ -49,9 +59,9 @@ def test_create_applies_an_existing_object_but_takes_an_existing_jobset_as_it_is
     doc = copy.deepcopy(MINIMAL)
     doc["metadata"]["namespace"] = namespace
     run = resolve(doc)
-    owner = {"metadata": {**OWNER["metadata"], "namespace": namespace}}
-    jobset = owned(render.jobset(run), owner)
-    configmap = owned(render.configmap(run), owner)
+    owner = _owner(cluster, namespace, "owner")
+    jobset = _owned(render.jobset(run), owner)
+    configmap = _owned(render.configmap(run), owner)
     held = copy.deepcopy(jobset)
     held["spec"]["suspend"] = True  # as Kueue holds a queued JobSet
     cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", held)
@@ -72,23 +82,23 @@ def test_create_applies_an_existing_object_but_takes_an_existing_jobset_as_it_is
     assert cm.data == configmap["data"]
 
 
-@pytest.mark.parametrize(
-    "other_owner", [None, "5b1d2c3e-0000-4000-8000-00000000ffff"], ids=["none", "another"]
-)
+@pytest.mark.parametrize("other_owner", [False, True], ids=["none", "another"])
 def test_create_never_touches_an_object_it_does_not_own(
-    cluster: Cluster, namespace: str, other_owner: str | None
+    cluster: Cluster, namespace: str, other_owner: bool
 ) -> None:
     doc = copy.deepcopy(MINIMAL)
     doc["metadata"]["namespace"] = namespace
     run = resolve(doc)
-    owner = {"metadata": {**OWNER["metadata"], "namespace": namespace}}
+    owner = _owner(cluster, namespace, "owner")
     foreign = copy.deepcopy(render.configmap(run))
     foreign["data"] = {"run.json": "{}"}
-    if other_owner is not None:
-        foreign = owned(foreign, {"metadata": {**owner["metadata"], "uid": other_owner}})
+    other = None
+    if other_owner:
+        other = _owner(cluster, namespace, "another-owner")
+        foreign = _owned(foreign, other)
     cluster.core.create_namespaced_config_map(namespace, foreign)
     with pytest.raises(k8s.NotOwned) as err:
-        _create_all(cluster, [owned(render.configmap(run), owner)])
-    assert err.value.owner == (other_owner or "")
+        _create_all(cluster, [_owned(render.configmap(run), owner)])
+    assert err.value.owner == (other["uid"] if other else "")
     cm = cluster.core.read_namespaced_config_map(foreign["metadata"]["name"], namespace)
     assert cm.data == {"run.json": "{}"}  # untouched
