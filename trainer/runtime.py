@@ -271,14 +271,19 @@ def _steps(
         rollouts, src_metrics = decode_rollouts(share_from_first(blob))
         state, metrics = trainer.train_on_batch(state, rollouts)
         done = s + 1
-        streak = streak + 1 if metrics.get("update_skipped", 0.0) > 0 else 0
+        # A step without signal (no token carried a loss weight) makes no update at all: it neither
+        # extends nor ends a streak of non-finite ones.
+        if metrics.get("update_skipped", 0.0) > 0:
+            streak += 1
+        elif not metrics.get("no_signal", 0.0):
+            streak = 0
         metrics["non_finite_streak"] = float(streak)
         if streak >= settings.max_non_finite_steps:
             steplog.step(done, metrics)
             raise Diverged(
-                f"spec.failurePolicy.maxNonFiniteSteps: {streak} consecutive optimizer steps (steps "
-                f"{done - streak}..{s}) had a non-finite loss, gradient or update and were skipped; the run "
-                "stops (lower spec.algorithm.learningRate, or check the rewards and the sampler's log-probs)"
+                f"spec.failurePolicy.maxNonFiniteSteps: {streak} consecutive optimizer steps, the last step "
+                f"{s}, had a non-finite loss, gradient or update and were skipped; the run stops (lower "
+                "spec.algorithm.learningRate, or check the rewards and the sampler's log-probs)"
             )
         saved = done % settings.checkpoint_every == 0 or done == settings.steps
         if saved:

@@ -104,13 +104,20 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
     assert int(final.step) == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final.lora))
 
 
-def _nan_source(tiny_policy: Any, bad_steps: set[int]) -> Any:
-    """Synthetic rollouts; at `bad_steps` every advantage is NaN, so the loss and every gradient are NaN
-    and the train step skips the update (the real containment path, not a mock)."""
+def _nan_source(tiny_policy: Any, bad_steps: set[int], empty_steps: frozenset[int] = frozenset()) -> Any:
+    """Synthetic rollouts with signal at every step; at `bad_steps` every advantage is NaN, so the loss and
+    every gradient are NaN and the train step skips the update (the real containment path, not a mock); at
+    `empty_steps` no rollouts (a step without signal)."""
     import dataclasses
 
     def source(step: int, lora: Any) -> tuple[list[Any], dict[str, float]]:
-        rollouts, metrics = _small_rollouts(tiny_policy, step, seed=3)
+        if step in empty_steps:
+            return [], {}
+        seed = 3
+        rollouts, metrics = _small_rollouts(tiny_policy, step, seed=seed)
+        while not rollouts:  # every group of this draw had equal rewards: draw another
+            seed += 1000
+            rollouts, metrics = _small_rollouts(tiny_policy, step, seed=seed)
         if step in bad_steps:
             rollouts = [dataclasses.replace(r, advantage=float("nan")) for r in rollouts]
         return rollouts, metrics
@@ -132,14 +139,14 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_field_named(
         root = f"{gcs_bucket}/ns/{name}"
         return RunPaths(f"{root}/checkpoints", f"{root}/adapters", f"{root}/rollouts")
 
-    def go(name: str, steps: int, bad: set[int]) -> list[dict[str, Any]]:
+    def go(name: str, steps: int, bad: set[int], empty: frozenset[int] = frozenset()) -> list[dict[str, Any]]:
         out = io.StringIO()
         try:
             run(
                 trainer,
                 paths(name),
                 RunSettings(steps=steps, max_non_finite_steps=3),
-                _nan_source(tiny_policy, bad),
+                _nan_source(tiny_policy, bad, empty),
                 steplog=StepLog(stream=out),
                 reporter=Reporter(None),
             )
@@ -147,20 +154,22 @@ def test_consecutive_non_finite_updates_stop_the_run_with_the_field_named(
             events = [json.loads(x) for x in out.getvalue().splitlines()]
         return events
 
-    # Skipped updates that are not consecutive enough: the run completes, the streak resets.
-    events = go("intermittent", 6, {0, 1, 3, 4})
-    streaks = [e["non_finite_streak"] for e in events if e["event"] == "step"]
-    assert streaks == [1.0, 2.0, 0.0, 1.0, 2.0, 0.0]
-    assert [e["update_skipped"] for e in events if e["event"] == "step"] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0]
-    # Three in a row: Diverged at the third, naming the field, the steps and what to do.
+    # Skipped updates that are not consecutive enough: the run completes, a finite update resets the
+    # streak, a step without signal (no rollouts) leaves it as it is.
+    events = go("intermittent", 7, {0, 1, 3, 4}, frozenset({5}))
+    steps = [e for e in events if e["event"] == "step"]
+    assert [e["update_skipped"] for e in steps] == [1.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0]
+    assert [e["no_signal"] for e in steps] == [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0]
+    assert [e["non_finite_streak"] for e in steps] == [1.0, 2.0, 0.0, 1.0, 2.0, 2.0, 0.0]
+    # Three in a row: Diverged at the third, naming the field, the step and what to do.
     with pytest.raises(Diverged) as err:
         go("diverged", 10, set(range(10)))
     assert str(err.value).startswith(
-        "spec.failurePolicy.maxNonFiniteSteps: 3 consecutive optimizer steps (steps 0..2)"
+        "spec.failurePolicy.maxNonFiniteSteps: 3 consecutive optimizer steps, the last step 2, had a "
     )
     # The streak survives a restart: two skipped steps, a checkpoint, a restart, and one more skip stops it.
     go("resumed", 2, {0, 1})
-    with pytest.raises(Diverged, match=r"\(steps 0\.\.2\)"):
+    with pytest.raises(Diverged, match=r"3 consecutive optimizer steps, the last step 2,"):
         go("resumed", 5, {2, 3, 4})
 
 
