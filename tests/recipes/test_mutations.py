@@ -186,7 +186,8 @@ def _k8s_acceptable(objs: list[dict[str, Any]]) -> None:
         assert _rx(syntax.DNS1123_SUBDOMAIN).fullmatch(meta["name"]) and len(meta["name"]) <= 63, meta
         for value in (meta.get("labels") or {}).values():
             assert _rx(syntax.LABEL_VALUE).fullmatch(value) and len(value) <= 63, value
-    *_, cm, js = objs
+    (cm,) = [o for o in objs if o["kind"] == "ConfigMap"]
+    (js,) = [o for o in objs if o["kind"] == "JobSet"]
     assert len(cm["data"]["run.json"].encode()) <= render.CONFIGMAP_MAX_BYTES
     assert schema.validate_jobset(js) == []
     for rj in js["spec"]["replicatedJobs"]:
