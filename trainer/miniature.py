@@ -119,14 +119,15 @@ def scan_block(model_name: str) -> int:
 
 def describe(model_name: str) -> dict[str, object]:
     """What the miniature of ``model_name`` kept and what it scaled, for a report: ``scaled`` maps each
-    overridden key to ``[full, miniature]``, ``kept`` the model config's other keys (vision-encoder
+    key the miniature changes to ``[full, miniature]``, ``kept`` the model config's other keys (vision-encoder
     keys left out: the trainer builds the text decoder only), plus the decoder block, the layers per
     scanned block and the number of scanned blocks of both sizes."""
     cfg = _model_config(model_name)
     sizes = _SIZES[model_name]
     keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
-    scaled = {k: [cfg.get(k, keyset.defaults.get(k)), _copy(v)] for k, v in sorted(sizes.items())}
-    kept = {k: v for k, v in sorted(cfg.items()) if k not in sizes and not _vision(k)}
+    full = {k: cfg.get(k, keyset.defaults.get(k)) for k in sizes}
+    scaled = {k: [full[k], _copy(v)] for k, v in sorted(sizes.items()) if full[k] != v}
+    kept = {k: v for k, v in sorted(cfg.items()) if k not in scaled and not _vision(k)}
     block = scan_block(model_name)
     full_layers = int(cfg["base_num_decoder_layers"])
     mini_layers = int(sizes["base_num_decoder_layers"])
