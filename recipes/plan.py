@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import maxtext_keys, mesh, naming, syntax, tpu
+from rljob.recipes import lora_targets, maxtext_keys, mesh, naming, startup, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -278,6 +278,9 @@ def resolve(job: RLJob) -> RunConfig:
     alg = spec.algorithm
     assert alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
     seq = alg.max_prompt_tokens + alg.max_tokens
+    group_problem = startup.group_size_problem(alg.group_size)
+    if group_problem:
+        problems.append(group_problem)
     pack = spec.packing
     assert pack.pad_align and pack.segment_align and pack.pad_position
     if pack.token_budget is None:
@@ -382,6 +385,7 @@ def resolve(job: RLJob) -> RunConfig:
         if isinstance(resolved, list):
             problems += resolved
             _maxtext(spec, layers, job, {}, problems, rules=False)
+            problems += _lora_problems(spec, None)
         else:
             ici, dcn = resolved
             devices = trainer_tpu.devices * slices
@@ -408,6 +412,7 @@ def resolve(job: RLJob) -> RunConfig:
                 derived["load_parameters_path"] = spec.model.checkpoint
             keys, sources = _maxtext(spec, layers, job, derived, problems)
             problems += _head_problems(spec, keys, micro * pack.token_budget, devices)
+            problems += _lora_problems(spec, keys)
             trainer_plan = TrainerPlan(
                 tpu=trainer_tpu,
                 slices=slices,
@@ -521,6 +526,27 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
             "tokens"
         )
     return out
+
+
+def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]:
+    """What the trainer checks of spec.lora.targets at start (rljob.recipes.lora_targets, the one table
+    both use): known projection names and, with the MaxText keys, projections the model's decoder block
+    has. ``keys`` None: the names only."""
+    assert spec.lora is not None and spec.model is not None and spec.trainer is not None
+    targets = spec.lora.targets or []
+    block = None
+    if keys is not None:
+        try:
+            keyset = maxtext_keys.load(spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION)
+        except KeyError:
+            return []  # reported by _maxtext
+        model = keyset.models.get(str(spec.model.maxtext_model))
+        if model is None:
+            block = None  # an unknown model name, reported by _maxtext
+        else:
+            default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
+            block = lora_targets.decoder_block(keys, {**default, **model})
+    return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
 
 
 def _storage(root: str, job: RLJob) -> StoragePaths:

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from pydantic import ValidationError
+from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
@@ -279,8 +280,9 @@ class SamplerSource:
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
     ) -> None:
-        if group_size < 2:
-            raise LoopConfigError("spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt")
+        problem = startup.group_size_problem(group_size)  # the plan makes the same check
+        if problem:
+            raise LoopConfigError(problem)
         self.client, self.task, self.steps = client, task, steps
         self.group_size, self.groups = group_size, groups_per_batch
         self.logprobs, self.temperature, self.eval_every = logprobs, temperature, eval_every
