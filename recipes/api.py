@@ -230,6 +230,13 @@ class SamplerSpec(ApiModel):
         description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
         "the next).",
     )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="vLLM --max-num-seqs: sequences one replica decodes at once; the trainer sends a "
+        "replica at most this many at a time. Default 256.",
+    )
     image: str | None = Field(
         default=None,
         description="Sampler container image (a reference such as registry/path:tag or @sha256:...).",

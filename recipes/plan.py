@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "image": DEFAULT_TRAINER_IMAGE,
         "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
     },
-    "sampler": {"replicas": 1, "maxLoras": 2, "image": DEFAULT_SAMPLER_IMAGE},
+    "sampler": {"replicas": 1, "maxLoras": 2, "maxNumSeqs": 256, "image": DEFAULT_SAMPLER_IMAGE},
     "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
     "algorithm": {
         "loss": "importance_sampling",
@@ -369,6 +369,7 @@ def resolve(job: RLJob) -> RunConfig:
             max_model_len=spec.sampler.max_model_len,
             lora_max_rank=spec.lora.rank,
             max_loras=spec.sampler.max_loras,
+            max_num_seqs=spec.sampler.max_num_seqs or 256,
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)

@@ -29,6 +29,9 @@ ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
 COORDINATOR_PORT = 8476
+# Local disk of a pod (or a laptop) where the caches kept under storage.root are restored before start.
+LOCAL_CACHE_ENV = "RLJOB_LOCAL_CACHE"
+LOCAL_CACHE_DEFAULT = "/tmp/rljob-cache"
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
 
@@ -103,6 +106,9 @@ class SamplerPlan(ApiModel):
     max_model_len: int = Field(description="vLLM --max-model-len.")
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")
+    max_num_seqs: int = Field(
+        default=256, description="vLLM --max-num-seqs (sequences in flight per replica)."
+    )
 
 
 class StoragePaths(ApiModel):
@@ -166,6 +172,8 @@ __all__ = [
     "CONFIG_KEY",
     "CONFIG_PATH",
     "COORDINATOR_PORT",
+    "LOCAL_CACHE_DEFAULT",
+    "LOCAL_CACHE_ENV",
     "MESH_AXES",
     "PROGRESS_KEY",
     "SAMPLER_PORT",

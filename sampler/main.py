@@ -40,6 +40,8 @@ from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
     CONFIG_ENV,
+    LOCAL_CACHE_DEFAULT,
+    LOCAL_CACHE_ENV,
     SAMPLER_PORT,
     RunConfig,
 )
@@ -47,6 +49,11 @@ from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, L
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
 
 log = logging.getLogger("rljob.sampler")
+
+
+def local_cache_dir() -> Path:
+    """The pod's (or laptop's) local disk for the caches restored from storage ($RLJOB_LOCAL_CACHE)."""
+    return Path(os.environ.get(LOCAL_CACHE_ENV) or LOCAL_CACHE_DEFAULT)
 
 
 def _port_for(rc: RunConfig, replica: int) -> int:
@@ -128,7 +135,7 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
-        cmd = build_command(rc, port=port)
+        cmd = build_command(rc, port=port, download_dir=str(local_cache_dir() / "hf"))
     except SamplerConfigError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -184,7 +191,9 @@ def cpu_policy(rc: RunConfig) -> Any:
     return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len))
 
 
-def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:
+def run_cpu(
+    rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True, seed: int = 0
+) -> int:
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import CheckpointError
@@ -196,7 +205,7 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, wa
         return EXIT_BAD_CONFIG
     base = f"http://127.0.0.1:{port}"
     watcher = watcher_for(base)
-    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)
+    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status, seed=seed)
 
     async def serve() -> None:
         runner = web.AppRunner(server.app(), access_log=None)
@@ -243,6 +252,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
     p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
     p.add_argument("--no-watch", action="store_true", help="cpu backend: serve only, no adapter watcher")
+    p.add_argument(
+        "--seed", type=int, default=0, help="cpu backend: the server's sampling seed (as vLLM's --seed)"
+    )
     return p
 
 
@@ -261,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
-        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch)
+        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed)
     return run_vllm(rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET)
 
 

@@ -66,6 +66,8 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         raise SamplerConfigError(
             f"spec.lora.rank: {plan.lora_max_rank} is not a vLLM LoRA rank (one of {list(VLLM_LORA_RANKS)})"
         )
+    if plan.max_num_seqs < 1:
+        raise SamplerConfigError(f"spec.sampler.maxNumSeqs: {plan.max_num_seqs} < 1")
     if plan.max_loras < 2:
         raise SamplerConfigError(
             f"spec.sampler.maxLoras: {plan.max_loras} < 2; the hot-swap loads the new version before "
@@ -93,6 +95,12 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         str(plan.max_loras),
         "--max-lora-rank",
         str(plan.lora_max_rank),
+        "--max-num-seqs",
+        str(plan.max_num_seqs),
+        # The API name of the base model stays the Hugging Face id when the weights are served from a
+        # restored local copy (the adapters keep their own versioned names).
+        "--served-model-name",
+        model,
     ]
     maxtext_model = spec.model.maxtext_model if spec.model else None
     if needs_pow2_batched_tokens([model, maxtext_model or ""]):

@@ -48,10 +48,11 @@ from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
 from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
-from rljob.trainer.packing import Rollout
+from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
 
 log = logging.getLogger("rljob.trainer.loop")
 
+PARITY_ALIGN = 128  # row budget rounding of the parity gate when no pack shape is given
 DEFAULT_PARITY_THRESHOLD = 1e-3  # nats; the seed measured 1.7e-4 on TPU, CPU float32 gives ~1e-6
 
 
@@ -170,9 +171,13 @@ class SamplerClient:
         return int(self._retrying(check, f"adapter >= v{min_version}"))
 
     def complete(
-        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, seed: int, min_version: int
+        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
     ) -> list[Completion]:
-        """`n` completions per prompt (prompts split round-robin over the samplers)."""
+        """`n` completions per prompt (prompts split round-robin over the samplers).
+
+        No per-request ``seed`` is sent: vLLM's TPU backend refuses any request that carries one
+        (tpu-inference ``TpuPlatform.validate_request``: "JAX does not support per-request seed"); a
+        sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
         out: list[Completion] = []
         shards: dict[int, list[int]] = {}
         for i in range(len(prompts)):
@@ -190,7 +195,6 @@ class SamplerClient:
                     "n": n,
                     "max_tokens": max_tokens,
                     "temperature": temperature,
-                    "seed": seed,
                     "logprobs": 0,
                     "return_token_ids": True,
                 }
@@ -275,16 +279,18 @@ class SamplerSource:
         temperature: float = 1.0,
         eval_every: int = 10,
         parity_threshold: float = DEFAULT_PARITY_THRESHOLD,
-        seed: int = 0,
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
+        pack: PackConfig | None = None,
     ) -> None:
         if group_size < 2:
             raise LoopConfigError("spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt")
         self.client, self.task, self.steps = client, task, steps
         self.group_size, self.groups = group_size, groups_per_batch
         self.logprobs, self.temperature, self.eval_every = logprobs, temperature, eval_every
-        self.parity_threshold, self.seed = parity_threshold, seed
+        self.parity_threshold = parity_threshold
+        self.pack = pack  # the train step's micro-batch shape, for the parity gate
+        self.parity_shapes: set[tuple[int, int]] = set()
         self.advantage_normalization = advantage_normalization
         self.emit = emit or (lambda rec: print(json.dumps(rec), flush=True))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling")
@@ -300,7 +306,6 @@ class SamplerSource:
             self.group_size,
             self.task.max_tokens,
             self.temperature,
-            self.seed * 100003 + step,
             min_version,
         )
         # Graded later, on the caller's thread (see grade()).
@@ -326,19 +331,34 @@ class SamplerSource:
             self.pending[step] = self.pool.submit(self.sample, step, min_version)
 
     def parity(self, batch: Batch, lora: Any) -> float:
-        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights)."""
+        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights).
+
+        The rollouts are scored packed, in the train step's ``[rows, budget]`` micro-batch shape
+        (``pack``), so the log-prob function compiles once, for the shape it already runs, and not once
+        per distinct rollout length (on a TPU each is a compile of the whole model)."""
+        rollouts = [
+            Rollout(
+                prompt_ids=np.asarray(c.prompt_ids(batch.prompts[c.prompt_index]), np.int32),
+                completion_ids=np.asarray(c.tokens, np.int32),
+                per_token={"sampler_logprobs": np.asarray(c.logprobs, np.float32)},
+            )
+            for c in batch.completions
+        ]
+        cfg = self.pack
+        if cfg is None:
+            longest = max(r.num_tokens for r in rollouts)
+            cfg = PackConfig(budget=align_up(longest, PARITY_ALIGN), rows=1)
         diffs = []
-        for c in batch.completions:
-            ids = c.prompt_ids(batch.prompts[c.prompt_index])
-            seq = np.asarray([ids + list(c.tokens)], np.int32)
-            pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-            lp = np.asarray(self.logprobs(lora, seq, pos, np.ones_like(seq)))[0, len(ids) :]
-            diffs.append(np.abs(lp - np.asarray(c.logprobs, np.float32)))
+        for mb in pack_rollouts(rollouts, cfg):
+            lp = np.asarray(self.logprobs(lora, mb.tokens, mb.positions, mb.segment_ids))
+            scored = (mb.segment_ids > 0) & (mb.prompt_mask == 0)  # the completion tokens
+            diffs.append(np.abs(lp[scored] - mb.fields["sampler_logprobs"][scored]))
+            self.parity_shapes.add(mb.shape)
         return float(np.mean(np.concatenate(diffs)))
 
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
-        comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, 0, min_version)
+        comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, min_version)
         return float(np.mean([self.task.reward(prompts[c.prompt_index], c.tokens, c.text) for c in comps]))
 
     def __call__(self, step: int, lora: Any) -> tuple[list[Rollout], dict[str, float]]:
@@ -457,7 +477,7 @@ def parser() -> argparse.ArgumentParser:
         help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
         "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts (e.g. math sampling)")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     p.add_argument(
@@ -519,9 +539,9 @@ def main(argv: list[str] | None = None) -> int:
             group_size=alg.group_size if alg and alg.group_size else 8,
             groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
             logprobs=jax.jit(policy.next_token_logprobs),
+            pack=step_cfg.pack_config(),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
-            seed=args.seed,
             advantage_normalization=(
                 alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
             ),

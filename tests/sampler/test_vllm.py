@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.recipes import recipe_manifest, resolve
+from rljob.recipes import recipe_catalog
 from rljob.recipes.runconfig import RunConfig
 from rljob.sampler import vllm
 from rljob.trainer.localrun import local_run_config
@@ -78,7 +80,52 @@ def test_command_from_plan(tmp_path: Path, model: str, maxtext: str, pow2: int |
     assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
     assert flags["--port"] == "8123" and flags["--download-dir"] == "/cache/hf"
     assert flags.get("--max-num-batched-tokens") == (str(pow2) if pow2 else None)
+    assert flags["--max-num-seqs"] == str(rc.sampler.max_num_seqs) == "256"
+    assert flags["--served-model-name"] == model
+    assert "--seed" not in flags
     assert cmd.env[vllm.RUNTIME_LORA_ENV] == "True"
+
+
+def _catalog_cases() -> list[tuple[str, str | None]]:
+    cases: list[tuple[str, str | None]] = []
+    for name in recipe_catalog.names():
+        cases.append((name, None))
+        cases += [(name, p) for p in recipe_catalog.load(name).profiles]
+    return cases
+
+
+@pytest.mark.parametrize(("recipe", "profile"), _catalog_cases())
+def test_every_catalog_recipe_serves_with_options_of_the_pinned_vllm(
+    recipe: str, profile: str | None
+) -> None:
+    """The `vllm serve` command of every catalog recipe (and profile), as its sampler pods build it from the
+    rendered run config, uses only options the pinned vllm-tpu parser defines, each once."""
+    rc = resolve(recipe_manifest(recipe, profile))
+    cmd = vllm.build_command(rc, download_dir="/tmp/rljob-cache/hf")
+    assert not _option_problems(cmd.argv), f"{recipe}: {_option_problems(cmd.argv)}"
+    flags = _flags(cmd.argv)
+    assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
+    assert flags["--served-model-name"] == cmd.argv[2] == rc.spec.model.name  # type: ignore[union-attr]
+
+
+def _option_problems(argv: list[str]) -> list[str]:
+    names = [a for a in argv[3:] if a.startswith("--")]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    unknown = sorted(set(names) - set(ARGS["options"]))
+    return [f"given twice: {dup}"] * bool(dup) + [f"not options of vllm {ARGS['version']}: {unknown}"] * bool(
+        unknown
+    )
+
+
+def test_the_catalog_check_catches_unknown_and_repeated_options(tmp_path: Path) -> None:
+    """Broken variants: a typo of --max-num-seqs, an option of another vLLM version, a repeated option."""
+    argv = vllm.build_command(_rc(tmp_path)).argv
+    assert _option_problems(argv) == []
+    assert _option_problems([*argv, "--max-num-seq", "8"]) == [
+        f"not options of vllm {ARGS['version']}: ['--max-num-seq']"
+    ]
+    assert _option_problems([*argv, "--use-v2-block-manager"])  # removed from vLLM long before 0.32
+    assert _option_problems([*argv, "--max-loras", "4"]) == ["given twice: ['--max-loras']"]
 
 
 @pytest.mark.parametrize("name", ["--trust-remote-code", "-x", "a b", "../models/x", "org/name/extra", ""])
