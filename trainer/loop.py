@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -104,10 +105,21 @@ class SamplerClient:
     """OpenAI-style completions against one or more samplers (vLLM or the CPU backend)."""
 
     def __init__(
-        self, urls: list[str], name_prefix: str, timeout: float = 300.0, retry_s: float = 0.05
+        self,
+        urls: list[str],
+        name_prefix: str,
+        timeout: float = 300.0,
+        retry_s: float = 0.05,
+        max_seqs: int = 256,
+        inflight: int = 1,
     ) -> None:
         if not urls:
             raise LoopConfigError("endpoints.samplers: no sampler URL in the run config")
+        if max_seqs < 1 or inflight < 1:
+            raise LoopConfigError(f"spec.sampler.maxNumSeqs: {max_seqs} (and {inflight} slots) must be >= 1")
+        self.max_seqs, self.inflight = max_seqs, inflight
+        # Per replica: requests in flight at once (back-pressure), shared by every call of this client.
+        self._slots = [threading.BoundedSemaphore(inflight) for _ in urls]
         self.urls = [u.rstrip("/") for u in urls]
         self.prefix = name_prefix
         self.timeout = timeout
@@ -173,52 +185,139 @@ class SamplerClient:
     def complete(
         self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
     ) -> list[Completion]:
-        """`n` completions per prompt (prompts split round-robin over the samplers).
+        """`n` completions per prompt, from all the samplers at once.
+
+        The prompts are cut into requests of at most ``max_seqs`` sequences (a replica's
+        ``--max-num-seqs``) and no more than an even share of the replicas; each replica has ``inflight``
+        request slots (per client, so a concurrent evaluation shares them), and a free slot takes the next
+        request from the queue: a faster replica serves more, and a replica that is down, restarting or
+        still on an older adapter version puts its request back for the others (and retries after
+        ``retry_s``). A 4xx answer (other than 404) fails the call (SamplerRejected).
 
         No per-request ``seed`` is sent: vLLM's TPU backend refuses any request that carries one
         (tpu-inference ``TpuPlatform.validate_request``: "JAX does not support per-request seed"); a
         sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
-        out: list[Completion] = []
-        shards: dict[int, list[int]] = {}
-        for i in range(len(prompts)):
-            shards.setdefault(i % len(self.urls), []).append(i)
-        for u, idxs in shards.items():
-            url = self.urls[u]
+        if not prompts:
+            return []
+        per_request = max(1, min(self.max_seqs // max(1, n), -(-len(prompts) // len(self.urls))))
+        queue: deque[list[int]] = deque(
+            list(range(i, min(i + per_request, len(prompts)))) for i in range(0, len(prompts), per_request)
+        )
+        results: list[list[Completion]] = []
+        failures: list[BaseException] = []
+        cond = threading.Condition()
+        state: dict[str, Any] = {"pending": len(queue), "wait_from": None}
 
-            def call(url: str = url, idxs: list[int] = idxs) -> Any:
-                version = self.wait_version(url, min_version)
-                body: dict[str, Any] = {
-                    "model": f"{self.prefix}-v{version}",
-                    "prompt": [
-                        prompts[i].tokens if prompts[i].tokens is not None else prompts[i].text for i in idxs
-                    ],
-                    "n": n,
-                    "max_tokens": max_tokens,
-                    "temperature": temperature,
-                    "logprobs": 0,
-                    "return_token_ids": True,
-                }
-                return self._request(f"{url}/v1/completions", body)
+        def body_of(idxs: list[int], version: int) -> dict[str, Any]:
+            return {
+                "model": f"{self.prefix}-v{version}",
+                "prompt": [
+                    prompts[i].tokens if prompts[i].tokens is not None else prompts[i].text for i in idxs
+                ],
+                "n": n,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "logprobs": 0,
+                "return_token_ids": True,
+            }
 
-            resp = self._retrying(call, "completions")
-            model = str(resp["model"])
-            for ch in resp["choices"]:
-                k = int(ch["index"])
-                lp = ch.get("logprobs") or {}
-                out.append(
-                    Completion(
-                        prompt_index=idxs[k // n],
-                        tokens=[int(t) for t in ch["token_ids"]],
-                        logprobs=[float(x) for x in lp.get("token_logprobs", [])],
-                        text=str(ch.get("text", "")),
-                        adapter=model,
-                        prompt_tokens=(
-                            [int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") else None
-                        ),
+        def worker(u: int) -> None:
+            url, slots = self.urls[u], self._slots[u]
+            while True:
+                with cond:
+                    while not queue and state["pending"] and not failures and not self._closed.is_set():
+                        cond.wait(self.retry_s)
+                    if not state["pending"] or failures or self._closed.is_set():
+                        return
+                    idxs = queue.popleft()
+                try:
+                    with slots:
+                        version = self.served_version(url)
+                        if version is None or version < min_version:
+                            raise SamplerUnavailable(
+                                f"{url} serves adapter v{version}, waiting for >= v{min_version}"
+                            )
+                        resp = self._request(f"{url}/v1/completions", body_of(idxs, version))
+                    comps = _completions(resp, idxs, n)
+                except (
+                    urllib.error.URLError,
+                    ConnectionError,
+                    TimeoutError,
+                    SamplerUnavailable,
+                    OSError,
+                ) as e:
+                    rejected = (
+                        e
+                        if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code != 404
+                        else None
                     )
-                )
+                    with cond:
+                        if rejected is not None:
+                            # The sampler refuses the request itself: waiting would not help.
+                            text = rejected.read().decode(errors="replace")[:300]
+                            failures.append(SamplerRejected(f"completions: HTTP {rejected.code}: {text}"))
+                        else:
+                            if state["wait_from"] is None:
+                                state["wait_from"] = time.monotonic()
+                                log.warning("sampler unavailable (%s): %s; waiting", url, e)
+                            queue.appendleft(idxs)
+                        cond.notify_all()
+                    if rejected is None:
+                        self._closed.wait(self.retry_s)
+                    continue
+                except (KeyError, ValueError, TypeError) as e:
+                    with cond:
+                        failures.append(SamplerRejected(f"completions from {url}: malformed answer: {e!r}"))
+                        cond.notify_all()
+                    return
+                with cond:
+                    results.append(comps)
+                    state["pending"] -= 1
+                    if state["wait_from"] is not None:
+                        waited = time.monotonic() - state["wait_from"]
+                        log.warning("sampler back after %.1fs", waited)
+                        self.waited_s += waited
+                        state["wait_from"] = None
+                    cond.notify_all()
+
+        threads = [
+            threading.Thread(target=worker, args=(u,), daemon=True, name=f"sampler-{u}-{k}")
+            for u in range(len(self.urls))
+            for k in range(self.inflight)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failures:
+            raise failures[0]
+        if state["pending"]:
+            raise SamplerClosed("completions: the sampler client was closed")
+        out = [c for part in results for c in part]
         out.sort(key=lambda c: c.prompt_index)
         return out
+
+
+def _completions(resp: Any, idxs: list[int], n: int) -> list[Completion]:
+    """The completions of one /v1/completions answer for prompts ``idxs`` (``n`` choices each)."""
+    model = str(resp["model"])
+    out = []
+    for ch in resp["choices"]:
+        k = int(ch["index"])
+        lp = ch.get("logprobs") or {}
+        out.append(
+            Completion(
+                prompt_index=idxs[k // n],
+                tokens=[int(t) for t in ch["token_ids"]],
+                logprobs=[float(x) for x in lp.get("token_logprobs", [])],
+                text=str(ch.get("text", "")),
+                adapter=model,
+                prompt_tokens=(
+                    [int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") else None
+                ),
+            )
+        )
+    return out
 
 
 def version_of(adapter: str) -> int:
@@ -518,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = args.steps or (alg.steps if alg and alg.steps else 100)
     try:
         task = task_of(rc, args.seed)
-        client = SamplerClient(rc.endpoints.samplers, rc.name)
+        client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         else:
