@@ -215,7 +215,24 @@ class SamplerSpec(ApiModel):
         default=None,
         ge=1,
         le=4096,
-        description="vLLM --tensor-parallel-size. Default: the JAX devices of one host.",
+        description="Tensor parallelism of one replica (tpu-inference's tensor_parallelism). "
+        "tensorParallel x dataParallel x expertParallel must equal the replica's devices, and the model's "
+        "KV heads must divide by it. Default: the replica's devices / (dataParallel x expertParallel).",
+    )
+    expert_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Expert parallelism of one replica for a mixture-of-experts model (tpu-inference's "
+        "expert_parallelism; vLLM --enable-expert-parallel); the model's experts must divide by it. "
+        "Default 1.",
+    )
+    data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Data parallelism inside one replica (vLLM --data-parallel-size). Default 1; the "
+        "pinned vLLM TPU build serves LoRA only at 1.",
     )
     max_model_len: int | None = Field(
         default=None,

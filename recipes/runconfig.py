@@ -102,7 +102,11 @@ class SamplerPlan(ApiModel):
 
     tpu: TpuPlan = Field(description="One sampler slice.")
     replicas: int = Field(description="Sampler slices (one vLLM server each).")
-    tensor_parallel: int = Field(description="vLLM --tensor-parallel-size.")
+    tensor_parallel: int = Field(description="Tensor parallelism (tpu-inference tensor_parallelism).")
+    expert_parallel: int = Field(
+        default=1, description="Expert parallelism (tpu-inference expert_parallelism)."
+    )
+    data_parallel: int = Field(default=1, description="vLLM --data-parallel-size.")
     max_model_len: int = Field(description="vLLM --max-model-len.")
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,10 +74,15 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
             f"spec.sampler.maxLoras: {plan.max_loras} < 2; the hot-swap loads the new version before "
             "unloading the one being served"
         )
-    if plan.tensor_parallel < 1 or plan.tensor_parallel > plan.tpu.devices:
+    tp, ep, dp = plan.tensor_parallel, plan.expert_parallel, plan.data_parallel
+    if min(tp, ep, dp) < 1 or tp * ep * dp != plan.tpu.devices:
         raise SamplerConfigError(
-            f"spec.sampler.tensorParallel: {plan.tensor_parallel} is not within 1..{plan.tpu.devices} "
-            "(the devices of one sampler slice)"
+            f"spec.sampler.tensorParallel: {tp} x expertParallel {ep} x dataParallel {dp} is not the "
+            f"{plan.tpu.devices} devices of one sampler slice"
+        )
+    if dp != 1:
+        raise SamplerConfigError(
+            f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA only without data parallelism"
         )
     argv = [
         "vllm",
@@ -87,7 +93,7 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         "--port",
         str(port),
         "--tensor-parallel-size",
-        str(plan.tensor_parallel),
+        str(tp * ep),
         "--max-model-len",
         str(plan.max_model_len),
         "--enable-lora",
@@ -113,6 +119,20 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         # LoRA is served on tpu-inference's torch (vLLM model) path only.
         "MODEL_IMPL_TYPE": "vllm",
     }
+    if ep > 1:
+        # Expert parallelism as tpu-inference names it: its ShardingStrategy (additional_config
+        # sharding.sharding_strategy) splits the replica's devices into tensor_parallelism x
+        # expert_parallelism, where an explicit tensor_parallelism wins over --tensor-parallel-size (which
+        # stays the replica's device count: vLLM's world size). vLLM's fused MoE layers shard by expert
+        # under --enable-expert-parallel; the mesh has an expert axis only in tpu-inference's
+        # NEW_MODEL_DESIGN layout (its default 2D mesh is data x model). Not run on a TPU by rljob's tests.
+        strategy = {"tensor_parallelism": tp, "expert_parallelism": ep}
+        argv += [
+            "--enable-expert-parallel",
+            "--additional-config",
+            json.dumps({"sharding": {"sharding_strategy": strategy}}, separators=(",", ":")),
+        ]
+        env["NEW_MODEL_DESIGN"] = "1"
     return VllmCommand(argv=argv, env=env)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -311,3 +312,38 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_moe_layout_reaches_vllm_as_tpu_inference_names_it() -> None:
+    """The 397B recipe: tensor 2 x expert 16 over a tpu7x-32 replica's 32 devices."""
+    rc = resolve(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))
+    assert (rc.sampler.tensor_parallel, rc.sampler.expert_parallel, rc.sampler.data_parallel) == (2, 16, 1)
+    cmd = vllm.build_command(rc)
+    flags = _flags(cmd.argv)
+    assert flags["--tensor-parallel-size"] == "32"  # vLLM's world size: every device of the replica
+    assert "--enable-expert-parallel" in flags and "--data-parallel-size" not in flags
+    assert json.loads(flags["--additional-config"] or "") == {
+        "sharding": {"sharding_strategy": {"tensor_parallelism": 2, "expert_parallelism": 16}}
+    }
+    assert cmd.env["NEW_MODEL_DESIGN"] == "1"
+    dense = vllm.build_command(resolve(recipe_manifest("qwen3-8b-v5p")))
+    assert "--enable-expert-parallel" not in dense.argv and "NEW_MODEL_DESIGN" not in dense.env
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        (
+            {"expert_parallel": 3},
+            "tensorParallel: 4 x expertParallel 3 x dataParallel 1 is not the 4 devices",
+        ),
+        ({"tensor_parallel": 2, "data_parallel": 2}, "dataParallel: 2; vLLM's TPU backend serves LoRA only"),
+    ],
+)
+def test_a_hand_written_layout_is_refused_where_it_becomes_arguments(
+    tmp_path: Path, update: dict[str, int], message: str
+) -> None:
+    rc = _rc(tmp_path)
+    rc = rc.model_copy(update={"sampler": rc.sampler.model_copy(update=update)})
+    with pytest.raises(vllm.SamplerConfigError, match=re.escape(f"spec.sampler.{message}")):
+        vllm.build_command(rc)
