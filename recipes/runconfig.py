@@ -29,6 +29,12 @@ ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
 COORDINATOR_PORT = 8476
+# A multi-host sampler replica is one vLLM server over a Ray cluster (rljob.sampler.ray_replica): the
+# replica's hosts, its head's address (pod 0) and the Ray head's port, in every sampler container's env.
+SAMPLER_HOSTS_ENV = "RLJOB_SAMPLER_HOSTS"
+RAY_HEAD_ENV = "RLJOB_RAY_HEAD"
+RAY_PORT_ENV = "RLJOB_RAY_PORT"
+RAY_PORT = 6379
 # Local disk of a pod (or a laptop) where the caches kept under storage.root are restored before start.
 LOCAL_CACHE_ENV = "RLJOB_LOCAL_CACHE"
 LOCAL_CACHE_DEFAULT = "/tmp/rljob-cache"
@@ -180,6 +186,10 @@ __all__ = [
     "LOCAL_CACHE_ENV",
     "MESH_AXES",
     "PROGRESS_KEY",
+    "RAY_HEAD_ENV",
+    "RAY_PORT",
+    "RAY_PORT_ENV",
+    "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
     "Endpoints",
     "MeshPlan",

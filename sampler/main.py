@@ -45,6 +45,7 @@ from rljob.recipes.runconfig import (
     SAMPLER_PORT,
     RunConfig,
 )
+from rljob.sampler import ray_replica
 from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
 
@@ -136,12 +137,28 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         return EXIT_BAD_CONFIG
     try:
         cmd = build_command(rc, port=port, download_dir=str(local_cache_dir() / "hf"))
-    except SamplerConfigError as e:
+        layout = ray_replica.layout_from_env(os.environ)
+    except (SamplerConfigError, ray_replica.BootstrapError) as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
     env = {**os.environ, **cmd.env}
-    log.warning("exec: %s", " ".join(cmd.argv))
-    proc = subprocess.Popen(cmd.argv, env=env)
+    replica: ray_replica.RayReplica | None = None
+    if layout is not None and not layout.is_head:
+        log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
+        return ray_replica.run_worker(layout, env)
+    if layout is not None:
+        # The head: every worker joins before `vllm serve` starts (its /health covers the whole replica).
+        replica = ray_replica.RayReplica(layout, env)
+        replica.start_head()
+        if not replica.wait_for_workers():
+            replica.stop()
+            return ray_replica.EXIT_REPLICA_LOST
+        argv = [*cmd.argv, *ray_replica.RAY_EXECUTOR_ARGS]
+        log.warning("exec on the ray head: %s", " ".join(argv))
+        proc = replica.start_serve(argv, env)
+    else:
+        log.warning("exec: %s", " ".join(cmd.argv))
+        proc = subprocess.Popen(cmd.argv, env=env)
 
     def forward(sig: int, _f: FrameType | None) -> None:
         proc.send_signal(sig)
@@ -154,7 +171,8 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         _status_server(status_port, watcher, watcher_for.agent(base))
         if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
             watcher.start()
-    return proc.wait()
+    code = proc.wait()
+    return replica.finish(code) if replica is not None else code
 
 
 class WatcherFactory:
