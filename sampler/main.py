@@ -40,21 +40,15 @@ from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
     CONFIG_ENV,
-    LOCAL_CACHE_DEFAULT,
-    LOCAL_CACHE_ENV,
     SAMPLER_PORT,
     RunConfig,
 )
 from rljob.sampler import ray_replica
 from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
+from rljob.trainer import caches
 
 log = logging.getLogger("rljob.sampler")
-
-
-def local_cache_dir() -> Path:
-    """The pod's (or laptop's) local disk for the caches restored from storage ($RLJOB_LOCAL_CACHE)."""
-    return Path(os.environ.get(LOCAL_CACHE_ENV) or LOCAL_CACHE_DEFAULT)
 
 
 def _port_for(rc: RunConfig, replica: int) -> int:
@@ -136,16 +130,22 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
-        cmd = build_command(rc, port=port, download_dir=str(local_cache_dir() / "hf"))
+        cmd = build_command(rc, port=port, download_dir=str(caches.local_root() / caches.HF))
         layout = ray_replica.layout_from_env(os.environ)
     except (SamplerConfigError, ray_replica.BootstrapError) as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
-    env = {**os.environ, **cmd.env}
-    replica: ray_replica.RayReplica | None = None
     if layout is not None and not layout.is_head:
         log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
-        return ray_replica.run_worker(layout, env)
+        return ray_replica.run_worker(layout, {**os.environ, **cmd.env})
+    # The model download and tpu-inference's XLA cache, restored from storage.cache to local disk.
+    syncs = [
+        caches.CacheSync(n, rc.storage.cache, caches.local_root()) for n in (caches.HF, caches.JAX_SAMPLER)
+    ]
+    for s in syncs:
+        s.restore()
+    env = {**os.environ, **cmd.env, "VLLM_XLA_CACHE_PATH": str(syncs[1].local)}
+    replica: ray_replica.RayReplica | None = None
     if layout is not None:
         # The head: every worker joins before `vllm serve` starts (its /health covers the whole replica).
         replica = ray_replica.RayReplica(layout, env)
@@ -171,7 +171,11 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         _status_server(status_port, watcher, watcher_for.agent(base))
         if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
             watcher.start()
+        for s in syncs:  # seed storage with what this start downloaded and compiled
+            s.start()
     code = proc.wait()
+    for s in syncs:
+        s.close()
     return replica.finish(code) if replica is not None else code
 
 
@@ -212,6 +216,10 @@ def cpu_policy(rc: RunConfig) -> Any:
 def run_cpu(
     rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True, seed: int = 0
 ) -> int:
+    # JAX's compilation cache, restored from storage.cache: a restart compiles nothing it compiled before.
+    # First, before any import that may compile (JAX decides once, at its first compilation, whether a
+    # persistent cache is in use).
+    sync = caches.jax_compilation_cache(caches.JAX_SAMPLER, rc.storage.cache, caches.local_root())
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import CheckpointError
@@ -242,6 +250,7 @@ def run_cpu(
         await runner.cleanup()
 
     asyncio.run(serve())
+    print(f"cache {sync.name}: {sync.close()} new files saved to {sync.uri}", file=sys.stderr, flush=True)
     return 0
 
 

@@ -603,6 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
+    from rljob.trainer import caches
     from rljob.trainer.main import BadConfig, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
@@ -615,6 +616,10 @@ def main(argv: list[str] | None = None) -> int:
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
     steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    # JAX's compilation cache, restored from storage.cache before anything compiles.
+    jax_cache = caches.jax_compilation_cache(
+        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
+    )
     try:
         task = task_of(rc, args.seed)
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
@@ -679,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     finally:
         source.close()
+        jax_cache.close()
     return EXIT_OK
 
 
