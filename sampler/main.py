@@ -135,16 +135,18 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
     except (SamplerConfigError, ray_replica.BootstrapError) as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
-    if layout is not None and not layout.is_head:
-        log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
-        return ray_replica.run_worker(layout, {**os.environ, **cmd.env})
-    # The model download and tpu-inference's XLA cache, restored from storage.cache to local disk.
+    # The model download and tpu-inference's XLA cache, restored from storage.cache to local disk: on
+    # every host of a replica, since each Ray worker loads its weights and compiles from its own disk (vLLM
+    # copies VLLM_* variables such as VLLM_XLA_CACHE_PATH to its Ray workers). The head seeds them back.
     syncs = [
         caches.CacheSync(n, rc.storage.cache, caches.local_root()) for n in (caches.HF, caches.JAX_SAMPLER)
     ]
     for s in syncs:
         s.restore()
     env = {**os.environ, **cmd.env, "VLLM_XLA_CACHE_PATH": str(syncs[1].local)}
+    if layout is not None and not layout.is_head:
+        log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
+        return ray_replica.run_worker(layout, env)
     replica: ray_replica.RayReplica | None = None
     if layout is not None:
         # The head: every worker joins before `vllm serve` starts (its /health covers the whole replica).
