@@ -30,14 +30,17 @@ it sees every node of the replica before it serves).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG
@@ -280,6 +283,81 @@ def standin_serve(expect: int, port: int, prefix: str) -> int:
                 return 1
     finally:
         replica.stop()
+
+
+# Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray.
+LOCAL_RAY_ARGS = ["--num-cpus=1", "--disable-usage-stats", "--dashboard-agent-listen-port=0"]
+LOCAL_HEAD_RAY_ARGS = ["--include-dashboard=false"]
+
+
+@dataclass
+class LocalReplica:
+    """A multi-host replica rehearsed on one machine: one bootstrap process per pod (each in its own
+    process group, with its Ray node), the head serving ``url`` once every worker has joined."""
+
+    pods: list[subprocess.Popen[bytes]]
+    url: str
+    logs: list[Path]
+
+    def wait_healthy(self, timeout_s: float = 300.0) -> bool:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.pods[0].poll() is None:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
+                    return True
+            except OSError:
+                time.sleep(1.0)
+        return False
+
+    def kill(self, pod: int, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pods[pod].pid, sig)
+
+    def stop(self) -> None:
+        for i, p in enumerate(self.pods):
+            self.kill(i, signal.SIGTERM)
+            try:
+                p.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.kill(i, signal.SIGKILL)
+
+
+def start_local_replica(
+    pod_envs: list[Mapping[str, str]],
+    serve_port: int,
+    ray_port: int,
+    log_dir: Path,
+    serve: list[str] | None = None,
+    head_args: list[str] | None = None,
+) -> LocalReplica:
+    """Start the pods of one replica on this machine with the environments the render gives them (pod 0
+    first), the head's address and Ray port replaced by local ones (the JobSet's DNS name does not resolve
+    here). ``serve`` is the head's server command (default: the stand-in that checks every node)."""
+    expect = len(pod_envs)
+    serve = serve or [
+        sys.executable, "-m", "rljob.sampler.ray_replica", "standin-serve", "--expect", str(expect),
+        "--port", str(serve_port),
+    ]  # fmt: skip
+    log_dir.mkdir(parents=True, exist_ok=True)
+    pods, logs = [], []
+    for i, pod_env in enumerate(pod_envs):
+        env = {**os.environ, **pod_env, RAY_HEAD_ENV: "127.0.0.1", RAY_PORT_ENV: str(ray_port)}
+        layout = layout_from_env(env)
+        if layout is None or layout.pod_index != i:
+            raise BootstrapError(f"pod {i}: its environment is not pod {i} of a multi-host replica")
+        argv = [sys.executable, "-m", "rljob.sampler.ray_replica", "bootstrap"]
+        argv += [f"--ray-arg={a}" for a in LOCAL_RAY_ARGS]
+        if layout.is_head:
+            argv += [f"--head-ray-arg={a}" for a in LOCAL_HEAD_RAY_ARGS]
+            argv += [*(head_args or []), "--", *serve]
+        logs.append(log_dir / f"pod-{i}.log")
+        with logs[-1].open("wb") as out:
+            pods.append(
+                subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+    return LocalReplica(pods, f"http://127.0.0.1:{serve_port}", logs)
 
 
 def main(argv: list[str] | None = None) -> int:
