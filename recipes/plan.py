@@ -531,6 +531,7 @@ def _sampler_layout_problems(
     mesh: tensor x data x expert parallelism is every device of the replica (its ShardingConfigManager
     multiplies them); the KV heads split over tensor parallelism, the experts over expert parallelism;
     and the pinned build refuses LoRA with data parallelism (tpu-inference 0.32.0,
+    ShardingConfigManager.validate in https://github.com/vllm-project/tpu-inference/blob/main/
     tpu_inference/layers/common/sharding.py: "LoRA is not supported with data parallelism")."""
     out = []
     if tp * dp * ep != devices:

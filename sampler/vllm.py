@@ -125,7 +125,10 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         # expert_parallelism, where an explicit tensor_parallelism wins over --tensor-parallel-size (which
         # stays the replica's device count: vLLM's world size). vLLM's fused MoE layers shard by expert
         # under --enable-expert-parallel; the mesh has an expert axis only in tpu-inference's
-        # NEW_MODEL_DESIGN layout (its default 2D mesh is data x model). Not run on a TPU by rljob's tests.
+        # NEW_MODEL_DESIGN layout (its default 2D mesh is data x model). Sources:
+        # https://github.com/vllm-project/tpu-inference/blob/main/tpu_inference/layers/common/sharding.py,
+        # .../tpu_inference/runner/tpu_runner.py, .../tpu_inference/layers/vllm/quantization/configs.py.
+        # Not run on a TPU by rljob's tests.
         strategy = {"tensor_parallelism": tp, "expert_parallelism": ep}
         argv += [
             "--enable-expert-parallel",

@@ -195,7 +195,8 @@ class SamplerClient:
         ``retry_s``). A 4xx answer (other than 404) fails the call (SamplerRejected).
 
         No per-request ``seed`` is sent: vLLM's TPU backend refuses any request that carries one
-        (tpu-inference ``TpuPlatform.validate_request``: "JAX does not support per-request seed"); a
+        (``TpuPlatform.validate_request`` in https://github.com/vllm-project/tpu-inference/blob/main/
+        tpu_inference/platforms/tpu_platform.py: "JAX does not support per-request seed"); a
         sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
         if not prompts:
             return []
