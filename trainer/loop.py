@@ -260,7 +260,12 @@ class SamplerClient:
                         else:
                             if state["wait_from"] is None:
                                 state["wait_from"] = time.monotonic()
-                                log.warning("sampler unavailable (%s): %s; waiting", url, e)
+                                log.warning(
+                                    "sampler unavailable (adapter >= v%d): %s: %s; waiting",
+                                    min_version,
+                                    url,
+                                    e,
+                                )
                             queue.appendleft(idxs)
                         cond.notify_all()
                     if rejected is None:
