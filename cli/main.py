@@ -148,7 +148,8 @@ def explain(run: RunConfig) -> str:
         "sampler:",
         f"  tpu: {s.tpu.type_name} = {s.tpu.accelerator} {s.tpu.topology}, {s.tpu.chips} chips, "
         f"{s.tpu.hosts} hosts, {s.tpu.devices} devices per replica",
-        f"  replicas: {s.replicas}, tensor parallel {s.tensor_parallel}, max model len {s.max_model_len}",
+        f"  replicas: {s.replicas}, tensor x expert x data parallel {s.tensor_parallel} x "
+        f"{s.expert_parallel} x {s.data_parallel}, max model len {s.max_model_len}",
         f"  vLLM TPU backend (tpu-inference): {_vllm_support(s.tpu.accelerator)}",
         f"  lora: rank {spec.lora.rank}, alpha {spec.lora.alpha:g}, max loras {s.max_loras}, targets "
         f"{', '.join(spec.lora.targets or [])}",

@@ -215,7 +215,24 @@ class SamplerSpec(ApiModel):
         default=None,
         ge=1,
         le=4096,
-        description="vLLM --tensor-parallel-size. Default: the JAX devices of one host.",
+        description="Tensor parallelism of one replica (tpu-inference's tensor_parallelism). "
+        "tensorParallel x dataParallel x expertParallel must equal the replica's devices, and the model's "
+        "KV heads must divide by it. Default: the replica's devices / (dataParallel x expertParallel).",
+    )
+    expert_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Expert parallelism of one replica for a mixture-of-experts model (tpu-inference's "
+        "expert_parallelism; vLLM --enable-expert-parallel); the model's experts must divide by it. "
+        "Default 1.",
+    )
+    data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Data parallelism inside one replica (vLLM --data-parallel-size). Default 1; the "
+        "pinned vLLM TPU build serves LoRA only at 1.",
     )
     max_model_len: int | None = Field(
         default=None,
@@ -229,6 +246,13 @@ class SamplerSpec(ApiModel):
         le=64,
         description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
         "the next).",
+    )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="vLLM --max-num-seqs: sequences one replica decodes at once; the trainer sends a "
+        "replica at most this many at a time. Default 256.",
     )
     image: str | None = Field(
         default=None,

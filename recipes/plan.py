@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, naming, startup, syntax, tpu
+from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, startup, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "image": DEFAULT_TRAINER_IMAGE,
         "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
     },
-    "sampler": {"replicas": 1, "maxLoras": 2, "image": DEFAULT_SAMPLER_IMAGE},
+    "sampler": {"replicas": 1, "maxLoras": 2, "maxNumSeqs": 256, "image": DEFAULT_SAMPLER_IMAGE},
     "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
     "algorithm": {
         "loss": "importance_sampling",
@@ -349,14 +349,12 @@ def resolve(job: RLJob) -> RunConfig:
     # ---- sampler
     sampler_plan = None
     if sampler_tpu is not None:
-        host_devices = sampler_tpu.chips_per_host * sampler_tpu.devices_per_chip
-        tp = spec.sampler.tensor_parallel or host_devices
-        spec.sampler.tensor_parallel = tp
-        if sampler_tpu.devices % tp:
-            problems.append(
-                f"spec.sampler.tensorParallel: {tp} does not divide the {sampler_tpu.devices} devices of a "
-                f"{sampler_tpu.type_name} slice"
-            )
+        devices = sampler_tpu.devices
+        ep = spec.sampler.expert_parallel or 1
+        dp = spec.sampler.data_parallel or 1
+        tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
+        spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
+        problems += _sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name)
         if spec.sampler.max_model_len is None:
             spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
         if spec.sampler.max_model_len < seq:
@@ -369,9 +367,12 @@ def resolve(job: RLJob) -> RunConfig:
             tpu=sampler_tpu,
             replicas=spec.sampler.replicas,
             tensor_parallel=tp,
+            expert_parallel=ep,
+            data_parallel=dp,
             max_model_len=spec.sampler.max_model_len,
             lora_max_rank=spec.lora.rank,
             max_loras=spec.sampler.max_loras,
+            max_num_seqs=spec.sampler.max_num_seqs or 256,
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
@@ -547,6 +548,42 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
             default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
             block = lora_targets.decoder_block(keys, {**default, **model})
     return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
+
+
+def _sampler_layout_problems(
+    spec: RLJobSpec, tp: int, ep: int, dp: int, devices: int, tpu_name: str
+) -> list[str]:
+    """How one sampler replica is parallelised, checked as vLLM's TPU backend (tpu-inference) builds its
+    mesh: tensor x data x expert parallelism is every device of the replica (its ShardingConfigManager
+    multiplies them); the KV heads split over tensor parallelism, the experts over expert parallelism;
+    and the pinned build refuses LoRA with data parallelism (tpu-inference 0.32.0,
+    ShardingConfigManager.validate in https://github.com/vllm-project/tpu-inference/blob/main/
+    tpu_inference/layers/common/sharding.py: "LoRA is not supported with data parallelism")."""
+    out = []
+    if tp * dp * ep != devices:
+        out.append(
+            f"spec.sampler.tensorParallel: {tp} x dataParallel {dp} x expertParallel {ep} = {tp * dp * ep} "
+            f"is not the {devices} devices of a {tpu_name} sampler replica"
+        )
+    if dp > 1:
+        out.append(
+            f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA adapters only without data "
+            "parallelism (use tensorParallel / expertParallel, or more replicas)"
+        )
+    model = spec.model.maxtext_model if spec.model else None
+    f = models.facts(model)
+    if f is not None:
+        if f.num_kv_heads % tp:
+            out.append(
+                f"spec.sampler.tensorParallel: {tp} does not divide the {f.num_kv_heads} KV heads of {model}"
+            )
+        if ep > 1 and not f.num_experts:
+            out.append(f"spec.sampler.expertParallel: {ep}, but {model} has no experts")
+        elif f.num_experts and f.num_experts % ep:
+            out.append(
+                f"spec.sampler.expertParallel: {ep} does not divide the {f.num_experts} experts of {model}"
+            )
+    return out
 
 
 def _storage(root: str, job: RLJob) -> StoragePaths:

@@ -27,6 +27,10 @@ from rljob.recipes.runconfig import (
     CONFIG_KEY,
     CONFIG_PATH,
     COORDINATOR_PORT,
+    RAY_HEAD_ENV,
+    RAY_PORT,
+    RAY_PORT_ENV,
+    SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
 )
 from rljob.recipes.tpu import TPU_RESOURCE
@@ -161,6 +165,13 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]
                     env.append({"name": API_KEYS_ENV, "valueFrom": {"secretKeyRef": ref}})
         else:
             ports.append({"name": "http", "containerPort": SAMPLER_PORT, "protocol": "TCP"})
+            if tpu.hosts > 1:  # one vLLM server over the replica's hosts: a Ray cluster, head in pod 0
+                env += [
+                    {"name": SAMPLER_HOSTS_ENV, "value": str(tpu.hosts)},
+                    {"name": RAY_HEAD_ENV, "value": naming.replica_head(run.name, role)},
+                    {"name": RAY_PORT_ENV, "value": str(RAY_PORT)},
+                ]
+                ports.append({"name": "ray", "containerPort": RAY_PORT, "protocol": "TCP"})
         out.append(
             {
                 "name": role if n == 1 else f"{role}-{i}",

@@ -40,7 +40,8 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
     ),
     (
         "sampler.tensorParallel min",
-        {"sampler": {"tensorParallel": 1}},
+        # TP x DP x EP is the replica's devices: 1 x 1 x 4 over a v5p-8 of the MoE gpt-oss-20b.
+        {"model": {"maxtextModel": "gpt-oss-20b"}, "sampler": {"tensorParallel": 1, "expertParallel": 4}},
         ("sampler.tensor_parallel", 1),
         {"sampler": {"tensorParallel": 0}},
         "spec.sampler.tensorParallel: Input should be greater than or equal to 1",
