@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import maxtext_keys, mesh, naming, syntax, tpu
+from rljob.recipes import maxtext_keys, mesh, naming, overrides, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -421,6 +421,10 @@ def resolve(job: RLJob) -> RunConfig:
                 maxtext=keys,
                 maxtext_sources=sources,
             )
+
+    # ---- pod overrides
+    problems += overrides.problems("spec.trainer.template", spec.trainer.template)
+    problems += overrides.problems("spec.sampler.template", spec.sampler.template)
 
     # ---- names
     roles: dict[str, tuple[int, int]] = {}
