@@ -5,6 +5,7 @@
     rljob plan -f FILE         hosts, chips, devices, mesh, sampler TP, every MaxText key and its source
     rljob recipes list         the catalog
     rljob recipes show NAME    one recipe, as its file
+    rljob submit | list | status | logs | delete   RLJobs on a cluster (rljob.cli.jobs)
 
 Bad input exits 2 and prints one line per problem, `spec.path: message`, on stderr; never a
 traceback. FILE may be `-` for stdin. Imports are lazy so `rljob --help` stays fast.
@@ -228,9 +229,10 @@ def parser() -> argparse.ArgumentParser:
     show = rsub.add_parser("show", help="print one recipe")
     show.add_argument("name")
     show.set_defaults(fn=cmd_recipes_show)
-    from rljob.cli import doctor  # light: its checks and the kubernetes client load when it runs
+    from rljob.cli import doctor, jobs  # light: their checks and the kubernetes client load when they run
 
     doctor.register(sub)
+    jobs.register(sub)
     return p
 
 
@@ -248,9 +250,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return EXIT_OK
-    except Exception as e:  # a bug in rljob: one line, never a traceback
-        print(f"rljob: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_INTERNAL
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        from rljob.cli.jobs import JobError
+
+        if not isinstance(e, JobError):
+            print(f"rljob: internal error: {type(e).__name__}: {e}", file=sys.stderr)  # a bug: one line
+            return EXIT_INTERNAL
+        print(f"rljob: {e}", file=sys.stderr)
+        return e.code
     return code
 
 
