@@ -51,7 +51,8 @@ RESERVED_ENV: Final = frozenset(
         API_KEYS_ENV,
     }
 )
-"""Env names the render sets (a test checks every rendered name is here)."""
+"""Env names the render sets (a test checks every rendered name is here), and RLJOB_TENSORBOARD_DIR, which the
+trainer reads as its own setting."""
 RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_",)
 
 RESERVED_VOLUMES: Final = frozenset({"run-config", "dshm"})

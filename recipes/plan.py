@@ -396,7 +396,7 @@ def resolve(job: RLJob) -> RunConfig:
             derived: dict[str, Any] = {
                 "model_name": spec.model.maxtext_model,
                 "run_name": job.metadata.name,
-                "base_output_directory": _storage(spec.storage.root, job).checkpoints,
+                "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
                 "max_target_length": pack.token_budget,
                 "per_device_batch_size": micro / devices,
                 "learning_rate": alg.learning_rate,
@@ -444,7 +444,7 @@ def resolve(job: RLJob) -> RunConfig:
         spec=spec,
         trainer=trainer_plan,
         sampler=sampler_plan,
-        storage=_storage(spec.storage.root, job),
+        storage=storage_paths(spec.storage.root, job),
         endpoints=Endpoints(
             samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
@@ -527,7 +527,8 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
     return out
 
 
-def _storage(root: str, job: RLJob) -> StoragePaths:
+def storage_paths(root: str, job: RLJob) -> StoragePaths:
+    """The storage locations of a job under a storage root (its namespace, name and uid)."""
     # The RLJob's uid makes the path this run's own: an RLJob deleted and created again under the same
     # name (a new uid) starts from scratch instead of resuming the old run's checkpoints and rollouts.
     base = f"{root.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
@@ -539,6 +540,7 @@ def _storage(root: str, job: RLJob) -> StoragePaths:
         adapters=f"{base}/adapters",
         rollouts=f"{base}/rollouts",
         cache=f"{base}/cache",
+        tensorboard=f"{base}/tensorboard",
     )
 
 
