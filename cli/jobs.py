@@ -387,7 +387,12 @@ def cmd_logs(args: argparse.Namespace) -> int:
                             print(f"{tag}{line}", flush=True)
             else:
                 text = s.call(
-                    f"logs of {pod}/{container}", s.core.read_namespaced_pod_log, pod, s.namespace, **kw
+                    f"logs of {pod}/{container}",
+                    s.core.read_namespaced_pod_log,
+                    pod,
+                    s.namespace,
+                    _request_timeout=60,
+                    **kw,
                 )
                 with lock:
                     for line in (text or "").splitlines():
