@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.recipes import manifest, objects, problems
-from hypothesis import given
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from rljob.recipes import overrides, render
 
@@ -378,3 +378,77 @@ def test_quantity_orders_as_kubernetes(n: int, suffix: str) -> None:
     q = overrides.quantity(f"{n}{suffix}")
     assert q == n * overrides._SUFFIX[suffix]
     assert overrides.quantity(f"{n + 1}{suffix}") > q
+
+
+_keys = st.sampled_from(
+    [
+        "name",
+        "csi",
+        "driver",
+        "secret",
+        "secretName",
+        "emptyDir",
+        "key",
+        "valueFrom",
+        "secretKeyRef",
+        "",
+        "x y",
+    ]
+)
+_json = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-3, 3)
+    | st.sampled_from(["", "a", "dshm", "/etc/rljob", "Exists"]),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_keys, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+_volume = st.fixed_dictionaries(
+    {"name": st.sampled_from(["a", "b", "dshm", "Bad"])},
+    optional={
+        "emptyDir": st.just({}) | st.fixed_dictionaries({"sizeLimit": st.sampled_from(["1Gi", "x"])}),
+        "secret": st.fixed_dictionaries({"secretName": st.sampled_from(["hf", ""])}),
+        "csi": st.fixed_dictionaries({"driver": st.sampled_from(["gcsfuse.csi.storage.gke.io", "d"])}),
+    },
+)
+_value_from = st.fixed_dictionaries(
+    {},
+    optional={"secretKeyRef": st.fixed_dictionaries({"name": st.just("hf")}, optional={"key": st.just("t")})},
+)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    volumes=st.lists(_volume | st.dictionaries(_keys, _json, max_size=3), max_size=2),
+    value_from=st.none() | _value_from | st.dictionaries(_keys, _json, max_size=2),
+    affinity=st.just({}) | st.dictionaries(st.sampled_from(["nodeAffinity", "podAffinity", "bogus"]), _json),
+    env_from=st.just([])
+    | st.just([{"secretRef": {"name": "hf"}}])
+    | st.lists(st.dictionaries(st.sampled_from(["secretRef", "configMapRef", "prefix"]), _json), max_size=2),
+)
+def test_free_form_overrides_are_refused_or_render_valid(
+    volumes: list[dict[str, Any]],
+    value_from: dict[str, Any] | None,
+    affinity: dict[str, Any],
+    env_from: list[Any],
+) -> None:
+    """Whatever the free-form parts hold, the plan refuses them with `spec.` lines or the render passes
+    JobSet's schema (a RenderError would be a bug: an override the plan let through that breaks the pod)."""
+    template = {
+        "spec": {
+            "volumes": volumes,
+            "env": [] if value_from is None else [{"name": "X", "valueFrom": value_from}],
+            "affinity": affinity,
+            "envFrom": env_from,
+        }
+    }
+    doc = manifest({"trainer": {"template": template}})
+    got = problems(doc)
+    if got:
+        event("refused")
+        assert all(line.startswith(("spec.", "(root)")) and "\n" not in line for line in got), got
+    else:
+        event("rendered")
+        objects(doc)  # raises RenderError if the JobSet were invalid
