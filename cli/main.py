@@ -117,6 +117,46 @@ def _vllm_support(accelerator: str) -> str:
     return f"{gen.prefix} is {gen.vllm_tpu_support}"
 
 
+def _overrides(template: Any) -> str:
+    """One line of what a role's pod template adds (docs/pod-overrides.md)."""
+    if template is None:
+        return ""
+    parts = []
+    meta, pod = template.metadata, template.spec
+    if meta and meta.labels:
+        parts.append(f"labels {', '.join(meta.labels)}")
+    if meta and meta.annotations:
+        parts.append(f"annotations {', '.join(meta.annotations)}")
+    if pod is not None:
+        env = []
+        for e in pod.env or []:
+            ref = (e.value_from or {}).get("secretKeyRef")
+            env.append(
+                f"{e.name} (Secret {ref.get('name')}/{ref.get('key')})" if isinstance(ref, dict) else e.name
+            )
+        if env:
+            parts.append(f"env {', '.join(env)}")
+        if pod.env_from:
+            parts.append(f"envFrom x{len(pod.env_from)}")
+        if pod.volumes:
+            kinds = [f"{v.get('name')} ({next((k for k in v if k != 'name'), '?')})" for v in pod.volumes]
+            parts.append(f"volumes {', '.join(kinds)}")
+        if pod.volume_mounts:
+            parts.append(f"mounts {', '.join(m.mount_path for m in pod.volume_mounts)}")
+        if pod.resources:
+            res = {**(pod.resources.requests or {}), **(pod.resources.limits or {})}
+            parts.append(f"resources {', '.join(res)}")
+        if pod.node_selector:
+            parts.append(f"nodeSelector {', '.join(f'{k}={v}' for k, v in pod.node_selector.items())}")
+        if pod.tolerations:
+            parts.append(f"tolerations {', '.join(t.key or '*' for t in pod.tolerations)}")
+        if pod.affinity:
+            parts.append(f"affinity {', '.join(pod.affinity)}")
+        if pod.service_account_name:
+            parts.append(f"serviceAccount {pod.service_account_name}")
+    return "; ".join(parts)
+
+
 def explain(run: RunConfig) -> str:
     """The human-readable plan of a resolved run."""
     t, s = run.trainer, run.sampler
@@ -172,6 +212,10 @@ def explain(run: RunConfig) -> str:
             f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
             f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
         )
+    for role in ("trainer", "sampler"):
+        summary = _overrides(getattr(spec, role).template)
+        if summary:
+            lines.insert(lines.index(f"dataset: {_dataset(run)}"), f"{role} pod overrides: {summary}")
     width = max((len(k) for k in t.maxtext), default=0)
     for k, v in t.maxtext.items():
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")

@@ -338,6 +338,14 @@ def test_the_gke_example_renders_and_validates() -> None:
     assert trainer["spec"]["volumes"][-1]["csi"]["driver"] == "gcsfuse.csi.storage.gke.io"
     proc = subprocess.run([str(RLJOB), "validate", "-f", str(EXAMPLE)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    explained = subprocess.run(
+        [str(RLJOB), "plan", "-f", str(EXAMPLE)], capture_output=True, text=True
+    ).stdout
+    assert (
+        "trainer pod overrides: labels team; annotations gke-gcsfuse/volumes; env HF_TOKEN (Secret "
+        "hf-token/token); volumes prompts (csi); mounts /data; nodeSelector cloud.google.com/gke-spot=true; "
+        "tolerations cloud.google.com/gke-spot\n"
+    ) in explained
     # A deliberately broken copy (the FUSE annotation dropped, the TPU topology pinned) is refused, exit 2.
     broken = copy.deepcopy(doc)
     del broken["spec"]["trainer"]["template"]["metadata"]["annotations"]
