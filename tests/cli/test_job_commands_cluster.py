@@ -17,6 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 RLJOB = Path(sys.executable).parent / "rljob"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _rljob(
@@ -111,3 +112,36 @@ def test_submit_list_status_logs_delete(
     assert _gone(cluster, namespace, "cmds")
     wait_for(lambda: not cluster.jobset_pods(namespace, "cmds"), 120, "the JobSet's pods gone")
     assert "No rljobs found" in _rljob(cluster, "list", "-n", namespace).stderr
+
+
+def test_the_gke_example_is_admitted_and_its_pods_carry_the_overrides(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    """examples/qwen3-8b-v5p-spot-gcsfuse.yaml through the real API server, JobSet's webhooks and the Job
+    controller: the pods are created (the API server's pod validation accepts the merged spec) with the
+    overrides; they stay Pending, as the local pools are not Spot."""
+    body = yaml.safe_load((REPO / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml").read_text())
+    body["metadata"]["namespace"] = namespace
+    proc = _rljob(cluster, "submit", "-f", "-", stdin=yaml.safe_dump(body))
+    assert proc.returncode == 0, proc.stderr
+    name = body["metadata"]["name"]
+
+    def pods() -> dict[str, Any] | None:
+        got = {p.metadata.labels["rljob.dev/role"]: p for p in cluster.jobset_pods(namespace, name)}
+        return got if set(got) == {"trainer", "sampler"} else None
+
+    by_role = wait_for(pods, 120, "the trainer and sampler pods")
+    trainer, sampler = by_role["trainer"], by_role["sampler"]
+    assert trainer.metadata.annotations["gke-gcsfuse/volumes"] == "true"
+    assert trainer.metadata.labels["team"] == "post-training"
+    assert trainer.spec.node_selector["cloud.google.com/gke-spot"] == "true"
+    assert trainer.spec.node_selector["cloud.google.com/gke-tpu-topology"] == "2x2x1"
+    assert any(v.csi and v.csi.driver == "gcsfuse.csi.storage.gke.io" for v in trainer.spec.volumes)
+    (c,) = trainer.spec.containers
+    hf = next(e for e in c.env if e.name == "HF_TOKEN")
+    assert (hf.value_from.secret_key_ref.name, hf.value_from.secret_key_ref.key) == ("hf-token", "token")
+    assert any(m.mount_path == "/data" and m.read_only for m in c.volume_mounts)
+    assert sampler.spec.containers[0].resources.requests["memory"] == "64Gi"
+    assert sampler.status.phase == "Pending"  # no Spot nodes here
+    status = _rljob(cluster, "status", name, "-n", namespace)
+    assert status.returncode == 0 and "Phase:       Pending" in status.stdout, status.stdout
