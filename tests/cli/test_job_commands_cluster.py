@@ -14,6 +14,7 @@ import yaml
 from fixtures.cluster import Cluster, wait_for
 from fixtures.operator import OperatorProcess, get_rljob, manifest, wait_rljob
 from kubernetes.client.exceptions import ApiException
+from rljob.recipes.api import Phase
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 RLJOB = Path(sys.executable).parent / "rljob"
@@ -30,6 +31,11 @@ def _rljob(
         input=stdin,
         timeout=timeout,
     )
+
+
+def jobs_phases(samples: dict[str, float]) -> list[str]:
+    prefix = 'rljob_operator_rljobs{phase="'
+    return [k[len(prefix) : -2] for k in samples if k.startswith(prefix)]
 
 
 def _gone(c: Cluster, ns: str, name: str) -> bool:
@@ -66,6 +72,11 @@ def test_submit_list_status_logs_delete(
     # Submitting it again is refused by the API server, one line.
     again = _rljob(cluster, "submit", "-f", "-", "-n", namespace, stdin=yaml.safe_dump(body))
     assert again.returncode == 1 and "already exists" in again.stderr and len(again.stderr.splitlines()) == 1
+
+    # The operator's gauge of RLJobs per phase counts it (the session's operator may watch others too).
+    running = 'rljob_operator_rljobs{phase="Running"}'
+    wait_for(lambda: rljob_operator.metrics().get(running, 0) >= 1, 30, "the Running gauge")
+    assert set(jobs_phases(rljob_operator.metrics())) == {p.value for p in Phase}
 
     # The trainer's progress report reaches status, list and status.
     report = '{"step": 7, "rewardMean": 0.625}'
