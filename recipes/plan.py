@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, startup, syntax, tpu
+from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -401,7 +401,7 @@ def resolve(job: RLJob) -> RunConfig:
             derived: dict[str, Any] = {
                 "model_name": spec.model.maxtext_model,
                 "run_name": job.metadata.name,
-                "base_output_directory": _storage(spec.storage.root, job).checkpoints,
+                "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
                 "max_target_length": pack.token_budget,
                 "per_device_batch_size": micro / devices,
                 "learning_rate": alg.learning_rate,
@@ -428,6 +428,10 @@ def resolve(job: RLJob) -> RunConfig:
                 maxtext_sources=sources,
             )
 
+    # ---- pod overrides
+    problems += overrides.problems("spec.trainer.template", spec.trainer.template)
+    problems += overrides.problems("spec.sampler.template", spec.sampler.template)
+
     # ---- names
     roles: dict[str, tuple[int, int]] = {}
     if trainer_tpu is not None and spec.trainer.slices:
@@ -446,7 +450,7 @@ def resolve(job: RLJob) -> RunConfig:
         spec=spec,
         trainer=trainer_plan,
         sampler=sampler_plan,
-        storage=_storage(spec.storage.root, job),
+        storage=storage_paths(spec.storage.root, job),
         endpoints=Endpoints(
             samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
@@ -586,7 +590,8 @@ def _sampler_layout_problems(
     return out
 
 
-def _storage(root: str, job: RLJob) -> StoragePaths:
+def storage_paths(root: str, job: RLJob) -> StoragePaths:
+    """The storage locations of a job under a storage root (its namespace, name and uid)."""
     # The RLJob's uid makes the path this run's own: an RLJob deleted and created again under the same
     # name (a new uid) starts from scratch instead of resuming the old run's checkpoints and rollouts.
     base = f"{root.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
@@ -598,6 +603,7 @@ def _storage(root: str, job: RLJob) -> StoragePaths:
         adapters=f"{base}/adapters",
         rollouts=f"{base}/rollouts",
         cache=f"{base}/cache",
+        tensorboard=f"{base}/tensorboard",
     )
 
 

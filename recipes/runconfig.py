@@ -131,6 +131,12 @@ class StoragePaths(ApiModel):
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")
     cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
+    tensorboard: str | None = Field(
+        default=None,
+        description="TensorBoard event files of the trainer's step metrics (reward, loss, KL, policy lag, "
+        "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
+        "TensorBoard read them.",
+    )
 
 
 class Endpoints(ApiModel):

@@ -662,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
     first = jax.process_index() == 0
-    steplog = StepLog(args.tensorboard_dir if first else None, args.log_jsonl)
+    tb_dir = args.tensorboard_dir or rc.storage.tensorboard  # under storage.root: outlives the process
+    steplog = StepLog(tb_dir if first else None, args.log_jsonl)
     source.emit = lambda rec: steplog.event(rec.pop("event"), **rec)
     reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ) if first else None)
     try:
