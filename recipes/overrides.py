@@ -53,7 +53,9 @@ RESERVED_ENV: Final = frozenset(
 )
 """Env names the render sets (a test checks every rendered name is here), and RLJOB_TENSORBOARD_DIR, which the
 trainer reads as its own setting."""
-RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_",)
+RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_", "RLJOB_")
+"""Every RLJOB_* name is rljob's own (the entrypoints read them; the render sets most), and MEGASCALE_* is
+the multi-slice runtime's."""
 
 RESERVED_VOLUMES: Final = frozenset({"run-config", "dshm"})
 RESERVED_MOUNTS: Final = (CONFIG_DIR, "/dev/shm")
