@@ -5,6 +5,7 @@
     rljob plan -f FILE         hosts, chips, devices, mesh, sampler TP, every MaxText key and its source
     rljob recipes list         the catalog
     rljob recipes show NAME    one recipe, as its file
+    rljob drill -f FILE        rehearse it on this machine (also --recipe NAME [--profile P], --all)
 
 Bad input exits 2 and prints one line per problem, `spec.path: message`, on stderr; never a
 traceback. FILE may be `-` for stdin. Imports are lazy so `rljob --help` stays fast.
@@ -228,9 +229,10 @@ def parser() -> argparse.ArgumentParser:
     show = rsub.add_parser("show", help="print one recipe")
     show.add_argument("name")
     show.set_defaults(fn=cmd_recipes_show)
-    from rljob.cli import doctor  # light: its checks and the kubernetes client load when it runs
+    from rljob.cli import doctor, drill  # light: their checks load when they run
 
     doctor.register(sub)
+    drill.register(sub)
     return p
 
 
@@ -239,10 +241,16 @@ def main(argv: list[str] | None = None) -> int:
     # is built: ~15 ms of a ~200 ms `rljob render` in a venv with JAX. The CLI uses none; an explicit
     # setting in the environment still wins.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from rljob.cli import drill
+
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         code: int = args.fn(args)
     except _BadInput as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except drill.DrillBadInput as e:
         for line in e.problems:
             print(line, file=sys.stderr)
         return EXIT_BAD_INPUT

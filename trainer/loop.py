@@ -452,9 +452,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        choices=["tiny", "config"],
+        choices=["tiny", "miniature", "config"],
         default="tiny",
         help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
+        "miniature: the miniature of the run's model on the run config's mesh (rljob drill; "
+        "rljob.trainer.tinypolicy.miniature_spec); "
         "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
     )
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -488,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
-    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
     from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
@@ -501,6 +503,11 @@ def main(argv: list[str] | None = None) -> int:
         client = SamplerClient(rc.endpoints.samplers, rc.name)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
+        elif args.model == "miniature":
+            model_spec = miniature_spec(
+                rc, mesh=True, checkpoint=spec.model.checkpoint if spec.model else None
+            )
+            step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]))
         else:
             vocab, max_len = cpu_shape(rc)
             model_spec = cpu_model_spec(

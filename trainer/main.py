@@ -140,9 +140,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
     p.add_argument(
         "--model",
-        choices=["config", "tiny"],
+        choices=["config", "tiny", "miniature"],
         default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
-        help="MaxText model: the run config's keys, or the tiny CPU model",
+        help="MaxText model: the run config's keys, the tiny CPU model, or (sampler loop only) the "
+        "miniature of the run's model on the run config's mesh (rljob drill)",
     )
     p.add_argument(
         "--rollouts",
@@ -284,6 +285,8 @@ def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
 def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     rc = load_config(args.config)
     denv = distributed_env(rc)
+    if args.model == "miniature" and args.rollouts != "sampler":
+        raise BadConfig("--model miniature: only with --rollouts sampler (the loop rljob drill runs)")
     if extra and (args.rollouts != "sampler" or args.distributed_check):
         raise BadConfig(f"{extra[0]}: unrecognized argument (only the sampler loop takes it)")
     if rc.spec.service is not None and not args.distributed_check:

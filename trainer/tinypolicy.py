@@ -66,6 +66,40 @@ def cpu_model_spec(
     )
 
 
+MESH_KEY_PREFIXES = ("ici_", "dcn_")
+
+
+def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
+    """MaxText keys of the miniature of the run's model (``rljob drill``): the recipe's own model config with
+    only sizes shrunk (rljob.trainer.miniature, where it exists; else the tiny qwen3 model), at the CPU
+    loop's vocabulary and length (cpu_shape: the toy task's tokens); with ``mesh``, the run config's mesh
+    keys (``ici_*``/``dcn_*``: the trainer's, whose processes own that many devices; a CPU sampler is one
+    process and keeps MaxText's default mesh)."""
+    vocab, max_len = cpu_shape(rc)
+    keys = tiny_keys()
+    try:
+        from rljob.trainer import miniature  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        miniature = None
+    if miniature is not None:
+        keys.update(miniature.miniature_overrides(str(rc.trainer.maxtext.get("model_name", ""))))
+    keys.update(vocab_size=vocab, max_target_length=max_len)
+    if mesh:
+        keys.update({k: v for k, v in rc.trainer.maxtext.items() if k.startswith(MESH_KEY_PREFIXES)})
+    return keys
+
+
+def miniature_spec(rc: RunConfig, *, mesh: bool, checkpoint: str | None = None) -> ModelSpec:
+    """The ModelSpec of :func:`miniature_keys` with the run's LoRA rank and alpha (same seed everywhere,
+    so the trainer's processes and the CPU sampler build the same base weights)."""
+    lora = rc.spec.lora
+    rank = lora.rank if lora and lora.rank else 8
+    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
+    return ModelSpec(
+        maxtext=miniature_keys(rc, mesh=mesh), lora_rank=rank, lora_alpha=alpha, checkpoint=checkpoint
+    )
+
+
 class Sampler:
     """Token sampling with per-token log-probs (raw logits, as vLLM's default `raw_logprobs`)."""
 
@@ -158,4 +192,6 @@ __all__ = [
     "cpu_model_spec",
     "cpu_shape",
     "load_peft_dir",
+    "miniature_keys",
+    "miniature_spec",
 ]
