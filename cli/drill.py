@@ -183,9 +183,19 @@ def full_mesh(rc: Any, workdir: Path, timeout: float) -> dict[str, int]:
     """MaxText's mesh of the full-size run over rc.trainer.devices host devices (no model)."""
     cfg = workdir / "full-run.json"
     cfg.write_text(rc.model_dump_json(by_alias=True), encoding="utf-8")
+    # Host devices carry no slice ids: a multi-slice mesh is built per slice (the dcn axes' product was
+    # checked against the slice count by full_topology).
+    per_slice = rc.trainer.slices > 1
     proc = subprocess.run(
-        [python(), "-m", "rljob.trainer.meshcheck", "--config", str(cfg)],
-        env=base_env(rc.trainer.devices),
+        [
+            python(),
+            "-m",
+            "rljob.trainer.meshcheck",
+            "--config",
+            str(cfg),
+            *(["--per-slice"] if per_slice else []),
+        ],
+        env=base_env(rc.trainer.tpu.devices if per_slice else rc.trainer.devices),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -194,7 +204,7 @@ def full_mesh(rc: Any, workdir: Path, timeout: float) -> dict[str, int]:
     if proc.returncode != 0:
         raise DrillFailed("full-size mesh (python -m rljob.trainer.meshcheck):\n" + _tail(proc.stderr))
     got: dict[str, int] = json.loads(proc.stdout.strip().splitlines()[-1])["mesh"]
-    want = _mesh_axes(rc)
+    want = {a: int(getattr(rc.trainer.ici, a)) for a in _mesh_axes(rc)} if per_slice else _mesh_axes(rc)
     wrong = {a: (got.get(a, 1), n) for a, n in want.items() if got.get(a, 1) != n}
     if wrong:
         raise DrillFailed(f"full-size mesh: MaxText built {got}, the plan says {want}")
@@ -283,9 +293,9 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
 
-    def tail(self) -> str:
+    def tail(self, lines: int = 25) -> str:
         try:
-            return _tail(self.log.read_text(encoding="utf-8", errors="replace"))
+            return _tail(self.log.read_text(encoding="utf-8", errors="replace"), lines)
         except OSError:
             return ""
 
@@ -390,11 +400,17 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
             procs.append(p)
             (trainers if c.role == naming.TRAINER else samplers).append(p)
         deadline = t0 + timeout
+        crashed: dict[str, float] = {}
         while any(p.popen.poll() is None for p in trainers):
             for p in procs:
                 code = p.popen.poll()
                 if code not in (None, 0) or (p in samplers and code is not None):
                     raise DrillFailed(f"{p.label} exited {code}:\n{p.tail()}")
+                # A process whose Python died can hang in jax.distributed's shutdown, waiting for peers
+                # that wait for it: fail on its traceback once it has had a while to exit.
+                dead = code is None and p in trainers and "Traceback (most recent call last)" in p.tail(200)
+                if dead and time.monotonic() - crashed.setdefault(p.label, time.monotonic()) > 30:
+                    raise DrillFailed(f"{p.label} failed (its traceback, process still running):\n{p.tail()}")
             if time.monotonic() > deadline:
                 raise DrillFailed(
                     f"timed out after {timeout:.0f} s; {trainers[0].label}:\n{trainers[0].tail()}"
@@ -495,7 +511,11 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
         jobset_of(rc)
         full = full_topology(rc)
         mesh = full_mesh(rc, workdir, timeout=300)
-        report: dict[str, Any] = {"full": {**full, "mesh": _fmt(mesh)}}
+        shown = _fmt(mesh)
+        if rc.trainer.slices > 1:
+            dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
+            shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
+        report: dict[str, Any] = {"full": {**full, "mesh": shown}}
         if run:
             small_doc, scaled = scaled_doc(case.doc, rc, steps)
             try:
@@ -598,7 +618,7 @@ def register(sub: Any) -> None:
     src.add_argument("--all", action="store_true", help="every catalog recipe, profile and example")
     p.add_argument("--profile", help="with --recipe: one of its profiles")
     p.add_argument("--steps", type=int, default=2, help="GRPO steps of the scaled run (>= 2)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds for the scaled run")
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds for the scaled run")
     p.add_argument("--topology-only", action="store_true", help="only the full-size topology and mesh checks")
     p.add_argument("--keep", action="store_true", help="keep the work directory of a drill that passed")
     p.set_defaults(fn=cmd_drill)

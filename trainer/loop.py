@@ -26,6 +26,7 @@ without that step (one process):
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -278,6 +279,8 @@ class SamplerSource:
         seed: int = 0,
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
+        parity_rows: int = 1,
+        parity_len: int | None = None,
     ) -> None:
         if group_size < 2:
             raise LoopConfigError("spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt")
@@ -290,6 +293,12 @@ class SamplerSource:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling")
         self.pending: dict[int, Future[Batch]] = {}
         self.parity_checked = False
+        # The parity batch is scored in one padded [rows, len] shape: rows a multiple of ``parity_rows``
+        # (the trainer mesh's size, so every batch axis divides it), len ``parity_len`` (the model's).
+        self.parity_rows, self.parity_len = max(1, parity_rows), parity_len
+        # With several trainer processes only process 0 samples; the gate's inputs wait here for the
+        # runtime's collective() call, which every process makes (the scoring is one SPMD program).
+        self.parity_due: bytes = b""
         self.lock = threading.Lock()
 
     def sample(self, step: int, min_version: int) -> Batch:
@@ -325,16 +334,73 @@ class SamplerSource:
         if step < self.steps and step not in self.pending:
             self.pending[step] = self.pool.submit(self.sample, step, min_version)
 
+    def parity_inputs(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The batch's sequences padded into one [rows, len] block, with the sampler's log-probs of each
+        sampled token at its position and a mask of those positions."""
+        seqs = [c.prompt_ids(batch.prompts[c.prompt_index]) + list(c.tokens) for c in batch.completions]
+        width = max(len(x) for x in seqs)
+        length = max(self.parity_len or width, width)
+        rows = -(-len(seqs) // self.parity_rows) * self.parity_rows
+        toks = np.zeros((rows, length), np.int32)
+        seg = np.zeros((rows, length), np.int32)
+        want = np.zeros((rows, length), np.float32)
+        mask = np.zeros((rows, length), np.float32)
+        for i, (c, seq) in enumerate(zip(batch.completions, seqs, strict=True)):
+            n, k = len(seq), len(c.tokens)
+            toks[i, :n], seg[i, :n] = seq, 1
+            want[i, n - k : n] = np.asarray(c.logprobs, np.float32)
+            mask[i, n - k : n] = 1.0
+        return {"tokens": toks, "segments": seg, "sampler": want, "mask": mask}
+
+    def parity_of(self, inputs: dict[str, np.ndarray], lora: Any) -> float:
+        """Mean |trainer - sampler| log-prob over the sampled tokens (same weights). With several
+        processes every one must call it (one program over the global mesh)."""
+        toks, seg = inputs["tokens"], inputs["segments"]
+        pos = np.broadcast_to(np.arange(toks.shape[1], dtype=np.int32), toks.shape)
+        out = self.logprobs(lora, toks, pos, seg)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            out = multihost_utils.process_allgather(out, tiled=True)
+        lp = np.asarray(out, np.float32)
+        mask = inputs["mask"]
+        return float(np.sum(np.abs(lp - inputs["sampler"]) * mask) / max(float(mask.sum()), 1.0))
+
     def parity(self, batch: Batch, lora: Any) -> float:
         """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights)."""
-        diffs = []
-        for c in batch.completions:
-            ids = c.prompt_ids(batch.prompts[c.prompt_index])
-            seq = np.asarray([ids + list(c.tokens)], np.int32)
-            pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-            lp = np.asarray(self.logprobs(lora, seq, pos, np.ones_like(seq)))[0, len(ids) :]
-            diffs.append(np.abs(lp - np.asarray(c.logprobs, np.float32)))
-        return float(np.mean(np.concatenate(diffs)))
+        return self.parity_of(self.parity_inputs(batch), lora)
+
+    def check_parity(self, step: int, diff: float) -> None:
+        self.emit(
+            {
+                "event": "parity",
+                "step": step,
+                "mean_abs_logprob_diff": diff,
+                "threshold": self.parity_threshold,
+                "adapter_version": step,
+            }
+        )
+        if not np.isfinite(diff) or diff > self.parity_threshold:
+            raise ParityError(
+                f"trainer and sampler log-probs differ by {diff:.3g} nats on the same weights "
+                f"(adapter v{step}; threshold {self.parity_threshold:.3g}): refusing to train"
+            )
+        self.parity_checked = True
+
+    def collective(self, step: int, lora: Any) -> None:
+        """Called by the runtime on every process after each step's rollouts are shared: with several
+        processes, the parity gate that process 0's call deferred runs here, on all of them."""
+        if jax.process_count() == 1 or self.parity_checked:
+            return
+        from rljob.trainer.runtime import share_from_first
+
+        payload = share_from_first(self.parity_due if jax.process_index() == 0 else None)
+        self.parity_due = b""
+        if not payload:
+            return
+        with np.load(io.BytesIO(payload)) as z:
+            inputs = {k: z[k] for k in z.files}
+        self.check_parity(step, self.parity_of(inputs, lora))
 
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
@@ -346,23 +412,13 @@ class SamplerSource:
         self._prefetch(step, max(step - 1, 0))
         batch = self.pending.pop(step).result()
         batch.rewards = self.grade(batch)
-        if not self.parity_checked and min(batch.versions) == step:
-            diff = self.parity(batch, lora)
-            self.emit(
-                {
-                    "event": "parity",
-                    "step": step,
-                    "mean_abs_logprob_diff": diff,
-                    "threshold": self.parity_threshold,
-                    "adapter_version": step,
-                }
-            )
-            if not np.isfinite(diff) or diff > self.parity_threshold:
-                raise ParityError(
-                    f"trainer and sampler log-probs differ by {diff:.3g} nats on the same weights "
-                    f"(adapter v{step}; threshold {self.parity_threshold:.3g}): refusing to train"
-                )
-            self.parity_checked = True
+        if not self.parity_checked and not self.parity_due and min(batch.versions) == step:
+            if jax.process_count() > 1:  # scored in collective(), on every process
+                buf = io.BytesIO()
+                np.savez(buf, **self.parity_inputs(batch))  # type: ignore[arg-type]
+                self.parity_due = buf.getvalue()
+            else:
+                self.check_parity(step, self.parity(batch, lora))
         # Overlap: step+1 samples while this step trains, with v{step} at the oldest (lag <= 1).
         self._prefetch(step + 1, step)
         rollouts, skipped = grpo_rollouts(batch, self.group_size, self.advantage_normalization)
@@ -519,13 +575,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             step_cfg = cpu_step_config(rc, max_len)
         policy = Policy(model_spec)
+        # The base weights as a jit argument, not a constant: with several processes they span devices
+        # this process cannot address, which a jitted function may take but not close over.
+        scored = jax.jit(lambda base, lora, t, p, s: policy.next_token_logprobs(lora, t, p, s, base=base))
         source = SamplerSource(
             client,
             task,
             steps=steps,
             group_size=alg.group_size if alg and alg.group_size else 8,
             groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
-            logprobs=jax.jit(policy.next_token_logprobs),
+            logprobs=lambda lora, t, p, s: scored(policy.base, lora, t, p, s),
+            parity_rows=int(policy.mesh.size),
+            parity_len=int(policy.cfg.max_target_length),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
             seed=args.seed,

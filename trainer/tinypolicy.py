@@ -66,15 +66,12 @@ def cpu_model_spec(
     )
 
 
-MESH_KEY_PREFIXES = ("ici_", "dcn_")
-
-
 def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
     """MaxText keys of the miniature of the run's model (``rljob drill``): the recipe's own model config with
     only sizes shrunk (rljob.trainer.miniature, where it exists; else the tiny qwen3 model), at the CPU
     loop's vocabulary and length (cpu_shape: the toy task's tokens); with ``mesh``, the run config's mesh
-    keys (``ici_*``/``dcn_*``: the trainer's, whose processes own that many devices; a CPU sampler is one
-    process and keeps MaxText's default mesh)."""
+    keys (``ici_*``, with ``dcn_*`` folded in: the trainer's, whose processes own that many devices; a CPU
+    sampler is one process and keeps MaxText's default mesh)."""
     vocab, max_len = cpu_shape(rc)
     keys = tiny_keys()
     try:
@@ -85,7 +82,14 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
         keys.update(miniature.miniature_overrides(str(rc.trainer.maxtext.get("model_name", ""))))
     keys.update(vocab_size=vocab, max_target_length=max_len)
     if mesh:
-        keys.update({k: v for k, v in rc.trainer.maxtext.items() if k.startswith(MESH_KEY_PREFIXES)})
+        # Host devices carry no slice ids (MaxText finds one slice): each dcn axis is folded into its ici
+        # axis, the same devices in the same number of processes.
+        src = rc.trainer.maxtext
+        for k, v in src.items():
+            if k.startswith("ici_"):
+                keys[k] = int(v) * int(src.get("dcn_" + k[4:], 1))
+            elif k.startswith("dcn_"):
+                keys[k] = 1
     return keys
 
 

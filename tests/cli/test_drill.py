@@ -108,23 +108,11 @@ def test_bad_arguments_exit_2_naming_them(
     assert capsys.readouterr().err.startswith(field)
 
 
-# What the drills found and is not fixed yet: with more than one trainer process the step-0 parity gate
-# runs on process 0 alone and closes over the sharded base weights (RuntimeError "Closing over jax.Array
-# that spans non-addressable devices"): every multi-host recipe fails its first step.
-MULTI_PROCESS_PARITY = pytest.mark.xfail(
-    strict=True, reason="the parity gate runs on trainer process 0 alone (multi-process runs fail)"
-)
-
-
 def _drill_cases() -> list[Any]:
     out = []
     for name in recipe_catalog.names():
         for profile in [None, *recipe_catalog.load(name).profiles]:
-            rc = drill.resolve_doc(drill.recipe_doc(name, profile))
-            tpu = rc.trainer.tpu
-            multi = rc.trainer.slices * tpu.hosts * tpu.containers_per_host > 1
-            marks = [MULTI_PROCESS_PARITY] if multi else []
-            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else ""), marks=marks))
+            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else "")))
     return out
 
 
