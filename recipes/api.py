@@ -155,7 +155,7 @@ class LogprobsSpec(ApiModel):
 
 
 class TrainerSpec(ApiModel):
-    """The MaxText trainer (tunix GRPO loop, LoRA via qwix)."""
+    """The MaxText trainer (rljob's GRPO loop on MaxText models, LoRA via qwix)."""
 
     tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
     slices: int | None = Field(

@@ -30,7 +30,7 @@ from rljob.recipes.syntax import key_path
 IMAGE_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
 DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
-# seed 002: pad-first rounds its shift down to the largest Splash block of the 397B recipe.
+# pad-first rounds its shift down to the largest Splash attention block of the 397B recipe (4,096).
 DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]

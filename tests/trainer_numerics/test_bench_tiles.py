@@ -1,4 +1,4 @@
-"""The tile counter of bench/pad_first_tiles.py reproduces seed 002's figures; placements keep tokens."""
+"""The tile counter of bench/pad_first_tiles.py reproduces the pad-first layout's published figures; placements keep tokens."""
 
 from __future__ import annotations
 

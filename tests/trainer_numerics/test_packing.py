@@ -165,7 +165,7 @@ def test_hand_written_end_and_start_rows() -> None:
 
 
 def test_seed_002_row_shift() -> None:
-    # The benchmark row of seed 002: 60,948 tokens in 65,536 moves by 4,096 at the default pad_align.
+    # The pad-first benchmark row: 60,948 tokens in 65,536 moves by 4,096 at the default pad_align.
     assert start_shift(60_948, 65_536, 4096) == 4096
     assert start_shift(0, 65_536, 4096) == 0
     assert start_shift(65_000, 65_536, 4096) == 0
