@@ -516,6 +516,11 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
             dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
             shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
         report: dict[str, Any] = {"full": {**full, "mesh": shown}}
+        if run and rc.spec.service is not None:
+            raise DrillFailed(
+                "spec.service: the drill's scaled run rehearses the RL loop; a service-mode trainer runs no "
+                "loop (make tinker-cpu runs the service and the CPU sampler instead)"
+            )
         if run:
             small_doc, scaled = scaled_doc(case.doc, rc, steps)
             try:

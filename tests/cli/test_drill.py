@@ -143,3 +143,14 @@ def test_drill(recipe: str, profile: str | None) -> None:
         == rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host
     )
     assert naming.TRAINER  # the role names the drill's process labels use
+
+
+def test_a_service_mode_job_is_not_passed_without_its_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service-mode trainer runs no RL loop: the drill says so and fails, never reports it rehearsed."""
+    (case,) = [c for c in CASES if c.name == "example/qwen3-8b-tinker-service"]
+    monkeypatch.setattr(drill, "full_mesh", lambda rc, workdir, timeout: {})
+    out = drill.drill(case, 2, tmp_path, timeout=60)
+    assert not out.ok and out.error.startswith("spec.service:")
+    assert not list(tmp_path.glob("*.log"))  # no process was started
