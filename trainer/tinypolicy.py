@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.model import ModelSpec, Policy, tiny_keys
+from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy, tiny_keys
 from safetensors.numpy import load_file
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -73,13 +73,16 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
     keys (``ici_*``, with ``dcn_*`` folded in: the trainer's, whose processes own that many devices; a CPU
     sampler is one process and keeps MaxText's default mesh)."""
     vocab, max_len = cpu_shape(rc)
-    keys = tiny_keys()
+    name = str(rc.trainer.maxtext.get("model_name", ""))
     try:
         from rljob.trainer import miniature  # type: ignore[attr-defined,unused-ignore]
     except ImportError:
         miniature = None
-    if miniature is not None:
-        keys.update(miniature.miniature_overrides(str(rc.trainer.maxtext.get("model_name", ""))))
+    if miniature is not None and name in getattr(miniature, "MODELS", ()):
+        # The model's own MaxText config (model_name) with only its sizes overridden.
+        keys = {"model_name": name, **miniature.miniature_overrides(name), **CPU_KEYS}
+    else:
+        keys = tiny_keys()
     keys.update(vocab_size=vocab, max_target_length=max_len)
     if mesh:
         # Host devices carry no slice ids (MaxText finds one slice): each dcn axis is folded into its ici
