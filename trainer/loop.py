@@ -542,7 +542,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
-    from rljob.trainer.main import BadConfig, max_non_finite_steps, model_setup
+    from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
@@ -574,6 +574,7 @@ def main(argv: list[str] | None = None) -> int:
                 max_len=max_len,
             )
             step_cfg = cpu_step_config(rc, max_len)
+        align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
         # The base weights as a jit argument, not a constant: with several processes they span devices
         # this process cannot address, which a jitted function may take but not close over.
