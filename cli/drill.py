@@ -416,7 +416,12 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
                     f"timed out after {timeout:.0f} s; {trainers[0].label}:\n{trainers[0].tail()}"
                 )
             time.sleep(0.5)
+        for p in trainers:
+            if p.popen.returncode != 0:
+                raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
         versions = _adapter_versions(storage_env, local.storage.adapters)
+        if not versions:
+            raise DrillFailed(f"the trainer exported no adapter; {trainers[0].label}:\n{trainers[0].tail()}")
         loaded = _wait_sampler_version(
             sampler_ports, max(versions, default=-1), min(60.0, max(5.0, deadline - time.monotonic()))
         )

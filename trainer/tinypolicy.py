@@ -66,6 +66,9 @@ def cpu_model_spec(
     )
 
 
+MESH_RULE_KEYS = ("context_parallel_load_balance", "custom_mesh_and_rule")
+
+
 def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
     """MaxText keys of the miniature of the run's model (``rljob drill``): the recipe's own model config with
     only sizes shrunk (rljob.trainer.miniature, where it exists; else the tiny qwen3 model), at the CPU
@@ -85,6 +88,9 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
         keys = tiny_keys()
     keys.update(vocab_size=vocab, max_target_length=max_len)
     if mesh:
+        # The recipe's keys that say how the mesh's axes are used (MaxText refuses, e.g., context
+        # parallelism over gated delta nets with the load-balanced layout; Qwen3.5's recipe turns it off).
+        keys.update({k: v for k, v in rc.trainer.maxtext.items() if k in MESH_RULE_KEYS})
         # Host devices carry no slice ids (MaxText finds one slice): each dcn axis is folded into its ici
         # axis, the same devices in the same number of processes.
         src = rc.trainer.maxtext
