@@ -260,12 +260,15 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     alg.update(steps=steps, groupSize=4, groupsPerBatch=2, maxTokens=1, maxPromptTokens=8)
     for k in ("queueName", "priorityClassName"):
         spec.pop(k, None)
+    # The miniature starts from random weights: a real checkpoint neither fits it nor is reachable here.
+    had_checkpoint = bool((spec.get("model") or {}).pop("checkpoint", None)) or bool(rc.spec.model.checkpoint)
     scaled = {
         "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
         f"({hosts} hosts x {containers} containers per slice)",
         "mesh": f"{_fmt(full)} -> {_fmt(mesh)}",
         "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} -> {sampler_tpu} x 1",
         "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
+        "base_weights": "random (the miniature)" + (", not spec.model.checkpoint" if had_checkpoint else ""),
     }
     return out, scaled
 
