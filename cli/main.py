@@ -6,6 +6,7 @@
     rljob recipes list         the catalog
     rljob recipes show NAME    one recipe, as its file
     rljob submit | list | status | logs | delete   RLJobs on a cluster (rljob.cli.jobs)
+    rljob drill -f FILE        rehearse it on this machine (also --recipe NAME [--profile P], --all)
 
 Bad input exits 2 and prints one line per problem, `spec.path: message`, on stderr; never a
 traceback. FILE may be `-` for stdin. Imports are lazy so `rljob --help` stays fast.
@@ -274,9 +275,10 @@ def parser() -> argparse.ArgumentParser:
     show = rsub.add_parser("show", help="print one recipe")
     show.add_argument("name")
     show.set_defaults(fn=cmd_recipes_show)
-    from rljob.cli import doctor, jobs  # light: their checks and the kubernetes client load when they run
+    from rljob.cli import doctor, drill, jobs  # light: their checks and clients load when they run
 
     doctor.register(sub)
+    drill.register(sub)
     jobs.register(sub)
     return p
 
@@ -286,10 +288,16 @@ def main(argv: list[str] | None = None) -> int:
     # is built: ~15 ms of a ~200 ms `rljob render` in a venv with JAX. The CLI uses none; an explicit
     # setting in the environment still wins.
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
+    from rljob.cli import drill
+
     args = parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         code: int = args.fn(args)
     except _BadInput as e:
+        for line in e.problems:
+            print(line, file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except drill.DrillBadInput as e:
         for line in e.problems:
             print(line, file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -17,7 +17,7 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, overrides, placement, plan, podspec
+from rljob.recipes import failure, naming, overrides, placement, plan, podspec, topology
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -136,15 +136,19 @@ def _template(run: RunConfig, role: str) -> PodTemplate | None:
     return spec.trainer.template if role == naming.TRAINER else spec.sampler.template
 
 
-def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]:
+def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict[str, Any]]:
+    """The TPU containers of one pod of a role; each knows its place (rljob.recipes.topology reads it)."""
     out = []
     template = _template(run, role)
     n = tpu.containers_per_host
     for i in range(n):
         env = _env_common(run, role)
         env += [
-            {"name": "RLJOB_CONTAINER_INDEX", "value": str(i)},
-            {"name": "RLJOB_CONTAINERS_PER_HOST", "value": str(n)},
+            {"name": topology.SLICES_ENV, "value": str(jobs)},
+            {"name": topology.HOSTS_ENV, "value": str(tpu.hosts)},
+            {"name": topology.CONTAINER_INDEX_ENV, "value": str(i)},
+            {"name": topology.CONTAINERS_ENV, "value": str(n)},
+            {"name": topology.CHIPS_ENV, "value": str(tpu.chips_per_container)},
         ]
         ports: list[dict[str, Any]] = []
         if role == naming.TRAINER:
@@ -231,7 +235,7 @@ def _role(run: RunConfig, role: str) -> dict[str, Any]:
         "shm_size": podspec.SHM_SIZE[role],
         "image": image,
         "command": command,
-        "containers": _containers(run, role, tpu),
+        "containers": _containers(run, role, tpu, replicas),
     }
 
 

@@ -28,7 +28,10 @@ ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
 # Secret spec.service.apiKeySecret names.
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
-COORDINATOR_PORT = 8476
+# The JAX coordinator (trainer process 0). Not 8476..8479: libtpu's TPU_PROCESS_PORT of the pod's TPU
+# containers (rljob.recipes.topology); 8482 is the port JAX's own Cloud TPU cluster detection uses for it
+# (jax/_src/clusters/cloud_tpu_cluster.py, coordinator_port).
+COORDINATOR_PORT = 8482
 # A multi-host sampler replica is one vLLM server over a Ray cluster (rljob.sampler.ray_replica): the
 # replica's hosts, its head's address (pod 0) and the Ray head's port, in every sampler container's env.
 SAMPLER_HOSTS_ENV = "RLJOB_SAMPLER_HOSTS"

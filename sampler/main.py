@@ -199,24 +199,32 @@ class WatcherFactory:
         )
 
 
-def cpu_policy(rc: RunConfig) -> Any:
+def cpu_policy(rc: RunConfig, model: str = "tiny") -> Any:
     """The cpu backend's model: the CPU loop's tiny policy with the run's LoRA shape and the trainer's base
     weights (spec.model.checkpoint when the run config names one). Raises
     rljob.trainer.model.CheckpointError (``spec.model.checkpoint: ...``) if that checkpoint is missing or
     does not fit."""
     from rljob.trainer.model import Policy
-    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
 
     lora = rc.spec.lora
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
     checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
+    if model == "miniature":  # rljob drill: the trainer's miniature model (one process: its default mesh)
+        return Policy(miniature_spec(rc, mesh=False, checkpoint=checkpoint))
     vocab, max_len = cpu_shape(rc)
     return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len))
 
 
 def run_cpu(
-    rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True, seed: int = 0
+    rc: RunConfig,
+    watcher_for: WatcherFactory,
+    host: str,
+    port: int,
+    watch: bool = True,
+    seed: int = 0,
+    model: str = "tiny",
 ) -> int:
     # JAX's compilation cache, restored from storage.cache: a restart compiles nothing it compiled before.
     # First, before any import that may compile (JAX decides once, at its first compilation, whether a
@@ -227,7 +235,7 @@ def run_cpu(
     from rljob.trainer.model import CheckpointError
 
     try:
-        policy = cpu_policy(rc)
+        policy = cpu_policy(rc, model)
     except CheckpointError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -284,6 +292,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, default=0, help="cpu backend: the server's sampling seed (as vLLM's --seed)"
     )
+    p.add_argument(
+        "--model",
+        choices=("tiny", "miniature"),
+        default="tiny",
+        help="cpu backend: the CPU loop's tiny model, or the miniature of the run's model (rljob drill)",
+    )
     return p
 
 
@@ -302,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
-        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed)
+        return run_cpu(
+            rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed, model=args.model
+        )
     return run_vllm(rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET)
 
 

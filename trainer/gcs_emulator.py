@@ -19,7 +19,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-__all__ = ["BUILD_SCRIPT", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
+__all__ = ["BUILD_SCRIPT", "create_bucket", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
 
 BUILD_SCRIPT = Path(__file__).resolve().parents[1] / "hack" / "build-fake-gcs-server.sh"
 
@@ -78,3 +78,42 @@ def start_fake_gcs_server(binary: Path, workdir: Path) -> tuple[subprocess.Popen
             proc.kill()
             raise RuntimeError(f"fake-gcs-server did not start; see {log_path}")
         time.sleep(0.1)
+
+
+def create_bucket(endpoint: str, name: str) -> None:
+    """Create a bucket on the emulator at ``endpoint`` (the JSON API's buckets.insert)."""
+    import json
+
+    req = urllib.request.Request(
+        f"{endpoint}/storage/v1/b?project=rljob-test",
+        data=json.dumps({"name": name}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(req, timeout=10):
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m rljob.trainer.gcs_emulator --workdir DIR --bucket NAME``: start the emulator with a
+    bucket, print ``{"endpoint": ..., "env": emulator_env(...)}`` as one JSON line and serve until
+    SIGTERM (``rljob drill``, whose command line cannot import the trainer package, runs it this way)."""
+    import argparse
+    import json
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m rljob.trainer.gcs_emulator")
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--bucket", action="append", default=[])
+    args = p.parse_args(argv)
+    proc, endpoint = start_fake_gcs_server(fake_gcs_server_binary(), Path(args.workdir))
+    signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
+    for bucket in args.bucket:
+        create_bucket(endpoint, bucket)
+    print(json.dumps({"endpoint": endpoint, "env": emulator_env(endpoint)}), flush=True)
+    code = proc.wait()
+    return 0 if code in (0, -signal.SIGTERM) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

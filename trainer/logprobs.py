@@ -129,6 +129,10 @@ class _Geometry:
     ring_axes: Axes = ()
     ring: int = 1
     vocab_axes: Axes = ()
+    # ppermute takes its axes in the mesh's order (another order is refused: JAX would pair the wrong
+    # devices); the ring's one-step shift, renumbered in that order (see _ring_shift).
+    mesh_ring_axes: Axes = ()
+    mesh_ring_perm: tuple[tuple[int, int], ...] = ()
 
     def block_id(self, step: jax.Array | int) -> jax.Array:
         """Global id of the w block a device holds after ``step`` ring shifts (own block at step 0)."""
@@ -138,9 +142,41 @@ class _Geometry:
 
     def shift(self, x: jax.Array) -> jax.Array:
         """Pass a block one step around the ring (device i receives device i-1's)."""
+        if self.mesh_ring_perm:
+            out: jax.Array = lax.ppermute(x, self.mesh_ring_axes, list(self.mesh_ring_perm))  # type: ignore[no-untyped-call]
+            return out
         perm = [(i, (i + 1) % self.ring) for i in range(self.ring)]
-        out: jax.Array = lax.ppermute(x, self.ring_axes, perm)  # type: ignore[no-untyped-call]
+        out = lax.ppermute(x, self.ring_axes, perm)  # type: ignore[no-untyped-call]
         return out
+
+
+def _ring_shift(
+    mesh_axes: Sequence[str], ring_axes: Axes, sizes: dict[str, int]
+) -> tuple[Axes, tuple[tuple[int, int], ...]]:
+    """The ring's shift (ring position i to i + 1, positions numbered over ``ring_axes`` in their order,
+    as lax.axis_index numbers them) as a permutation over the same axes in the mesh's order; () when the
+    orders agree."""
+    order = tuple(a for a in mesh_axes if a in ring_axes)
+    if order == ring_axes:
+        return order, ()
+    n = 1
+    for a in ring_axes:
+        n *= sizes[a]
+
+    def coords(i: int) -> dict[str, int]:
+        out = {}
+        for a in reversed(ring_axes):
+            out[a] = i % sizes[a]
+            i //= sizes[a]
+        return out
+
+    def index(c: dict[str, int]) -> int:
+        i = 0
+        for a in order:
+            i = i * sizes[a] + c[a]
+        return i
+
+    return order, tuple((index(coords(i)), index(coords((i + 1) % n))) for i in range(n))
 
 
 def _chunk_raw(
@@ -493,6 +529,9 @@ def sharded_token_logprobs(
     shards = ring
     for a in vaxes:
         shards *= int(mesh.shape[a])
+    mesh_ring_axes, mesh_ring_perm = _ring_shift(
+        tuple(mesh.axis_names), ring_axes, {a: int(mesh.shape[a]) for a in ring_axes}
+    )
     tok = P(*[e or None for e in lead])  # type: ignore[no-untyped-call]
     hid = P(*[e or None for e in lead], None)  # type: ignore[no-untyped-call]
     cols = head_spec(vaxes + ring_axes)
@@ -517,6 +556,8 @@ def sharded_token_logprobs(
             ring_axes,
             ring,
             vaxes,
+            mesh_ring_axes,
+            mesh_ring_perm,
         )
 
     def forward(hidden: jax.Array, w: jax.Array, tg: jax.Array, m: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -26,6 +26,7 @@ without that step (one process):
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -388,6 +389,8 @@ class SamplerSource:
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
         pack: PackConfig | None = None,
+        parity_rows: int = 1,
+        parity_len: int | None = None,
     ) -> None:
         problem = startup.group_size_problem(group_size)  # the plan makes the same check
         if problem:
@@ -403,6 +406,12 @@ class SamplerSource:
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling")
         self.pending: dict[int, Future[Batch]] = {}
         self.parity_checked = False
+        # The parity batch is scored in one padded [rows, len] shape: rows a multiple of ``parity_rows``
+        # (the trainer mesh's size, so every batch axis divides it), len ``parity_len`` (the model's).
+        self.parity_rows, self.parity_len = max(1, parity_rows), parity_len
+        # With several trainer processes only process 0 samples; the gate's inputs wait here for the
+        # runtime's collective() call, which every process makes (the scoring is one SPMD program).
+        self.parity_due: bytes = b""
         self.lock = threading.Lock()
 
     def sample(self, step: int, min_version: int) -> Batch:
@@ -437,12 +446,13 @@ class SamplerSource:
         if step < self.steps and step not in self.pending:
             self.pending[step] = self.pool.submit(self.sample, step, min_version)
 
-    def parity(self, batch: Batch, lora: Any) -> float:
-        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights).
-
-        The rollouts are scored packed, in the train step's ``[rows, budget]`` micro-batch shape
-        (``pack``), so the log-prob function compiles once, for the shape it already runs, and not once
-        per distinct rollout length (on a TPU each is a compile of the whole model)."""
+    def parity_inputs(self, batch: Batch) -> dict[str, np.ndarray]:
+        """The batch's rollouts packed in the train step's ``[rows, budget]`` micro-batch shape (``pack``),
+        stacked ``[micro-batches, rows, budget]``, with the sampler's log-prob of each sampled token at its
+        position and a mask of those positions. One shape: the log-prob function compiles once, for the
+        shape the step already runs, not once per distinct rollout length (on a TPU each would be a compile
+        of the whole model). Without ``pack`` (tests): rows a multiple of ``parity_rows`` (the trainer
+        mesh's size), budget ``parity_len`` or the longest rollout aligned up."""
         rollouts = [
             Rollout(
                 prompt_ids=np.asarray(c.prompt_ids(batch.prompts[c.prompt_index]), np.int32),
@@ -454,14 +464,71 @@ class SamplerSource:
         cfg = self.pack
         if cfg is None:
             longest = max(r.num_tokens for r in rollouts)
-            cfg = PackConfig(budget=align_up(longest, PARITY_ALIGN), rows=1)
-        diffs = []
-        for mb in pack_rollouts(rollouts, cfg):
-            lp = np.asarray(self.logprobs(lora, mb.tokens, mb.positions, mb.segment_ids))
-            scored = (mb.segment_ids > 0) & (mb.prompt_mask == 0)  # the completion tokens
-            diffs.append(np.abs(lp[scored] - mb.fields["sampler_logprobs"][scored]))
-            self.parity_shapes.add(mb.shape)
-        return float(np.mean(np.concatenate(diffs)))
+            budget = max(self.parity_len or 0, align_up(longest, PARITY_ALIGN))
+            cfg = PackConfig(budget=budget, rows=self.parity_rows)
+        mbs = pack_rollouts(rollouts, cfg)
+        return {
+            "tokens": np.stack([mb.tokens for mb in mbs]),
+            "positions": np.stack([mb.positions for mb in mbs]),
+            "segments": np.stack([mb.segment_ids for mb in mbs]),
+            "sampler": np.stack([mb.fields["sampler_logprobs"] for mb in mbs]).astype(np.float32),
+            # the completion tokens
+            "mask": np.stack([(mb.segment_ids > 0) & (mb.prompt_mask == 0) for mb in mbs]).astype(np.float32),
+        }
+
+    def parity_of(self, inputs: dict[str, np.ndarray], lora: Any) -> float:
+        """Mean |trainer - sampler| log-prob over the sampled tokens (same weights), one micro-batch at a
+        time. With several processes every one must call it (one program over the global mesh)."""
+        total, count = 0.0, 0.0
+        for i in range(inputs["tokens"].shape[0]):
+            toks = inputs["tokens"][i]
+            out = self.logprobs(lora, toks, inputs["positions"][i], inputs["segments"][i])
+            if jax.process_count() > 1:
+                from jax.experimental import multihost_utils
+
+                out = multihost_utils.process_allgather(out, tiled=True)
+            lp = np.asarray(out, np.float32)
+            mask = inputs["mask"][i]
+            total += float(np.sum(np.abs(lp - inputs["sampler"][i]) * mask))
+            count += float(mask.sum())
+            self.parity_shapes.add((int(toks.shape[0]), int(toks.shape[1])))
+        return total / max(count, 1.0)
+
+    def parity(self, batch: Batch, lora: Any) -> float:
+        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights)."""
+        return self.parity_of(self.parity_inputs(batch), lora)
+
+    def check_parity(self, step: int, diff: float) -> None:
+        self.emit(
+            {
+                "event": "parity",
+                "step": step,
+                "mean_abs_logprob_diff": diff,
+                "threshold": self.parity_threshold,
+                "adapter_version": step,
+            }
+        )
+        if not np.isfinite(diff) or diff > self.parity_threshold:
+            raise ParityError(
+                f"trainer and sampler log-probs differ by {diff:.3g} nats on the same weights "
+                f"(adapter v{step}; threshold {self.parity_threshold:.3g}): refusing to train"
+            )
+        self.parity_checked = True
+
+    def collective(self, step: int, lora: Any) -> None:
+        """Called by the runtime on every process after each step's rollouts are shared: with several
+        processes, the parity gate that process 0's call deferred runs here, on all of them."""
+        if jax.process_count() == 1 or self.parity_checked:
+            return
+        from rljob.trainer.runtime import share_from_first
+
+        payload = share_from_first(self.parity_due if jax.process_index() == 0 else None)
+        self.parity_due = b""
+        if not payload:
+            return
+        with np.load(io.BytesIO(payload)) as z:
+            inputs = {k: z[k] for k in z.files}
+        self.check_parity(step, self.parity_of(inputs, lora))
 
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
@@ -473,23 +540,13 @@ class SamplerSource:
         self._prefetch(step, max(step - 1, 0))
         batch = self.pending.pop(step).result()
         batch.rewards = self.grade(batch)
-        if not self.parity_checked and min(batch.versions) == step:
-            diff = self.parity(batch, lora)
-            self.emit(
-                {
-                    "event": "parity",
-                    "step": step,
-                    "mean_abs_logprob_diff": diff,
-                    "threshold": self.parity_threshold,
-                    "adapter_version": step,
-                }
-            )
-            if not np.isfinite(diff) or diff > self.parity_threshold:
-                raise ParityError(
-                    f"trainer and sampler log-probs differ by {diff:.3g} nats on the same weights "
-                    f"(adapter v{step}; threshold {self.parity_threshold:.3g}): refusing to train"
-                )
-            self.parity_checked = True
+        if not self.parity_checked and not self.parity_due and min(batch.versions) == step:
+            if jax.process_count() > 1:  # scored in collective(), on every process
+                buf = io.BytesIO()
+                np.savez(buf, **self.parity_inputs(batch))  # type: ignore[arg-type]
+                self.parity_due = buf.getvalue()
+            else:
+                self.check_parity(step, self.parity(batch, lora))
         # Overlap: step+1 samples while this step trains, with v{step} at the oldest (lag <= 1).
         self._prefetch(step + 1, step)
         rollouts, skipped = grpo_rollouts(batch, self.group_size, self.advantage_normalization)
@@ -579,9 +636,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--model",
-        choices=["tiny", "config"],
+        choices=["tiny", "miniature", "config"],
         default="tiny",
         help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
+        "miniature: the miniature of the run's model on the run config's mesh (rljob drill; "
+        "rljob.trainer.tinypolicy.miniature_spec); "
         "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
     )
     p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts (e.g. math sampling)")
@@ -612,11 +671,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
 
     from rljob.trainer import caches
-    from rljob.trainer.main import BadConfig, max_non_finite_steps, model_setup
+    from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
-    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
     from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
@@ -633,6 +692,11 @@ def main(argv: list[str] | None = None) -> int:
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
+        elif args.model == "miniature":
+            model_spec = miniature_spec(
+                rc, mesh=True, checkpoint=spec.model.checkpoint if spec.model else None
+            )
+            step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]))
         else:
             vocab, max_len = cpu_shape(rc)
             model_spec = cpu_model_spec(
@@ -643,15 +707,21 @@ def main(argv: list[str] | None = None) -> int:
                 max_len=max_len,
             )
             step_cfg = cpu_step_config(rc, max_len)
+        align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
+        # The base weights as a jit argument, not a constant: with several processes they span devices
+        # this process cannot address, which a jitted function may take but not close over.
+        scored = jax.jit(lambda base, lora, t, p, s: policy.next_token_logprobs(lora, t, p, s, base=base))
         source = SamplerSource(
             client,
             task,
             steps=steps,
             group_size=alg.group_size if alg and alg.group_size else 8,
             groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
-            logprobs=jax.jit(policy.next_token_logprobs),
+            logprobs=lambda lora, t, p, s: scored(policy.base, lora, t, p, s),
             pack=step_cfg.pack_config(),
+            parity_rows=int(policy.mesh.size),
+            parity_len=int(policy.cfg.max_target_length),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
             advantage_normalization=(

@@ -1,10 +1,12 @@
 """``rljob-trainer --config PATH``: the trainer entrypoint (exit codes per contract 3).
 
 Contexts:
-- Kubernetes (a JobSet pod; ``KUBERNETES_SERVICE_HOST`` set): process id from the Job completion index
-  (``JOB_COMPLETION_INDEX``), process count = RunConfig.trainer.hosts, coordinator = RunConfig.endpoints.
-  coordinator; jax.distributed is initialized when there is more than one process; progress goes to
-  the ``<rljob>-progress`` ConfigMap.
+- Kubernetes (a JobSet pod; ``KUBERNETES_SERVICE_HOST`` set) or a local process given a rendered
+  container's environment (``rljob drill``): one JAX process per TPU container, its id, the count and the
+  coordinator from the container's environment (rljob.recipes.topology.process_topology: slice
+  ``JOB_INDEX``, host ``JOB_COMPLETION_INDEX``, container ``RLJOB_CONTAINER_INDEX``); jax.distributed is
+  initialized when there is more than one process; in a pod progress goes to the ``<rljob>-progress``
+  ConfigMap.
 - Local (laptop, tests): one process unless ``RLJOB_NUM_PROCESSES`` / ``RLJOB_PROCESS_ID`` /
   ``RLJOB_COORDINATOR`` say otherwise (the two-process CPU test uses them); progress goes to
   RunConfig.progress.file.
@@ -36,10 +38,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from pydantic import ValidationError
+from rljob.recipes import topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 
-__all__ = ["BadConfig", "DistributedEnv", "distributed_env", "head_blocks", "main", "model_setup"]
+__all__ = ["BadConfig", "DistributedEnv", "align", "distributed_env", "head_blocks", "main", "model_setup"]
 
 log = logging.getLogger("rljob.trainer")
 
@@ -49,37 +52,76 @@ class BadConfig(Exception):
 
 
 class DistributedEnv:
-    def __init__(self, coordinator: str, num_processes: int, process_id: int, in_cluster: bool) -> None:
+    def __init__(
+        self,
+        coordinator: str,
+        num_processes: int,
+        process_id: int,
+        in_cluster: bool,
+        tpu_env: dict[str, str] | None = None,
+    ) -> None:
         self.coordinator = coordinator
         self.num_processes = num_processes
         self.process_id = process_id
         self.in_cluster = in_cluster
+        # libtpu's variables of this container (rljob.recipes.topology), exported before JAX starts.
+        self.tpu_env = tpu_env or {}
+
+
+def _rendered(env: dict[str, str], rc: RunConfig | None) -> dict[str, str]:
+    """The container's environment, with what a render made before the topology variables existed filled
+    from the run config (the same values the render now writes)."""
+    if rc is None:
+        return env
+    tpu = rc.trainer.tpu
+    defaults = {
+        topology.SLICES_ENV: str(rc.trainer.slices),
+        topology.HOSTS_ENV: str(tpu.hosts),
+        topology.CONTAINERS_ENV: str(tpu.containers_per_host),
+        topology.CHIPS_ENV: str(tpu.chips_per_container),
+        topology.COORDINATOR_ENV: rc.endpoints.coordinator,
+        "RLJOB_NAME": rc.name,
+    }
+    return {**{k: v for k, v in defaults.items() if v}, **env}
 
 
 def distributed_env(rc: RunConfig | None, env: dict[str, str] | None = None) -> DistributedEnv:
-    """Process topology from the JobSet environment (in a pod) or RLJOB_* overrides (locally)."""
+    """Process topology from the container's JobSet environment (rljob.recipes.topology: in a pod, or a
+    local process given a rendered container's environment, as ``rljob drill`` does) or from RLJOB_*
+    overrides (local runs and tests)."""
     env = dict(os.environ if env is None else env)
     in_cluster = "KUBERNETES_SERVICE_HOST" in env
-    if in_cluster:
-        idx = env.get("JOB_COMPLETION_INDEX", "0")
-        count = rc.trainer.hosts if rc is not None else 1
-        coord = rc.endpoints.coordinator if rc is not None else ""
-    else:
-        idx = env.get("RLJOB_PROCESS_ID", "0")
-        count = int(env.get("RLJOB_NUM_PROCESSES", "1"))
-        coord = env.get("RLJOB_COORDINATOR", rc.endpoints.coordinator if rc is not None else "")
+    if in_cluster or topology.CONTAINERS_ENV in env:
+        try:
+            top = topology.process_topology(_rendered(env, rc))
+        except topology.TopologyError as e:
+            raise BadConfig(str(e)) from e
+        if rc is not None:
+            want = rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host
+            if top.num_processes != want:
+                raise BadConfig(
+                    f"env {topology.SLICES_ENV}/{topology.HOSTS_ENV}/{topology.CONTAINERS_ENV}: "
+                    f"{top.num_processes} processes, the run config's trainer has {want}"
+                )
+        return DistributedEnv(top.coordinator, top.num_processes, top.process_id, in_cluster, top.tpu_env)
+    idx = env.get("RLJOB_PROCESS_ID", "0")
+    count = int(env.get("RLJOB_NUM_PROCESSES", "1"))
+    coord = env.get("RLJOB_COORDINATOR", rc.endpoints.coordinator if rc is not None else "")
     try:
         pid = int(idx)
     except ValueError as e:
-        raise BadConfig(f"env JOB_COMPLETION_INDEX: not an integer: {idx!r}") from e
+        raise BadConfig(f"env RLJOB_PROCESS_ID: not an integer: {idx!r}") from e
     if count > 1 and not coord:
         raise BadConfig("endpoints.coordinator: required with more than one trainer process")
     if not 0 <= pid < max(count, 1):
-        raise BadConfig(f"env JOB_COMPLETION_INDEX: {pid} is outside 0..{count - 1}")
+        raise BadConfig(f"env RLJOB_PROCESS_ID: {pid} is outside 0..{count - 1}")
     return DistributedEnv(coord, count, pid, in_cluster)
 
 
 def initialize_distributed(denv: DistributedEnv) -> None:
+    # libtpu reads its process layout from the environment when the TPU backend starts: the container's
+    # worker id, port and peers (rljob.recipes.topology), before anything imports JAX's TPU backend.
+    os.environ.update(denv.tpu_env)
     import jax
 
     if denv.num_processes > 1:
@@ -93,14 +135,31 @@ def initialize_distributed(denv: DistributedEnv) -> None:
         )
 
 
+def align(name: str, timeout_s: int = 900) -> None:
+    """Every process of a multi-process run reaches this point before any goes on (the coordination
+    service's barrier, ``timeout_s`` long). On CPU, gloo gives each collective's first use a fixed deadline
+    to find its peers; processes that reach it minutes apart (one still importing MaxText on a loaded
+    machine) fail it (``Gloo context initialization failed: DEADLINE_EXCEEDED``). TPUs do not use gloo;
+    the barrier costs them one round trip."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax._src import distributed  # the client jax.distributed.initialize made
+
+        client = distributed.global_state.client
+        if client is not None:
+            client.wait_at_barrier(name, timeout_in_ms=timeout_s * 1000)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rljob-trainer", description=__doc__.split("\n")[0])
     p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
     p.add_argument(
         "--model",
-        choices=["config", "tiny"],
+        choices=["config", "tiny", "miniature"],
         default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
-        help="MaxText model: the run config's keys, or the tiny CPU model",
+        help="MaxText model: the run config's keys, the tiny CPU model, or (sampler loop only) the "
+        "miniature of the run's model on the run config's mesh (rljob drill)",
     )
     p.add_argument(
         "--rollouts",
@@ -242,6 +301,8 @@ def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
 def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     rc = load_config(args.config)
     denv = distributed_env(rc)
+    if args.model == "miniature" and args.rollouts != "sampler":
+        raise BadConfig("--model miniature: only with --rollouts sampler (the loop rljob drill runs)")
     if extra and (args.rollouts != "sampler" or args.distributed_check):
         raise BadConfig(f"{extra[0]}: unrecognized argument (only the sampler loop takes it)")
     if rc.spec.service is not None and not args.distributed_check:

@@ -269,6 +269,9 @@ def _steps(
                 blob = encode_rollouts(*source(s, state.lora))
                 cache.write(key, blob)
         rollouts, src_metrics = decode_rollouts(share_from_first(blob))
+        collective = getattr(source, "collective", None)
+        if collective is not None:  # a source's work that every process must join (the parity gate)
+            collective(s, state.lora)
         state, metrics = trainer.train_on_batch(state, rollouts)
         done = s + 1
         # A step without signal (no token carried a loss weight) makes no update at all: it neither

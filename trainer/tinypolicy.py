@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.model import ModelSpec, Policy, tiny_keys
+from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy, tiny_keys
 from safetensors.numpy import load_file
 
 PEFT_WEIGHTS = "adapter_model.safetensors"
@@ -63,6 +63,51 @@ def cpu_model_spec(
         lora_alpha=lora_alpha,
         seed=seed,
         checkpoint=checkpoint,
+    )
+
+
+MESH_RULE_KEYS = ("context_parallel_load_balance", "custom_mesh_and_rule")
+
+
+def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
+    """MaxText keys of the miniature of the run's model (``rljob drill``): the recipe's own model config with
+    only sizes shrunk (rljob.trainer.miniature; a model it does not know: the tiny qwen3 model), at the CPU
+    loop's vocabulary and length (cpu_shape: the toy task's tokens); with ``mesh``, the run config's mesh
+    keys (``ici_*``, with ``dcn_*`` folded in: the trainer's, whose processes own that many devices; a CPU
+    sampler is one process and keeps MaxText's default mesh)."""
+    vocab, max_len = cpu_shape(rc)
+    name = str(rc.trainer.maxtext.get("model_name", ""))
+    from rljob.trainer import miniature
+
+    if name in miniature.MODELS:
+        # The model's own MaxText config (model_name) with only its sizes overridden.
+        keys = {"model_name": name, **miniature.miniature_overrides(name), **CPU_KEYS}
+    else:
+        keys = tiny_keys()
+    keys.update(vocab_size=vocab, max_target_length=max_len)
+    if mesh:
+        # The recipe's keys that say how the mesh's axes are used (MaxText refuses, e.g., context
+        # parallelism over gated delta nets with the load-balanced layout; Qwen3.5's recipe turns it off).
+        keys.update({k: v for k, v in rc.trainer.maxtext.items() if k in MESH_RULE_KEYS})
+        # Host devices carry no slice ids (MaxText finds one slice): each dcn axis is folded into its ici
+        # axis, the same devices in the same number of processes.
+        src = rc.trainer.maxtext
+        for k, v in src.items():
+            if k.startswith("ici_"):
+                keys[k] = int(v) * int(src.get("dcn_" + k[4:], 1))
+            elif k.startswith("dcn_"):
+                keys[k] = 1
+    return keys
+
+
+def miniature_spec(rc: RunConfig, *, mesh: bool, checkpoint: str | None = None) -> ModelSpec:
+    """The ModelSpec of :func:`miniature_keys` with the run's LoRA rank and alpha (same seed everywhere,
+    so the trainer's processes and the CPU sampler build the same base weights)."""
+    lora = rc.spec.lora
+    rank = lora.rank if lora and lora.rank else 8
+    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
+    return ModelSpec(
+        maxtext=miniature_keys(rc, mesh=mesh), lora_rank=rank, lora_alpha=alpha, checkpoint=checkpoint
     )
 
 
@@ -158,4 +203,6 @@ __all__ = [
     "cpu_model_spec",
     "cpu_shape",
     "load_peft_dir",
+    "miniature_keys",
+    "miniature_spec",
 ]

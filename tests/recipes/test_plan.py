@@ -38,7 +38,7 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             "storage.rollouts": "gs://bucket/runs/ns/t/rollouts",
             "storage.cache": "gs://bucket/runs/ns/t/cache",
             "endpoints.samplers": ["http://t-sampler-0-0.t:8000"],
-            "endpoints.coordinator": "t-trainer-0-0.t:8476",
+            "endpoints.coordinator": "t-trainer-0-0.t:8482",
             "progress.config_map": "t-progress",
             "job_set_name": "t",
             "spec.dataset.task": "math",

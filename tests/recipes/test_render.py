@@ -81,7 +81,7 @@ def test_roles_single_slice() -> None:
     tc = trainer["template"]["spec"]["template"]["spec"]["containers"][0]
     env = _env(tc)
     assert env["RLJOB_CONFIG"] == "/etc/rljob/run.json" and env["RLJOB_ROLE"] == "trainer"
-    assert env["JAX_COORDINATOR_ADDRESS"] == "t-trainer-0-0.t:8476"
+    assert env["JAX_COORDINATOR_ADDRESS"] == "t-trainer-0-0.t:8482"
     assert not any(k.startswith("MEGASCALE_") for k in env)
     sc = sampler["template"]["spec"]["template"]["spec"]["containers"][0]
     assert sc["ports"] == [{"name": "http", "containerPort": 8000, "protocol": "TCP"}]

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fixtures.trainer_run import local_run_config, write_run_config
@@ -152,3 +153,33 @@ def test_default_rollouts_run_the_sampler_loop(tmp_path: Path) -> None:
     text = log.read_text()
     assert "sampler unavailable (adapter >= v0)" in text and "Traceback" not in text, text[-1500:]
     assert (tmp_path / "s" / rc.namespace / rc.name / "adapters" / "LATEST").read_text() == "0"
+
+
+def _golden_trainer_containers() -> list[tuple[str, Any, list[dict[str, str]]]]:
+    """(golden, run config, the environment of every trainer container of every pod of every slice)."""
+    import yaml
+    from rljob.recipes import naming, topology
+    from rljob.recipes.runconfig import RunConfig
+
+    out = []
+    for path in sorted((Path(__file__).parents[1] / "recipes" / "golden").glob("*.yaml")):
+        docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+        (cm,) = [d for d in docs if d["kind"] == "ConfigMap" and "run.json" in d.get("data", {})]
+        (js,) = [d for d in docs if d["kind"] == "JobSet"]
+        rc = RunConfig.model_validate_json(cm["data"]["run.json"])
+        envs = [c.env for c in topology.container_envs(js) if c.role == naming.TRAINER]
+        out.append((path.stem, rc, envs))
+    return out
+
+
+@pytest.mark.parametrize("case", _golden_trainer_containers(), ids=lambda c: c[0])
+def test_every_golden_trainer_container_gets_its_own_process_id(case: tuple[str, Any, Any]) -> None:
+    """The trainer's process topology, fed each rendered container's environment as the kubelet starts
+    it: ids 0..N-1 once each (N = slices x hosts x containers per host), one coordinator. Before the
+    topology read the container index, both containers of a tpu7x pod got the same id."""
+    _, rc, envs = case
+    n = rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host
+    denvs = [distributed_env(rc, {**env, "KUBERNETES_SERVICE_HOST": "10.0.0.1"}) for env in envs]
+    assert sorted(d.process_id for d in denvs) == list(range(n))
+    assert {d.num_processes for d in denvs} == {n}
+    assert {d.coordinator for d in denvs} == {rc.endpoints.coordinator}

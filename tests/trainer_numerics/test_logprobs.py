@@ -266,6 +266,9 @@ _SHARDED = textwrap.dedent(
         (("context", "tensor"), (None, "context"), "tensor"),
         (("fsdp", "tensor"), ("fsdp", None), "tensor"),
         (("data", "fsdp"), (None, None), ("data", "fsdp")),
+        # the ring's axes in another order than the mesh's (rows over fsdp, sequence over context on a
+        # context-major mesh): ppermute takes them in the mesh's order, the shift renumbered
+        (("context", "fsdp"), ("fsdp", "context"), None),
     ]
     for names, spec, vax in cases:
         mesh = Mesh(np.array(jax.devices()).reshape(2, 2), names)
@@ -294,7 +297,8 @@ _SHARDED = textwrap.dedent(
 
 
 def test_sharded_over_four_cpu_devices() -> None:
-    """The head on a 2 x 2 CPU mesh in every layout (tokens split over one or two axes, the vocabulary
+    """The head on a 2 x 2 CPU mesh in every layout (tokens split over one or two axes, in the mesh's
+    order or not, the vocabulary
     over the rest, a padded vocabulary, the soft cap and the scale) against one device: the log-probs,
     the loss and both gradients."""
     env = {
@@ -308,7 +312,7 @@ def test_sharded_over_four_cpu_devices() -> None:
     )
     assert out.returncode == 0 and "RESULTS " in out.stdout, out.stderr[-3000:]
     results = json.loads(out.stdout.split("RESULTS ", 1)[1])
-    assert len(results) == 5
+    assert len(results) == 6
     for name, r in results.items():
         # float32 reassociation only (other tile boundaries, cross-device sums)
         assert r["lp"] <= 1e-5 and r["loss"] <= 1e-5 and r["dh"] <= 1e-5 and r["dw"] <= 1e-5, (name, r)

@@ -1,0 +1,637 @@
+"""``rljob drill``: a local CPU rehearsal of an RLJob before any TPU hour is spent.
+
+For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P]``) or all of them
+(``--all``: every recipe, profile and example):
+
+1. Plan and render it exactly as ``rljob render`` does (exit 2 with every problem, field named).
+2. Full-size topology, without the model: the environment of every container of every pod of every slice
+   of the rendered JobSet (downward-API fields resolved as the JobSet and Job controllers set them,
+   rljob.recipes.topology.container_envs) goes through the trainer's process-topology function: the JAX
+   process ids must be 0..N-1 once each, one coordinator, N x each container's devices = the plan's
+   devices = the product of the mesh; then MaxText builds the full-size mesh over that many host devices
+   (``python -m rljob.trainer.meshcheck``).
+3. A scaled run: the same manifest with the counts shrunk to fit a small machine (the generation, the
+   containers per host, the number of slices and the mesh's axes kept; hosts per slice at most 2, each
+   kept axis at most 2 but fsdp, one single-host sampler replica; a few rollouts of the toy task), rendered
+   again, and the real ``rljob-trainer`` and ``rljob-sampler`` entrypoints (the render's commands) started
+   as local processes, one per container of every pod of every slice, each with exactly the environment
+   its container gets in that render, except the addresses (the coordinator and the samplers on
+   127.0.0.1), the run config's path and storage (a local directory) and the CPU platform variables
+   (``JAX_PLATFORMS=cpu``, one host device per TPU device of the container, gloo collectives). The model is
+   the miniature of the recipe's model (``--model miniature``, rljob.trainer.tinypolicy.miniature_spec).
+   It must take ``--steps`` GRPO steps (>= 2), export adapters v0..vK, the sampler must load vK, and the
+   trainer's step-0 parity gate must pass.
+
+The last stdout line is JSON: ``{"drill": NAME, "ok": true, "processes": N, "steps": K,
+"adapter_versions": [...], "parity_nats": X, "seconds": S, ...}``. Exit 0 only when all of it held; 2 on a
+bad manifest; 1 otherwise, with the failing process's last lines on stderr.
+
+What it cannot check: anything TPU-only (libtpu, ICI/DCN collectives, the TPU_* variables' effect, memory
+fit, vLLM's TPU backend; the sampler here is the CPU backend) and the real model sizes (docs/drill.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+EXIT_OK, EXIT_FAIL, EXIT_BAD = 0, 1, 2
+REPO = Path(__file__).resolve().parents[1]
+STORAGE = "gs://rljob-drill"
+SCALED_MESH_AXIS_MAX = 2  # each kept mesh axis but fsdp at most this in the scaled run
+MAX_HOSTS = 2
+
+
+class DrillBadInput(Exception):
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+class DrillFailed(Exception):
+    """Something of the rehearsal did not hold; the message says what (and the failing process's lines)."""
+
+
+@dataclass
+class Case:
+    name: str
+    doc: dict[str, Any]
+
+
+@dataclass
+class Outcome:
+    name: str
+    ok: bool
+    report: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    bad_input: list[str] = field(default_factory=list)
+
+
+# --- cases ---------------------------------------------------------------------------------------------
+
+
+def recipe_doc(recipe: str, profile: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"recipe": recipe, "storage": {"root": STORAGE}}
+    if profile:
+        spec["trainer"] = {"profile": profile}
+    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "drill"}, "spec": spec}
+
+
+def all_cases() -> list[Case]:
+    """Every catalog recipe, each of its profiles, and every example."""
+    import yaml
+    from rljob.recipes import recipe_catalog
+
+    out = []
+    for name in recipe_catalog.names():
+        out.append(Case(name, recipe_doc(name)))
+        for profile in recipe_catalog.load(name).profiles:
+            out.append(Case(f"{name}/{profile}", recipe_doc(name, profile)))
+    for path in sorted((REPO / "examples").glob("*.yaml")):
+        out.append(Case(f"example/{path.stem}", yaml.safe_load(path.read_text(encoding="utf-8"))))
+    return out
+
+
+# --- plan, render, full-size topology ------------------------------------------------------------------
+
+
+def resolve_doc(doc: dict[str, Any]) -> Any:
+    import yaml
+    from rljob.recipes.plan import PlanError, parse_manifest, resolve
+
+    try:
+        return resolve(parse_manifest(yaml.safe_dump(doc, sort_keys=False)))
+    except PlanError as e:
+        raise DrillBadInput(e.problems) from None
+
+
+def jobset_of(rc: Any) -> dict[str, Any]:
+    from rljob.recipes import render
+
+    return render.jobset(rc)
+
+
+def full_topology(rc: Any) -> dict[str, Any]:
+    """The full-size layout's process ids, count and devices, from every rendered container's env."""
+    from rljob.recipes import naming, topology
+
+    js = jobset_of(rc)
+    envs = [c for c in topology.container_envs(js) if c.role == naming.TRAINER]
+    tops = [topology.process_topology(c.env) for c in envs]
+    n = rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host
+    ids = Counter(t.process_id for t in tops)
+    problems = [f"process id {i} held by {k} containers" for i, k in ids.items() if k > 1]
+    problems += (
+        [f"process ids {sorted(set(range(n)) - set(ids))[:5]} unheld"] if set(ids) != set(range(n)) else []
+    )
+    problems += (
+        [f"{sum(t.is_coordinator for t in tops)} coordinators"]
+        if sum(t.is_coordinator for t in tops) != 1
+        else []
+    )
+    local = rc.trainer.tpu.chips_per_container * rc.trainer.tpu.devices_per_chip
+    if n * local != rc.trainer.devices:
+        problems.append(f"{n} processes x {local} devices != the plan's {rc.trainer.devices} devices")
+    mesh = rc.trainer.ici.product() * rc.trainer.dcn.product()
+    if mesh != rc.trainer.devices:
+        problems.append(f"the mesh has {mesh} devices, the plan {rc.trainer.devices}")
+    if problems:
+        raise DrillFailed("full-size topology: " + "; ".join(problems))
+    return {"processes": n, "local_devices": local, "devices": rc.trainer.devices}
+
+
+def _mesh_axes(rc: Any) -> dict[str, int]:
+    from rljob.recipes.runconfig import MESH_AXES
+
+    return {a: int(getattr(rc.trainer.ici, a)) * int(getattr(rc.trainer.dcn, a)) for a in MESH_AXES}
+
+
+def python() -> str:
+    return sys.executable
+
+
+def base_env(devices: int) -> dict[str, str]:
+    """The machine's environment for a local process: PATH, HOME and the venv, the CPU platform with
+    ``devices`` host devices (a container's TPU devices), no repo root on sys.path."""
+    keep = {
+        k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "VIRTUAL_ENV", "TMPDIR", "LANG", "TZ")
+    }
+    return {
+        **keep,
+        "PYTHONSAFEPATH": "1",
+        "PYTHONUNBUFFERED": "1",
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "OMP_NUM_THREADS": "1",
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+
+
+def full_mesh(rc: Any, workdir: Path, timeout: float) -> dict[str, int]:
+    """MaxText's mesh of the full-size run over rc.trainer.devices host devices (no model)."""
+    cfg = workdir / "full-run.json"
+    cfg.write_text(rc.model_dump_json(by_alias=True), encoding="utf-8")
+    # Host devices carry no slice ids: a multi-slice mesh is built per slice (the dcn axes' product was
+    # checked against the slice count by full_topology).
+    per_slice = rc.trainer.slices > 1
+    proc = subprocess.run(
+        [
+            python(),
+            "-m",
+            "rljob.trainer.meshcheck",
+            "--config",
+            str(cfg),
+            *(["--per-slice"] if per_slice else []),
+        ],
+        env=base_env(rc.trainer.tpu.devices if per_slice else rc.trainer.devices),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=workdir,
+    )
+    if proc.returncode != 0:
+        raise DrillFailed("full-size mesh (python -m rljob.trainer.meshcheck):\n" + _tail(proc.stderr))
+    got: dict[str, int] = json.loads(proc.stdout.strip().splitlines()[-1])["mesh"]
+    want = {a: int(getattr(rc.trainer.ici, a)) for a in _mesh_axes(rc)} if per_slice else _mesh_axes(rc)
+    wrong = {a: (got.get(a, 1), n) for a, n in want.items() if got.get(a, 1) != n}
+    if wrong:
+        raise DrillFailed(f"full-size mesh: MaxText built {got}, the plan says {want}")
+    return got
+
+
+# --- scaling -------------------------------------------------------------------------------------------
+
+
+def _small_tpu(rc: Any, hosts: int) -> str:
+    gen = rc.trainer.tpu.type_name.split("-")[0]
+    chips = 4 * hosts
+    return f"{gen}-{2 * chips}"
+
+
+def scaled_mesh(full: dict[str, int], devices: int) -> dict[str, int]:
+    """The full mesh's axes kept (every axis > 1 stays > 1 where the devices allow), each at most
+    SCALED_MESH_AXIS_MAX but fsdp, which takes the rest."""
+    mesh = {a: 1 for a in full}
+    left = devices
+    for axis in ("expert", "context", "tensor", "data"):
+        if full.get(axis, 1) > 1 and left % 2 == 0 and left > 1:
+            mesh[axis] = min(SCALED_MESH_AXIS_MAX, full[axis])
+            left //= mesh[axis]
+    mesh["fsdp"] = left
+    return mesh
+
+
+def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The manifest with its counts shrunk (see the module docstring) and what was scaled."""
+    import copy
+
+    hosts = min(MAX_HOSTS, rc.trainer.tpu.hosts)
+    containers = rc.trainer.tpu.containers_per_host
+    slices = min(2, rc.trainer.slices)
+    tpu = _small_tpu(rc, hosts)
+    devices_per_slice = 4 * hosts * rc.trainer.tpu.devices_per_chip
+    full = _mesh_axes(rc)
+    mesh = scaled_mesh({a: getattr(rc.trainer.ici, a) for a in full}, devices_per_slice)
+    sampler_tpu = f"{rc.sampler.tpu.type_name.split('-')[0]}-8"
+    out = copy.deepcopy(doc)
+    spec = out.setdefault("spec", {})
+    trainer = spec.setdefault("trainer", {})
+    trainer.update(tpu=tpu, slices=slices, containersPerHost=containers, mesh=dict(mesh))
+    sampler = spec.setdefault("sampler", {})
+    # One host's devices: tensor parallel over them, as the plan's default (the CPU sampler ignores it).
+    sampler.update(
+        tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=4 * rc.sampler.tpu.devices_per_chip
+    )
+    spec["storage"] = {**spec.get("storage", {}), "root": STORAGE}
+    spec["dataset"] = {"task": "successor"}
+    alg = spec.setdefault("algorithm", {})
+    alg.update(steps=steps, groupSize=4, groupsPerBatch=2, maxTokens=1, maxPromptTokens=8)
+    for k in ("queueName", "priorityClassName"):
+        spec.pop(k, None)
+    # The miniature starts from random weights: a real checkpoint neither fits it nor is reachable here.
+    had_checkpoint = bool((spec.get("model") or {}).pop("checkpoint", None)) or bool(rc.spec.model.checkpoint)
+    scaled = {
+        "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
+        f"({hosts} hosts x {containers} containers per slice)",
+        "mesh": f"{_fmt(full)} -> {_fmt(mesh)}",
+        "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} -> {sampler_tpu} x 1",
+        "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
+        "base_weights": "random (the miniature)" + (", not spec.model.checkpoint" if had_checkpoint else ""),
+    }
+    return out, scaled
+
+
+def _fmt(mesh: dict[str, int]) -> str:
+    return " x ".join(f"{a} {n}" for a, n in mesh.items() if n > 1) or "1"
+
+
+# --- the scaled run ------------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+@dataclass
+class Proc:
+    label: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, lines: int = 25) -> str:
+        try:
+            return _tail(self.log.read_text(encoding="utf-8", errors="replace"), lines)
+        except OSError:
+            return ""
+
+
+def local_run_config(rc: Any, workdir: Path, sampler_ports: list[int], coord_port: int) -> Any:
+    """The scaled run config with local addresses (storage stays gs://, on the emulator) and a progress
+    file."""
+    return rc.model_copy(
+        update={
+            "endpoints": rc.endpoints.model_copy(
+                update={
+                    "samplers": [f"http://127.0.0.1:{p}" for p in sampler_ports],
+                    "coordinator": f"127.0.0.1:{coord_port}",
+                }
+            ),
+            "progress": rc.progress.model_copy(
+                update={"config_map": None, "file": str(workdir / "progress.json")}
+            ),
+        }
+    )
+
+
+def start_storage(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
+    """The repo's GCS emulator (``python -m rljob.trainer.gcs_emulator``) with the drill's bucket: the
+    process and the variables that point GCS clients at it."""
+    proc = subprocess.Popen(
+        [python(), "-m", "rljob.trainer.gcs_emulator", "--workdir", str(workdir), "--bucket", STORAGE[5:]],
+        env=base_env(1),
+        stdout=subprocess.PIPE,
+        stderr=(workdir / "gcs-emulator.log").open("wb"),
+        text=True,
+        cwd=workdir,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.kill()
+        raise DrillFailed(f"the GCS emulator did not start; see {workdir / 'gcs-emulator.log'}")
+    env: dict[str, str] = json.loads(line)["env"]
+    return proc, env
+
+
+def _objects(env: dict[str, str], prefix: str) -> list[str]:
+    """Object names under gs://bucket/prefix on the emulator (the JSON API's objects.list)."""
+    from urllib.parse import quote
+
+    bucket, _, path = prefix[5:].partition("/")
+    url = f"{env['STORAGE_EMULATOR_HOST']}/storage/v1/b/{bucket}/o?prefix={quote(path.rstrip('/') + '/')}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return [str(item["name"]) for item in json.loads(r.read()).get("items", [])]
+
+
+def _bin(command: list[str]) -> list[str]:
+    """The render's command, its console script from this interpreter's environment."""
+    script = Path(python()).parent / command[0]
+    return [str(script) if script.exists() else command[0], *command[1:]]
+
+
+def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, Any]:
+    from rljob.recipes import naming, topology
+    from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH
+
+    js = jobset_of(rc)
+    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
+    coord_port = free_port()
+    local = local_run_config(rc, workdir, sampler_ports, coord_port)
+    cfg = workdir / "run.json"
+    cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
+    gcs, storage_env = start_storage(workdir)
+    commands = {
+        rj["name"]: rj["template"]["spec"]["template"]["spec"]["containers"]
+        for rj in js["spec"]["replicatedJobs"]
+    }
+    procs: list[Proc] = []
+    trainers: list[Proc] = []
+    samplers: list[Proc] = []
+    overrides = {CONFIG_ENV: str(cfg), topology.COORDINATOR_ENV: f"127.0.0.1:{coord_port}"}
+    t0 = time.monotonic()
+    try:
+        for c in topology.container_envs(js):
+            spec_c = commands[c.role][c.container_index]
+            command = [str(cfg) if a == CONFIG_PATH else a for a in _bin(spec_c["command"])]
+            label = f"{c.role}-{c.job_index}-{c.pod_index}/{c.container}"
+            if c.role == naming.TRAINER:
+                devices = rc.trainer.tpu.chips_per_container * rc.trainer.tpu.devices_per_chip
+                log = workdir / f"{label.replace('/', '.')}.jsonl"
+                command += ["--model", "miniature", "--steps", str(steps), "--eval-every", "0"]
+                command += ["--log-jsonl", str(log)]
+            else:
+                devices = 1
+                command += ["--backend", "cpu", "--host", "127.0.0.1", "--model", "miniature"]
+                command += ["--adapter-dir", str(workdir / f"adapters-{c.job_index}-{c.pod_index}")]
+            env = {**base_env(devices), **storage_env, **c.env, **overrides}
+            out = workdir / f"{label.replace('/', '.')}.log"
+            p = Proc(
+                label,
+                subprocess.Popen(
+                    command, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT, cwd=workdir
+                ),
+                out,
+            )
+            procs.append(p)
+            (trainers if c.role == naming.TRAINER else samplers).append(p)
+        deadline = t0 + timeout
+        crashed: dict[str, float] = {}
+        while any(p.popen.poll() is None for p in trainers):
+            for p in procs:
+                code = p.popen.poll()
+                if code not in (None, 0) or (p in samplers and code is not None):
+                    raise DrillFailed(f"{p.label} exited {code}:\n{p.tail()}")
+                # A process whose Python died can hang in jax.distributed's shutdown, waiting for peers
+                # that wait for it: fail on its traceback once it has had a while to exit.
+                dead = code is None and p in trainers and "Traceback (most recent call last)" in p.tail(200)
+                if dead and time.monotonic() - crashed.setdefault(p.label, time.monotonic()) > 30:
+                    raise DrillFailed(f"{p.label} failed (its traceback, process still running):\n{p.tail()}")
+            if time.monotonic() > deadline:
+                raise DrillFailed(
+                    f"timed out after {timeout:.0f} s; {trainers[0].label}:\n{trainers[0].tail()}"
+                )
+            time.sleep(0.5)
+        for p in trainers:
+            if p.popen.returncode != 0:
+                raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
+        versions = _adapter_versions(storage_env, local.storage.adapters)
+        if not versions:
+            raise DrillFailed(f"the trainer exported no adapter; {trainers[0].label}:\n{trainers[0].tail()}")
+        loaded = _wait_sampler_version(
+            sampler_ports, max(versions, default=-1), min(60.0, max(5.0, deadline - time.monotonic()))
+        )
+        for p in samplers:
+            if p.popen.poll() is not None:
+                raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
+    finally:
+        for p in procs:
+            if p.popen.poll() is None:
+                p.popen.terminate()
+        for p in procs:
+            try:
+                p.popen.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.popen.kill()
+        gcs.terminate()
+        gcs.wait(timeout=20)
+    records = (
+        [
+            json.loads(x)
+            for x in (workdir / "trainer-0-0.trainer.jsonl").read_text().splitlines()
+            if x.startswith("{")
+        ]
+        if (workdir / "trainer-0-0.trainer.jsonl").exists()
+        else _first_log(workdir)
+    )
+    steps_done = [r for r in records if r.get("event") == "step"]
+    parity = [r for r in records if r.get("event") == "parity"]
+    if len(steps_done) < steps:
+        raise DrillFailed(f"the trainer logged {len(steps_done)} steps, not {steps}:\n{trainers[0].tail()}")
+    if not parity:
+        raise DrillFailed("the trainer logged no step-0 parity gate")
+    if versions != list(range(steps + 1)):
+        raise DrillFailed(f"adapter versions {versions}, expected v0..v{steps}")
+    return {
+        "processes": len(procs),
+        "trainer_processes": len(trainers),
+        "sampler_processes": len(samplers),
+        "steps": len(steps_done),
+        "adapter_versions": versions,
+        "sampler_loaded": loaded,
+        "parity_nats": float(parity[0]["mean_abs_logprob_diff"]),
+        "run_seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def _first_log(workdir: Path) -> list[dict[str, Any]]:
+    logs = sorted(workdir.glob("trainer-0-0.*.jsonl"))
+    if not logs:
+        return []
+    return [json.loads(x) for x in logs[0].read_text().splitlines() if x.startswith("{")]
+
+
+def _adapter_versions(env: dict[str, str], adapters: str) -> list[int]:
+    """The complete adapter versions v{N}/ (adapter_config.json written) under ``adapters``."""
+    out = set()
+    for name in _objects(env, adapters):
+        parts = name.rsplit("/", 2)
+        if len(parts) == 3 and parts[2] == "adapter_config.json" and parts[1][1:].isdigit():
+            out.add(int(parts[1][1:]))
+    return sorted(out)
+
+
+def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> list[Any]:
+    """Each sampler's served adapter version once it is ``version`` (its status endpoint, port + 1)."""
+    from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET
+
+    deadline = time.monotonic() + timeout
+    last: list[Any] = []
+    while time.monotonic() < deadline:
+        last = []
+        for port in ports:
+            try:
+                url = f"http://127.0.0.1:{port + ADAPTER_AGENT_PORT_OFFSET}/rljob/v1/adapter"
+                with urllib.request.urlopen(url, timeout=2) as r:
+                    last.append(json.loads(r.read()))
+            except OSError:
+                last.append(None)
+        if all(isinstance(s, dict) and s.get("version") == version for s in last):
+            return [s.get("version") for s in last]
+        time.sleep(0.5)
+    raise DrillFailed(f"the sampler(s) did not load adapter v{version}: status {last}")
+
+
+# --- one drill -----------------------------------------------------------------------------------------
+
+
+def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = True) -> Outcome:
+    t0 = time.monotonic()
+    try:
+        rc = resolve_doc(case.doc)
+        jobset_of(rc)
+        full = full_topology(rc)
+        mesh = full_mesh(rc, workdir, timeout=300)
+        shown = _fmt(mesh)
+        if rc.trainer.slices > 1:
+            dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
+            shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
+        report: dict[str, Any] = {"full": {**full, "mesh": shown}}
+        if run and rc.spec.service is not None:
+            raise DrillFailed(
+                "spec.service: the drill's scaled run rehearses the RL loop; a service-mode trainer runs no "
+                "loop (make tinker-cpu runs the service and the CPU sampler instead)"
+            )
+        if run:
+            small_doc, scaled = scaled_doc(case.doc, rc, steps)
+            try:
+                small = resolve_doc(small_doc)
+            except DrillBadInput as e:  # the drill's own scaling, not the user's manifest
+                raise DrillFailed("the scaled manifest does not resolve: " + "; ".join(e.problems)) from None
+            full_topology(small)
+            report["scaled"] = scaled
+            report.update(run_scaled(small, workdir, steps, timeout))
+    except DrillBadInput as e:
+        return Outcome(case.name, False, bad_input=e.problems)
+    except DrillFailed as e:
+        return Outcome(case.name, False, error=str(e), report={"seconds": round(time.monotonic() - t0, 1)})
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    return Outcome(case.name, True, report=report)
+
+
+def _cases(args: argparse.Namespace) -> list[Case]:
+    import yaml
+
+    if args.all:
+        return all_cases()
+    if args.recipe:
+        from rljob.recipes import recipe_catalog
+
+        if args.recipe not in recipe_catalog.names():
+            raise DrillBadInput(
+                [f"--recipe: unknown recipe {args.recipe!r}; known: {', '.join(recipe_catalog.names())}"]
+            )
+        if args.profile and args.profile not in recipe_catalog.load(args.recipe).profiles:
+            raise DrillBadInput([f"--profile: {args.recipe} has no profile {args.profile!r}"])
+        name = args.recipe + (f"/{args.profile}" if args.profile else "")
+        return [Case(name, recipe_doc(args.recipe, args.profile))]
+    try:
+        text = Path(args.file).read_text(encoding="utf-8") if args.file != "-" else sys.stdin.read()
+    except OSError as e:
+        raise DrillBadInput([f"{args.file}: {e.strerror or e}"]) from None
+    from rljob.recipes.plan import PlanError, parse_manifest
+
+    try:
+        parse_manifest(text)  # every problem of the manifest, field named, before any process starts
+    except PlanError as e:
+        raise DrillBadInput(e.problems) from None
+    return [Case(Path(args.file).stem, yaml.safe_load(text))]
+
+
+def cmd_drill(args: argparse.Namespace) -> int:
+    if args.steps < 2:
+        raise DrillBadInput([f"--steps: at least 2, got {args.steps}"])
+    cases = _cases(args)
+    outcomes = []
+    for case in cases:
+        workdir = Path(tempfile.mkdtemp(prefix="rljob-drill-"))
+        out = drill(case, args.steps, workdir, args.timeout, run=not args.topology_only)
+        outcomes.append(out)
+        line: dict[str, Any] = {"drill": case.name, "ok": out.ok, **out.report}
+        if out.bad_input:
+            line["problems"] = out.bad_input
+        if out.error:
+            line["error"] = out.error.splitlines()[0]
+            print(f"rljob drill {case.name}: {out.error}", file=sys.stderr)
+        for p in out.bad_input:
+            print(p, file=sys.stderr)
+        if len(cases) > 1:
+            print(json.dumps(line), flush=True)
+        if out.ok and not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif not out.ok:
+            print(f"rljob drill {case.name}: logs in {workdir}", file=sys.stderr)
+    if len(cases) == 1:
+        out = outcomes[0]
+        summary = {"drill": out.name, "ok": out.ok, **_summary(out.report)}
+        if out.bad_input:
+            summary["problems"] = out.bad_input
+    else:
+        summary = {
+            "drill": "all",
+            "ok": all(o.ok for o in outcomes),
+            "drills": len(outcomes),
+            "failed": [o.name for o in outcomes if not o.ok],
+        }
+    print(json.dumps(summary), flush=True)
+    if any(o.bad_input for o in outcomes) and len(outcomes) == 1:
+        return EXIT_BAD
+    return EXIT_OK if all(o.ok for o in outcomes) else EXIT_FAIL
+
+
+def _summary(report: dict[str, Any]) -> dict[str, Any]:
+    keys = ("processes", "steps", "adapter_versions", "parity_nats", "seconds")
+    head = {k: report[k] for k in keys if k in report}
+    return {**head, **{k: v for k, v in report.items() if k not in keys}}
+
+
+def register(sub: Any) -> None:
+    text = "rehearse an RLJob on this machine: its topology at full size, then a scaled run of its processes"
+    p = sub.add_parser("drill", help=text, description=text)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-f", "--file", help="RLJob manifest (YAML), or - for stdin")
+    src.add_argument("--recipe", help="a catalog recipe")
+    src.add_argument("--all", action="store_true", help="every catalog recipe, profile and example")
+    p.add_argument("--profile", help="with --recipe: one of its profiles")
+    p.add_argument("--steps", type=int, default=2, help="GRPO steps of the scaled run (>= 2)")
+    p.add_argument("--timeout", type=float, default=420.0, help="seconds for the scaled run")
+    p.add_argument("--topology-only", action="store_true", help="only the full-size topology and mesh checks")
+    p.add_argument("--keep", action="store_true", help="keep the work directory of a drill that passed")
+    p.set_defaults(fn=cmd_drill)

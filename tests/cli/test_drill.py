@@ -1,0 +1,156 @@
+"""`rljob drill`: the full-size topology check of every catalog recipe, profile and example (fast), its
+scaling rules, its refusals (exit 2, field named), and (marked ``drill`` and ``slow``) the scaled CPU
+rehearsal of every catalog recipe and profile: real trainer and sampler processes, one per container of
+the scaled render, two GRPO steps, adapters v0..v2 loaded by the sampler, the step-0 parity gate."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rljob.cli import drill
+from rljob.cli.main import main
+from rljob.recipes import naming, recipe_catalog, topology
+
+CASES = drill.all_cases()
+RECIPES = [(c.name, c.doc) for c in CASES if not c.name.startswith("example/")]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_full_size_topology_of_every_recipe_profile_and_example(case: drill.Case) -> None:
+    rc = drill.resolve_doc(case.doc)
+    got = drill.full_topology(rc)
+    tpu = rc.trainer.tpu
+    assert got["processes"] == rc.trainer.slices * tpu.hosts * tpu.containers_per_host
+    assert got["processes"] * got["local_devices"] == rc.trainer.devices
+
+
+def test_the_tpu7x_256_layout_is_64_processes() -> None:
+    rc = drill.resolve_doc(drill.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
+    assert drill.full_topology(rc) == {"processes": 64, "local_devices": 4, "devices": 256}
+
+
+def test_full_size_check_catches_processes_that_share_an_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A topology that ignores the container index (the trainer's before) must fail the check."""
+    real = topology.process_topology
+
+    def ignores_container(env: Any) -> topology.ProcessTopology:
+        return real({**env, topology.CONTAINER_INDEX_ENV: "0"})
+
+    monkeypatch.setattr(topology, "process_topology", ignores_container)
+    rc = drill.resolve_doc(drill.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
+    with pytest.raises(drill.DrillFailed, match="held by 2 containers"):
+        drill.full_topology(rc)
+
+
+@pytest.mark.parametrize(
+    ("full", "devices", "want"),
+    [
+        (
+            {"data": 1, "fsdp": 32, "tensor": 1, "context": 4, "expert": 2},
+            16,
+            {"fsdp": 4, "context": 2, "expert": 2},
+        ),
+        ({"data": 1, "fsdp": 64, "tensor": 1, "context": 8, "expert": 1}, 16, {"fsdp": 8, "context": 2}),
+        ({"data": 1, "fsdp": 4, "tensor": 1, "context": 1, "expert": 1}, 4, {"fsdp": 4}),
+        ({"data": 1, "fsdp": 8, "tensor": 1, "context": 1, "expert": 2}, 8, {"fsdp": 4, "expert": 2}),
+    ],
+)
+def test_scaled_mesh_keeps_the_axes(full: dict[str, int], devices: int, want: dict[str, int]) -> None:
+    got = drill.scaled_mesh(full, devices)
+    assert {a: n for a, n in got.items() if n > 1} == want
+    assert {a for a, n in full.items() if n > 1} == {a for a, n in got.items() if n > 1}
+
+
+@pytest.mark.parametrize(("name", "doc"), RECIPES, ids=[r[0] for r in RECIPES])
+def test_the_scaled_manifest_resolves_with_the_same_generation(name: str, doc: dict[str, Any]) -> None:
+    rc = drill.resolve_doc(doc)
+    small_doc, scaled = drill.scaled_doc(doc, rc, steps=2)
+    small = drill.resolve_doc(small_doc)
+    assert small.trainer.tpu.accelerator == rc.trainer.tpu.accelerator
+    assert small.trainer.tpu.containers_per_host == rc.trainer.tpu.containers_per_host
+    assert small.trainer.tpu.hosts == min(2, rc.trainer.tpu.hosts)
+    assert small.sampler.replicas == 1 and "->" in scaled["mesh"]
+    assert drill.full_topology(small)["devices"] == small.trainer.devices
+
+
+def test_a_bad_manifest_exits_2_with_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata: {name: x}\n"
+        "spec: {trainer: {tpu: v5p-7}, sampler: {tpu: v5p-8}, lora: {rank: 0}}\n"
+    )
+    assert main(["drill", "-f", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) >= 2 and all(": " in line and "Traceback" not in line for line in err), err
+    assert any(line.startswith("spec.lora.rank") for line in err), err
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        (["--recipe", "nope"], "--recipe"),
+        (["--recipe", "qwen3-8b-v5p", "--profile", "nope"], "--profile"),
+        (["--recipe", "qwen3-8b-v5p", "--steps", "1"], "--steps"),
+    ],
+)
+def test_bad_arguments_exit_2_naming_them(
+    args: list[str], field: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["drill", *args]) == 2
+    assert capsys.readouterr().err.startswith(field)
+
+
+def _drill_cases() -> list[Any]:
+    out = []
+    for name in recipe_catalog.names():
+        for profile in [None, *recipe_catalog.load(name).profiles]:
+            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else "")))
+    return out
+
+
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+@pytest.mark.parametrize(("recipe", "profile"), _drill_cases())
+def test_drill(recipe: str, profile: str | None) -> None:
+    args = ["--recipe", recipe] + (["--profile", profile] if profile else [])
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "rljob"), "drill", *args],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    rc = drill.resolve_doc(drill.recipe_doc(recipe, profile))
+    small = drill.resolve_doc(drill.scaled_doc(drill.recipe_doc(recipe, profile), rc, 2)[0])
+    trainers = small.trainer.slices * small.trainer.tpu.hosts * small.trainer.tpu.containers_per_host
+    assert last["drill"] == recipe + (f"/{profile}" if profile else "") and last["ok"] is True
+    assert last["steps"] == 2 and last["adapter_versions"] == [0, 1, 2] and last["sampler_loaded"] == [2]
+    assert last["trainer_processes"] == trainers and last["processes"] == trainers + 1
+    assert 0 <= last["parity_nats"] < 1e-3
+    assert (
+        last["full"]["processes"]
+        == rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host
+    )
+    assert naming.TRAINER  # the role names the drill's process labels use
+
+
+def test_a_service_mode_job_is_not_passed_without_its_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A service-mode trainer runs no RL loop: the drill says so and fails, never reports it rehearsed."""
+    (case,) = [c for c in CASES if c.name == "example/qwen3-8b-tinker-service"]
+    monkeypatch.setattr(drill, "full_mesh", lambda rc, workdir, timeout: {})
+    out = drill.drill(case, 2, tmp_path, timeout=60)
+    assert not out.ok and out.error.startswith("spec.service:")
+    assert not list(tmp_path.glob("*.log"))  # no process was started
