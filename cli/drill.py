@@ -233,6 +233,22 @@ def scaled_mesh(full: dict[str, int], devices: int) -> dict[str, int]:
     return mesh
 
 
+def sampler_layout(model: str | None, devices: int) -> tuple[int, int]:
+    """(tensorParallel, expertParallel) of a one-host sampler replica of ``devices`` devices that the plan
+    accepts: the largest tensor parallelism dividing both the devices and the model's KV heads, the rest
+    expert parallel (a model without experts, or whose experts it does not divide: all tensor parallel)."""
+    from rljob.recipes import models
+
+    f = models.facts(model)
+    if f is None:
+        return devices, 1
+    tp = max(t for t in range(1, devices + 1) if devices % t == 0 and f.num_kv_heads % t == 0)
+    ep = devices // tp
+    if ep > 1 and (not f.num_experts or f.num_experts % ep):
+        return devices, 1
+    return tp, ep
+
+
 def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest with its counts shrunk (see the module docstring) and what was scaled."""
     import copy
@@ -250,10 +266,12 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     trainer = spec.setdefault("trainer", {})
     trainer.update(tpu=tpu, slices=slices, containersPerHost=containers, mesh=dict(mesh))
     sampler = spec.setdefault("sampler", {})
-    # One host's devices: tensor parallel over them, as the plan's default (the CPU sampler ignores it).
-    sampler.update(
-        tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=4 * rc.sampler.tpu.devices_per_chip
+    # One host's devices, laid out as the plan requires (the CPU sampler ignores the layout).
+    tp, ep = sampler_layout(
+        rc.spec.model.maxtext_model if rc.spec.model else None, 4 * rc.sampler.tpu.devices_per_chip
     )
+    sampler.update(tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep)
+    sampler.pop("dataParallel", None)
     spec["storage"] = {**spec.get("storage", {}), "root": STORAGE}
     spec["dataset"] = {"task": "successor"}
     alg = spec.setdefault("algorithm", {})
