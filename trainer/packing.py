@@ -18,10 +18,11 @@ is chosen to minimise the busiest context-parallel rank's attention tiles (:func
 tile model of bench/pad_first_tiles.py) for ``context_ranks`` ranks and the kernel blocks
 ``kernel_blocks``. Candidates per row: the pad-first layout above, the end layout, its reverse, and
 ``BALANCED_PERMUTATIONS`` orders drawn from a fixed seed (segments back to back from position 0,
-starts aligned, padding at the end); all rows' candidates are scored in one vectorized pass and each
-row takes the candidate with the fewest busiest-rank tiles summed over the kernels (the first in that
-order on a tie), so the same input always gives the same layout and a row never has more tiles than
-pad-first gives it. Segment ids stay 1..n in position order.
+starts aligned, padding at the end; the draws depend only on the row's index). A compiled loop
+(numba, compiled once per process on first use) scores every candidate in O(blocks) and each row takes
+the one with the fewest busiest-rank tiles summed over the kernels (the first in that order on a
+tie), so the same input always gives the same layout and a row never has more tiles than pad-first
+gives it. Segment ids stay 1..n in position order.
 
 Per-token arrays of a :class:`PackedBatch` (all ``[rows, budget]``):
   tokens, segment_ids, positions (int32); prompt_mask, loss_mask, advantages (float32);
