@@ -9,7 +9,8 @@ step is one optimizer update over all the step's rollouts; nothing is sampled (b
 rollouts).
 
   rljob         rljob.trainer.train_step.Trainer.train_on_batch: first-fit-decreasing packing into
-                rows of the budget (pad_position end), the fused log-prob head (no [T, V] logits),
+                rows of the budget (pad_position end), the fused log-prob head (no [T, V] logits;
+                the trainer's default tile and chunk, clamped by the head to these shapes),
                 gradient accumulation over the packed rows in one compiled call, then AdamW.
   tunix_padded  tunix.rl.trainer.Trainer (the PeftTrainer subclass tunix's RL cluster trains the actor
                 with) with tunix.rl.algo_core.grpo_loss_fn, as tunix's GRPO learner runs it by default
@@ -28,11 +29,13 @@ same sharding-metadata fix as in rljob's Policy (qwix copies the kernels' axis n
 MaxText's layer scan refuses those under any trainer).
 
 Metrics (JSON lines): useful_tokens_per_s per arm (prompt + completion tokens of the rollouts over the
-wall time of the step after two warm-up steps; best of ``--repeats``), temp_bytes per arm (the compiled
+wall time of the step after two warm-up steps; best of ``--repeats``, the arms' timed steps taken in
+turn so that each sees the same machine load), temp_bytes per arm (the compiled
 step's temporary memory, XLA memory_analysis; rljob: the larger of its accumulate and apply programs;
 tunix: its train step program), and the ratios rljob over each tunix arm: rljob_over_tunix_tokens_ratio
 (tokens/s) and rljob_over_tunix_temp_bytes_ratio. Run:
-``.venv/bin/python bench/train_step_vs_tunix.py [--rollouts 16] [--scale 16] [--repeats 2]``.
+``.venv/bin/python bench/train_step_vs_tunix.py [--rollouts 16] [--scale 16] [--repeats 2] [--vocab 256]``
+(``--vocab``: the tiny model with a larger vocabulary, where tunix's [B, T, V] logits weigh more).
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ def make_rollouts(lengths: list[tuple[int, int]], vocab: int, group: int, seed: 
     return out
 
 
-def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, repeats: int) -> dict[str, float]:
+def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[str, Any]:
     import jax
     from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, Policy
@@ -93,30 +96,30 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, repeats: i
         micro_batches=rows,
         learning_rate=1e-5,
         loss=LossConfig(kind="ppo", clip_low=0.2, clip_high=0.2),
-        token_tile=256,
-        vocab_chunk=128,
     )
     trainer = Trainer(policy, cfg)
     state = trainer.init_state()
     for _ in range(2):  # compiles (two warm-up steps, as for tunix)
         state, _ = trainer.train_on_batch(state, rollouts)
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state, metrics = trainer.train_on_batch(state, rollouts)
-        jax.block_until_ready(state)
-        best = min(best, time.perf_counter() - t0)
     call = stack_micro_batches(pack_rollouts(rollouts, cfg.pack_config()), cfg.micro_batches)[0]
     acc = trainer.zero_acc(state.lora)
     batch = trainer.device_batch(call)
     acc_mem = trainer.accumulate.lower(acc, state.lora, policy.base, batch).compile().memory_analysis()
     apply_mem = trainer.apply.lower(state, acc).compile().memory_analysis()
+    held = {"state": state}
+
+    def step() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        new, metrics = trainer.train_on_batch(held["state"], rollouts)
+        jax.block_until_ready(new)
+        held["state"] = new
+        return time.perf_counter() - t0, float(metrics["loss"])
+
     return {
-        "seconds": best,
+        "step": step,
         "temp_bytes": float(max(acc_mem.temp_size_in_bytes, apply_mem.temp_size_in_bytes)),
         "rows": float(rows),
         "row_tokens": float(rows * budget),
-        "loss": float(metrics["loss"]),
     }
 
 
@@ -196,9 +199,7 @@ def tunix_examples(rollouts: list[Any], packed: bool, budget: int) -> list[Any]:
     return out
 
 
-def tunix_arm(
-    keys: dict[str, Any], rollouts: list[Any], budget: int, repeats: int, packed: bool
-) -> dict[str, Any]:
+def tunix_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bool) -> dict[str, Any]:
     import jax
     import optax
     from flax import nnx
@@ -224,24 +225,24 @@ def tunix_arm(
     trainer.with_gen_model_input_fn(
         lambda ex: {"train_example": ex, "algo_config": algo, "pad_id": 0, "eos_id": 1}
     )
-    step, _ = trainer.jit_train_and_eval_step()
+    train_step, _ = trainer.jit_train_and_eval_step()
 
     def one_step() -> Any:
         out = None
         for ex in examples:
-            out = step(ex)
+            out = train_step(ex)
         return out
 
     # Two warm-up steps: tunix's step compiles again after the first update, once the optimizer state
     # carries its shardings (PeftTrainer._shard_optimizer says as much)
     for _ in range(2):
         jax.block_until_ready(one_step())
-    best = float("inf")
-    for _ in range(repeats):
+
+    def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         out = one_step()
         jax.block_until_ready(out)
-        best = min(best, time.perf_counter() - t0)
+        return time.perf_counter() - t0, float(out[0])
 
     graphdef, state = nnx.split((trainer.model, trainer.optimizer))
 
@@ -253,13 +254,12 @@ def tunix_arm(
     mem = jax.jit(pure).lower(state, examples[0]).compile().memory_analysis()
     shape = tuple(int(x) for x in examples[0].completion_ids.shape)
     return {
-        "seconds": best,
+        "step": step,
         "temp_bytes": float(mem.temp_size_in_bytes),
         "calls": float(len(examples)),
         "row_tokens": float(
             sum(int(np.prod(e.completion_ids.shape)) + int(np.prod(e.prompt_ids.shape)) for e in examples)
         ),
-        "loss": float(out[0]),
         "adapter": adapter,
         "example_shape": list(shape),
     }
@@ -270,15 +270,16 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=16)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--scale", type=int, default=16)
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--vocab", type=int, default=256, help="the tiny model's vocabulary (default its own)")
     a = ap.parse_args()
     from rljob.trainer.model import tiny_keys
     from rljob.trainer.packing import align_up
 
     lengths = rollout_lengths(a.rollouts, a.scale, a.seed)
     budget = align_up(19_456 // a.scale + 1024 // a.scale, 128)
-    keys = tiny_keys(max_target_length=budget)
+    keys = tiny_keys(max_target_length=budget, vocab_size=a.vocab)
     rollouts = make_rollouts(lengths, int(keys["vocab_size"]), a.group, a.seed)
     useful = sum(p + c for p, c in lengths)
     ctx = {
@@ -287,29 +288,42 @@ def main() -> None:
         "budget": budget,
         "useful_tokens": useful,
         "longest": max(p + c for p, c in lengths),
-        "model": "tiny qwen3 (2 layers, 64 wide, vocab 256, float32)",
+        "model": f"tiny qwen3 (2 layers, 64 wide, vocab {a.vocab}, float32)",
         "backend": "cpu",
     }
     arms: dict[str, dict[str, Any]] = {}
     runners = {
-        "rljob": lambda: rljob_arm(keys, rollouts, budget, a.repeats),
-        "tunix_padded": lambda: tunix_arm(keys, rollouts, budget, a.repeats, packed=False),
-        "tunix_packed": lambda: tunix_arm(keys, rollouts, budget, a.repeats, packed=True),
+        "rljob": lambda: rljob_arm(keys, rollouts, budget),
+        "tunix_padded": lambda: tunix_arm(keys, rollouts, budget, packed=False),
+        "tunix_packed": lambda: tunix_arm(keys, rollouts, budget, packed=True),
     }
+
+    def failed(name: str, e: Exception) -> None:
+        emit(
+            "arm_failed",
+            f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
+            arm=name,
+            where=traceback.format_exc().splitlines()[-3].strip(),
+            **ctx,
+        )
+
     for name, run in runners.items():
         try:
             arms[name] = run()
         except Exception as e:
-            emit(
-                "arm_failed",
-                f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}",
-                arm=name,
-                where=traceback.format_exc().splitlines()[-3].strip(),
-                **ctx,
-            )
-            continue
-        m = arms[name]
-        extra = {k: v for k, v in m.items() if k not in ("seconds", "temp_bytes")}
+            failed(name, e)
+    # The timed steps round-robin over the arms, so that every arm sees the same machine load.
+    for _ in range(a.repeats):
+        for name, m in list(arms.items()):
+            try:
+                seconds, loss = m["step"]()
+            except Exception as e:
+                failed(name, e)
+                del arms[name]
+                continue
+            m["seconds"], m["loss"] = min(m.get("seconds", float("inf")), seconds), loss
+    for name, m in arms.items():
+        extra = {k: v for k, v in m.items() if k not in ("seconds", "temp_bytes", "step")}
         emit(
             "useful_tokens_per_s",
             round(useful / m["seconds"], 1),
