@@ -27,16 +27,17 @@ STAMP := $(VENV)/.installed-$(DEPS_HASH)
 PKGVIEW := build/pkgview
 PKGS := cli recipes operator trainer sampler
 
-.PHONY: help venv pkgview lint typecheck test test-fast demo demo-down bench clean mutation
+.PHONY: help venv lock pkgview lint fmt-check typecheck test test-fast demo demo-down bench clean mutation
 
 help:
 	@echo "make demo   - run the main job"
 	@echo "make test   - run every test (lint, types, layers, pytest)"
+	@echo "make test-fast - lint, types and the tests that need no cluster, no Go and no MaxText compile"
 	@echo "make bench  - run every benchmark (JSON lines)"
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(wildcard hack/constraints.txt)
 	@test -x "$(PYTHON312)" || { echo "python3.12 not found (pyenv install 3.12)"; exit 1; }
 	@test -x $(PY) || $(PYTHON312) -m venv $(VENV)
 	@$(PY) -m pip install -q "uv==$(UV_VERSION)"
@@ -44,12 +45,21 @@ $(STAMP): pyproject.toml
 	  $(VENV)/bin/uv pip install -q --compile-bytecode --python $(PY) $$C -e ".[$(EXTRAS)]"
 	@rm -f $(VENV)/.installed-*; touch $@
 
+# hack/constraints.txt pins every package make venv installs (CI installs from it): rewrite it from the
+# venv after a change to pyproject.toml's dependencies has been installed and tested.
+lock:
+	@rm -f hack/constraints.txt; $(MAKE) --no-print-directory venv
+	@{ echo "# The versions \`make venv\` installs (and CI with it): the dev, operator, trainer and sampler extras as tested."; \
+	  echo "# Regenerate after changing pyproject.toml's dependencies: make lock"; \
+	  $(VENV)/bin/uv pip freeze --python $(PY) --exclude-editable; } > hack/constraints.txt
+
 pkgview:
 	@mkdir -p $(PKGVIEW)/rljob
 	@for d in $(PKGS); do ln -sfn ../../../$$d $(PKGVIEW)/rljob/$$d; done
 
 lint: venv pkgview hadolint
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	PYTHONPATH=$(PKGVIEW) $(VENV)/bin/lint-imports
 
 # Each image's Python install rehearsed without a container engine (hack/rehearse_images.py): the
@@ -69,6 +79,11 @@ typecheck: venv pkgview
 
 test: lint typecheck
 	$(VENV)/bin/pytest
+
+# The inner loop: everything above but the tests marked cluster (the Go control plane), jax (MaxText
+# compiles) or slow; the markers are declared in pyproject.toml.
+test-fast: lint typecheck
+	$(VENV)/bin/pytest -m "not cluster and not jax and not slow" -q
 
 # The main job (hack/demo.py): the local cluster, the chart, the operator (a local process running as
 # the chart's ServiceAccount), examples/qwen3-8b-v5p.yaml applied and Running on the v5p pools.

@@ -39,8 +39,16 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2)
     args = parser.parse_args()
     emit = {"bench": "cluster", "cpus": os.cpu_count(), "load1": round(os.getloadavg()[0], 2)}
-    print(json.dumps({**emit, "metric": "build_s",
-                      "value": round(timed(["bash", "hack/build.sh"], dict(os.environ)), 2)}), flush=True)
+    print(
+        json.dumps(
+            {
+                **emit,
+                "metric": "build_s",
+                "value": round(timed(["bash", "hack/build.sh"], dict(os.environ)), 2),
+            }
+        ),
+        flush=True,
+    )
     ups = []
     for run in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="rljob-bench-cluster-") as state:
@@ -51,8 +59,18 @@ def main() -> None:
             ups.append(up)
             print(json.dumps({**emit, "metric": "warm_up_s", "value": round(up, 2), "run": run, "goal": 60}))
             print(json.dumps({**emit, "metric": "down_s", "value": round(down, 2), "run": run}))
-            print(json.dumps({**emit, "metric": "leftover_processes", "value": leftover_processes(state),
-                              "run": run, "goal": 0}), flush=True)
+            print(
+                json.dumps(
+                    {
+                        **emit,
+                        "metric": "leftover_processes",
+                        "value": leftover_processes(state),
+                        "run": run,
+                        "goal": 0,
+                    }
+                ),
+                flush=True,
+            )
     print(json.dumps({**emit, "metric": "warm_up_s_max", "value": round(max(ups), 2), "goal": 60}))
 
 

@@ -171,6 +171,104 @@ class RoleNeed:
 
 
 @dataclass(frozen=True)
+class Reference:
+    """An object a pod override names, which must exist in the RLJob's namespace before its pods start."""
+
+    kind: str  # Secret | ConfigMap | ServiceAccount | PersistentVolumeClaim | CSIDriver (cluster-scoped)
+    name: str
+    field: str  # where the manifest names it
+    key: str | None = None  # a Secret's or ConfigMap's key
+    optional: bool = False
+
+
+def template_references(spec: Any) -> list[Reference]:
+    """Every object the roles' pod overrides name (rljob.recipes.api.PodTemplate), in manifest order."""
+    out: list[Reference] = []
+    for role in ("trainer", "sampler"):
+        template = getattr(getattr(spec, role, None), "template", None)
+        pod = template.spec if template is not None else None
+        if pod is None:
+            continue
+        base = f"spec.{role}.template.spec"
+        for i, env in enumerate(pod.env or []):
+            src = env.value_from or {}
+            for kind, ref in (("Secret", src.get("secretKeyRef")), ("ConfigMap", src.get("configMapKeyRef"))):
+                if isinstance(ref, dict) and ref.get("name"):
+                    field_ = f"{base}.env[{i}].valueFrom"
+                    out.append(
+                        Reference(kind, ref["name"], field_, ref.get("key"), bool(ref.get("optional")))
+                    )
+        for i, src in enumerate(pod.env_from or []):
+            for kind, ref in (("Secret", src.get("secretRef")), ("ConfigMap", src.get("configMapRef"))):
+                if isinstance(ref, dict) and ref.get("name"):
+                    out.append(
+                        Reference(kind, ref["name"], f"{base}.envFrom[{i}]", None, bool(ref.get("optional")))
+                    )
+        for i, vol in enumerate(pod.volumes or []):
+            where = f"{base}.volumes[{i}]"
+            secret, cm, pvc, csi = (
+                vol.get(k) or {} for k in ("secret", "configMap", "persistentVolumeClaim", "csi")
+            )
+            if secret.get("secretName"):
+                out.append(
+                    Reference("Secret", secret["secretName"], where, None, bool(secret.get("optional")))
+                )
+            if cm.get("name"):
+                out.append(Reference("ConfigMap", cm["name"], where, None, bool(cm.get("optional"))))
+            if pvc.get("claimName"):
+                out.append(Reference("PersistentVolumeClaim", pvc["claimName"], where))
+            if csi.get("driver"):
+                out.append(Reference("CSIDriver", csi["driver"], where))
+        if pod.service_account_name:
+            out.append(Reference("ServiceAccount", pod.service_account_name, f"{base}.serviceAccountName"))
+    return out
+
+
+_CREATE = {
+    "Secret": "kubectl -n {ns} create secret generic {name} --from-literal={key}=...",
+    "ConfigMap": "kubectl -n {ns} create configmap {name} --from-literal={key}=...",
+    "ServiceAccount": "kubectl -n {ns} create serviceaccount {name}",
+    "PersistentVolumeClaim": "create the PersistentVolumeClaim {name} in namespace {ns}",
+    "CSIDriver": "enable the driver on the cluster (for GCS FUSE: gcloud container clusters update CLUSTER "
+    "--update-addons GcsFuseCsiDriver=ENABLED)",
+}
+
+
+def check_references(
+    references: Sequence[Reference], found: Mapping[tuple[str, str], Obj | bool | None], namespace: str
+) -> list[Finding]:
+    """`found[(kind, name)]`: the object (a Secret's or ConfigMap's data keys are checked), None when it
+    does not exist, False when doctor may not read it."""
+    out: list[Finding] = []
+    for ref in references:
+        what = f"{ref.kind} {ref.name}" + (f" (key {ref.key})" if ref.key else "") + f", named by {ref.field}"
+        got = found.get((ref.kind, ref.name), False)
+        fix = _CREATE[ref.kind].format(ns=namespace, name=ref.name, key=ref.key or "KEY")
+        if got is False:
+            out.append(warning("pods.references", f"cannot read {what}: not checked"))
+        elif got is None:
+            if ref.optional:
+                out.append(ok("pods.references", f"{what}: missing, but optional"))
+            else:
+                where = "on the cluster" if ref.kind == "CSIDriver" else f"in namespace {namespace}"
+                out.append(
+                    problem("pods.references", f"{what}: not found {where}; the pods cannot start", fix)
+                )
+        elif (
+            ref.key
+            and isinstance(got, dict)
+            and ref.key not in {**(got.get("data") or {}), **(got.get("binaryData") or {})}
+        ):
+            if ref.optional:
+                out.append(ok("pods.references", f"{what}: no such key, but optional"))
+            else:
+                out.append(problem("pods.references", f"{what}: the object has no key {ref.key}", fix))
+        else:
+            out.append(ok("pods.references", f"{what}: exists"))
+    return out
+
+
+@dataclass(frozen=True)
 class Needs:
     """What one RLJob manifest needs from the cluster."""
 
@@ -180,6 +278,8 @@ class Needs:
     queue_name: str | None = None
     # The manifest as parsed (camelCase JSON): doctor dry-runs it through the operator's webhook.
     manifest: Mapping[str, Any] | None = field(default=None, compare=False)
+    # What the pod overrides (spec.*.template) name in the namespace: Secrets, ConfigMaps, ...
+    references: tuple[Reference, ...] = ()
 
 
 class BadInput(Exception):
@@ -208,6 +308,7 @@ def needs_from_manifest(path: Path) -> Needs:
         ),
         run.spec.queue_name,
         job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),
+        tuple(template_references(run.spec)),
     )
 
 
@@ -815,6 +916,7 @@ class ClusterState:
     unreadable: list[str] = field(default_factory=list)  # cluster-wide lists the caller may not read
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
+    references: dict[tuple[str, str], Obj | bool | None] = field(default_factory=dict)
 
 
 def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
@@ -853,6 +955,7 @@ def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
             state.rljob_probe,
             needs is not None and needs.manifest is not None,
         )
+        + (check_references(needs.references, state.references, namespace) if needs else [])
     )
 
 
@@ -1001,6 +1104,22 @@ def gather(
             state.rljob_probe = Probe(False, False, forbidden=True)
         except ApiException as exc:
             state.rljob_probe = Probe(False, False, error=_api_message(exc))
+
+    core = client.CoreV1Api(api)
+    readers = {
+        "Secret": lambda name: raw(core.read_namespaced_secret, name, namespace),
+        "ConfigMap": lambda name: raw(core.read_namespaced_config_map, name, namespace),
+        "ServiceAccount": lambda name: raw(core.read_namespaced_service_account, name, namespace),
+        "PersistentVolumeClaim": lambda name: raw(
+            core.read_namespaced_persistent_volume_claim, name, namespace
+        ),
+        "CSIDriver": lambda name: raw(client.StorageV1Api(api).read_csi_driver, name),
+    }
+    for ref in needs.references if needs else ():
+        try:
+            state.references[(ref.kind, ref.name)] = readers[ref.kind](ref.name)
+        except (_Forbidden, ApiException):
+            state.references[(ref.kind, ref.name)] = False
 
     labelled = items(
         client.CoreV1Api(api).list_service_account_for_all_namespaces, label_selector=OPERATOR_LABEL

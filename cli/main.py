@@ -5,6 +5,7 @@
     rljob plan -f FILE         hosts, chips, devices, mesh, sampler TP, every MaxText key and its source
     rljob recipes list         the catalog
     rljob recipes show NAME    one recipe, as its file
+    rljob submit | list | status | logs | delete   RLJobs on a cluster (rljob.cli.jobs)
 
 Bad input exits 2 and prints one line per problem, `spec.path: message`, on stderr; never a
 traceback. FILE may be `-` for stdin. Imports are lazy so `rljob --help` stays fast.
@@ -116,6 +117,46 @@ def _vllm_support(accelerator: str) -> str:
     return f"{gen.prefix} is {gen.vllm_tpu_support}"
 
 
+def _overrides(template: Any) -> str:
+    """One line of what a role's pod template adds (docs/pod-overrides.md)."""
+    if template is None:
+        return ""
+    parts = []
+    meta, pod = template.metadata, template.spec
+    if meta and meta.labels:
+        parts.append(f"labels {', '.join(meta.labels)}")
+    if meta and meta.annotations:
+        parts.append(f"annotations {', '.join(meta.annotations)}")
+    if pod is not None:
+        env = []
+        for e in pod.env or []:
+            ref = (e.value_from or {}).get("secretKeyRef")
+            env.append(
+                f"{e.name} (Secret {ref.get('name')}/{ref.get('key')})" if isinstance(ref, dict) else e.name
+            )
+        if env:
+            parts.append(f"env {', '.join(env)}")
+        if pod.env_from:
+            parts.append(f"envFrom x{len(pod.env_from)}")
+        if pod.volumes:
+            kinds = [f"{v.get('name')} ({next((k for k in v if k != 'name'), '?')})" for v in pod.volumes]
+            parts.append(f"volumes {', '.join(kinds)}")
+        if pod.volume_mounts:
+            parts.append(f"mounts {', '.join(m.mount_path for m in pod.volume_mounts)}")
+        if pod.resources:
+            res = {**(pod.resources.requests or {}), **(pod.resources.limits or {})}
+            parts.append(f"resources {', '.join(res)}")
+        if pod.node_selector:
+            parts.append(f"nodeSelector {', '.join(f'{k}={v}' for k, v in pod.node_selector.items())}")
+        if pod.tolerations:
+            parts.append(f"tolerations {', '.join(t.key or '*' for t in pod.tolerations)}")
+        if pod.affinity:
+            parts.append(f"affinity {', '.join(pod.affinity)}")
+        if pod.service_account_name:
+            parts.append(f"serviceAccount {pod.service_account_name}")
+    return "; ".join(parts)
+
+
 def explain(run: RunConfig) -> str:
     """The human-readable plan of a resolved run."""
     t, s = run.trainer, run.sampler
@@ -148,7 +189,8 @@ def explain(run: RunConfig) -> str:
         "sampler:",
         f"  tpu: {s.tpu.type_name} = {s.tpu.accelerator} {s.tpu.topology}, {s.tpu.chips} chips, "
         f"{s.tpu.hosts} hosts, {s.tpu.devices} devices per replica",
-        f"  replicas: {s.replicas}, tensor parallel {s.tensor_parallel}, max model len {s.max_model_len}",
+        f"  replicas: {s.replicas}, tensor x expert x data parallel {s.tensor_parallel} x "
+        f"{s.expert_parallel} x {s.data_parallel}, max model len {s.max_model_len}",
         f"  vLLM TPU backend (tpu-inference): {_vllm_support(s.tpu.accelerator)}",
         f"  lora: rank {spec.lora.rank}, alpha {spec.lora.alpha:g}, max loras {s.max_loras}, targets "
         f"{', '.join(spec.lora.targets or [])}",
@@ -171,6 +213,10 @@ def explain(run: RunConfig) -> str:
             f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
             f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
         )
+    for role in ("trainer", "sampler"):
+        summary = _overrides(getattr(spec, role).template)
+        if summary:
+            lines.insert(lines.index(f"dataset: {_dataset(run)}"), f"{role} pod overrides: {summary}")
     width = max((len(k) for k in t.maxtext), default=0)
     for k, v in t.maxtext.items():
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
@@ -228,9 +274,10 @@ def parser() -> argparse.ArgumentParser:
     show = rsub.add_parser("show", help="print one recipe")
     show.add_argument("name")
     show.set_defaults(fn=cmd_recipes_show)
-    from rljob.cli import doctor  # light: its checks and the kubernetes client load when it runs
+    from rljob.cli import doctor, jobs  # light: their checks and the kubernetes client load when they run
 
     doctor.register(sub)
+    jobs.register(sub)
     return p
 
 
@@ -248,9 +295,16 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_INPUT
     except BrokenPipeError:
         return EXIT_OK
-    except Exception as e:  # a bug in rljob: one line, never a traceback
-        print(f"rljob: internal error: {type(e).__name__}: {e}", file=sys.stderr)
-        return EXIT_INTERNAL
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:
+        from rljob.cli.jobs import JobError
+
+        if not isinstance(e, JobError):
+            print(f"rljob: internal error: {type(e).__name__}: {e}", file=sys.stderr)  # a bug: one line
+            return EXIT_INTERNAL
+        print(f"rljob: {e}", file=sys.stderr)
+        return e.code
     return code
 
 

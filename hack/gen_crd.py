@@ -86,6 +86,8 @@ def _structural(node: dict[str, Any], path: str) -> dict[str, Any]:
         extra = node.get("additionalProperties")
         if isinstance(extra, dict) and extra.get("type") in ("string", "integer", "number", "boolean"):
             out["additionalProperties"] = {"type": extra["type"]}
+        elif isinstance(extra, dict) and extra.get("x-kubernetes-int-or-string"):  # resource quantities
+            out["additionalProperties"] = extra
         else:
             out["x-kubernetes-preserve-unknown-fields"] = True
     if out.get("type") == "array":

@@ -4,8 +4,8 @@ Every watch handler is an `on.event` (a low-level handler): kopf stores no progr
 annotations and adds no finalizer for them, so kopf itself never writes to an RLJob. All writes are the
 reconcile service's (rljob.operator.reconcile), one status write per reconcile.
 
-kopf settings (set in `configure`, chosen for 1,000s of RLJobs; see
-../shared/reference/style-and-performance.md §B1):
+kopf settings (set in `configure`, chosen for 1,000s of RLJobs; kopf's own guidance:
+https://kopf.readthedocs.io/en/stable/configuration/ and https://kopf.readthedocs.io/en/stable/peering/):
 - standalone, no peering: peering is not leader election (same-priority peers all freeze); the chart
   runs one replica with the Recreate strategy instead, so two operators never overlap;
 - queueing.worker_limit: kopf's per-object workers here only copy an event into a dict, but on a

@@ -47,7 +47,7 @@ from rljob.operator.status import (
     status_body,
 )
 from rljob.recipes import manifest, naming
-from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJob, RLJobStatus
+from rljob.recipes.api import API_VERSION, KIND, Phase, ProgressReport, RLJob, RLJobStatus
 from rljob.recipes.plan import PlanError
 
 logger = logging.getLogger(__name__)
@@ -269,6 +269,12 @@ def slim_rljob(body: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _phase_of(entry: RLJobEntry | None) -> str | None:
+    if entry is None:
+        return None
+    return str((entry.status or {}).get("phase") or Phase.PENDING.value)
+
+
 class Caches:
     """What the watches told us, keyed by the owning RLJob, newest resourceVersion wins."""
 
@@ -278,6 +284,19 @@ class Caches:
         self.progress: dict[Key, ProgressEntry] = {}
         self.failures: dict[Key, PodFailure] = {}
         self.plans: dict[Key, Plan] = {}  # the last plan per RLJob (error text and maxRestarts only)
+        # RLJobs per phase (an RLJob without a status yet counts as Pending): the gauge rljob_operator_rljobs.
+        self.phases: collections.Counter[str] = collections.Counter({p.value: 0 for p in Phase})
+        for phase in self.phases:
+            metrics.RLJOBS.labels(phase).set(0)
+
+    def _count(self, old: RLJobEntry | None, new: RLJobEntry | None) -> None:
+        before, after = _phase_of(old), _phase_of(new)
+        if before == after:
+            return
+        for phase, delta in ((before, -1), (after, 1)):
+            if phase is not None:
+                self.phases[phase] += delta
+                metrics.RLJOBS.labels(phase).set(self.phases[phase])
 
     def put_rljob(self, body: Mapping[str, Any]) -> bool:
         """Store; True if the RLJob is new or changed in a way that needs a reconcile."""
@@ -294,9 +313,11 @@ class Caches:
         else:
             changed = True
         self.rljobs[key] = RLJobEntry(slim_rljob(body))
+        self._count(old, self.rljobs[key])
         return changed
 
     def drop_rljob(self, key: Key) -> None:
+        self._count(self.rljobs.get(key), None)
         for store in (self.rljobs, self.jobsets, self.progress, self.failures, self.plans):
             store.pop(key, None)
 

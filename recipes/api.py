@@ -21,6 +21,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict
 from rljob.recipes import syntax
 
 GROUP = "rljob.dev"
@@ -154,8 +155,174 @@ class LogprobsSpec(ApiModel):
     )
 
 
+# ------------------------------------------------------------------------------------ pod overrides
+# The shape of a pod template (metadata + spec, as in KubeRay's `template` and Kubeflow Trainer's
+# podTemplateOverrides), limited to what a TPU run may change. The container fields (env, envFrom,
+# volumeMounts, resources) apply to every TPU container of the role. The parts whose full Kubernetes schema
+# is large (valueFrom, envFrom, volumes, affinity) are free-form here; rljob.recipes.plan checks them
+# against the Kubernetes pod schema that JobSet's CRD embeds, so a bad one is refused with its field named.
+
+_ENV_NAME = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+# A resource quantity (apimachinery's resource.Quantity, the pattern of the Kubernetes OpenAPI schema).
+_NUMBER = r"(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
+_QUANTITY = rf"^(\+|-)?{_NUMBER}(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?{_NUMBER}))?$"
+_FREE: JsonDict = {"x-kubernetes-preserve-unknown-fields": True}
+_FREE_ITEMS: JsonDict = {
+    "type": "array",
+    "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+}
+
+
+class PodMetadata(ApiModel):
+    """Labels and annotations added to every pod of the role."""
+
+    labels: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Labels added to the pods (the ones rljob, JobSet and Job set may not be overridden).",
+    )
+    annotations: dict[str, Annotated[str, StringConstraints(max_length=65536)]] | None = Field(
+        default=None,
+        max_length=64,
+        description='Annotations added to the pods, e.g. gke-gcsfuse/volumes: "true" for the GCS FUSE CSI '
+        "driver's sidecar.",
+    )
+
+
+class EnvVar(ApiModel):
+    """An environment variable of the role's containers (Kubernetes EnvVar)."""
+
+    name: str = Field(
+        description="Variable name. Names rljob sets (RLJOB_*, JAX_*, MEGASCALE_*, POD_*, ...) are refused.",
+        min_length=1,
+        max_length=256,
+        pattern=_ENV_NAME,
+    )
+    value: str | None = Field(default=None, max_length=65536, description="Literal value.")
+    value_from: dict[str, Any] | None = Field(
+        default=None,
+        description="Source of the value, as in Kubernetes: secretKeyRef {name, key}, configMapKeyRef, "
+        "fieldRef or resourceFieldRef.",
+        json_schema_extra=_FREE,
+    )
+
+
+class VolumeMount(ApiModel):
+    """A mount of one of spec.volumes in each of the role's containers (Kubernetes VolumeMount)."""
+
+    name: str = Field(
+        description="Name of a volume in this template's spec.volumes.",
+        max_length=63,
+        pattern=syntax.DNS1123_LABEL,
+    )
+    mount_path: str = Field(
+        description="Absolute path in the container.", min_length=2, max_length=1024, pattern=r"^/"
+    )
+    sub_path: str | None = Field(default=None, max_length=1024, description="Path within the volume.")
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+
+
+class Toleration(ApiModel):
+    """A toleration added to the TPU one (Kubernetes Toleration), e.g. for Spot node pools."""
+
+    key: str | None = Field(default=None, max_length=317, description="Taint key; empty with Exists: all.")
+    operator: Literal["Exists", "Equal"] | None = Field(
+        default=None, description="Exists or Equal (default)."
+    )
+    value: str | None = Field(default=None, max_length=63, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="NoSchedule, PreferNoSchedule or NoExecute; empty: all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="How long a NoExecute taint is tolerated after it appears."
+    )
+
+
+Quantity = Annotated[
+    Annotated[str, StringConstraints(pattern=_QUANTITY, max_length=64)] | int,
+    WithJsonSchema({"x-kubernetes-int-or-string": True, "pattern": _QUANTITY}),
+]
+
+
+class Resources(ApiModel):
+    """Requests and limits of each TPU container besides its TPU chips (Kubernetes ResourceRequirements)."""
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=16,
+        description="Requests by resource name (cpu, memory, ephemeral-storage): win over rljob's floor of "
+        "1 CPU and 4Gi. google.com/tpu is rljob's (from the slice) and refused here.",
+    )
+    limits: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=16,
+        description="Limits by resource name. A limit without a request makes the request equal to it, as "
+        "in Kubernetes. google.com/tpu is refused here.",
+    )
+
+
+class PodTemplateSpec(ApiModel):
+    """What a pod template may change in the role's pods; the rest (TPU placement, command, image,
+    security context) stays rljob's."""
+
+    env: list[EnvVar] | None = Field(
+        default=None, max_length=128, description="Variables added to the containers."
+    )
+    env_from: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=32,
+        description="Variables from a Secret or ConfigMap (Kubernetes EnvFromSource: secretRef, "
+        "configMapRef, prefix); explicit env, rljob's included, wins.",
+        json_schema_extra=_FREE_ITEMS,
+    )
+    volumes: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Volumes added to the pods (Kubernetes Volume, e.g. csi: {driver: "
+        "gcsfuse.csi.storage.gke.io}, secret, persistentVolumeClaim, ephemeral); names run-config and dshm "
+        "are rljob's.",
+        json_schema_extra=_FREE_ITEMS,
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None, max_length=64, description="Mounts of these volumes in every container of the role."
+    )
+    resources: Resources | None = Field(
+        default=None, description="CPU, memory and other resources per container."
+    )
+    tolerations: list[Toleration] | None = Field(
+        default=None, max_length=32, description="Tolerations added to the TPU taint's."
+    )
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        default=None,
+        max_length=32,
+        description='Node labels added to the TPU selector, e.g. cloud.google.com/gke-spot: "true" or '
+        "cloud.google.com/reservation-name. The TPU keys (gke-tpu-accelerator, gke-tpu-topology, "
+        "placement-policy-name) are rljob's.",
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Kubernetes Affinity of the pods; node affinity on the TPU keys is refused.",
+        json_schema_extra=_FREE,
+    )
+    service_account_name: str | None = Field(
+        default=None,
+        description="ServiceAccount of the pods instead of the one rljob creates (e.g. one bound to a Google "
+        "service account through Workload Identity). The trainer's is granted the progress ConfigMap.",
+        max_length=syntax.DNS1123_SUBDOMAIN_MAX,
+        pattern=syntax.DNS1123_SUBDOMAIN,
+    )
+
+
+class PodTemplate(ApiModel):
+    """Overrides of the role's pods: metadata {labels, annotations} and spec (env, volumes, resources,
+    scheduling, service account), merged with what rljob renders."""
+
+    metadata: PodMetadata | None = Field(default=None, description="Labels and annotations of the pods.")
+    spec: PodTemplateSpec | None = Field(default=None, description="Pod and container overrides.")
+
+
 class TrainerSpec(ApiModel):
-    """The MaxText trainer (tunix GRPO loop, LoRA via qwix)."""
+    """The MaxText trainer (rljob's GRPO loop on MaxText models, LoRA via qwix)."""
 
     tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
     slices: int | None = Field(
@@ -202,6 +369,9 @@ class TrainerSpec(ApiModel):
         "multiple of the fsdpxdata parallelism. Default: the fsdpxdata parallelism (one row per shard).",
     )
     logprobs: LogprobsSpec | None = Field(default=None, description="Block sizes of the fused log-prob head.")
+    template: PodTemplate | None = Field(
+        default=None, description="Overrides of the trainer pods (env, Secrets, volumes, scheduling)."
+    )
 
 
 class SamplerSpec(ApiModel):
@@ -215,7 +385,24 @@ class SamplerSpec(ApiModel):
         default=None,
         ge=1,
         le=4096,
-        description="vLLM --tensor-parallel-size. Default: the JAX devices of one host.",
+        description="Tensor parallelism of one replica (tpu-inference's tensor_parallelism). "
+        "tensorParallel x dataParallel x expertParallel must equal the replica's devices, and the model's "
+        "KV heads must divide by it. Default: the replica's devices / (dataParallel x expertParallel).",
+    )
+    expert_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Expert parallelism of one replica for a mixture-of-experts model (tpu-inference's "
+        "expert_parallelism; vLLM --enable-expert-parallel); the model's experts must divide by it. "
+        "Default 1.",
+    )
+    data_parallel: int | None = Field(
+        default=None,
+        ge=1,
+        le=4096,
+        description="Data parallelism inside one replica (vLLM --data-parallel-size). Default 1; the "
+        "pinned vLLM TPU build serves LoRA only at 1.",
     )
     max_model_len: int | None = Field(
         default=None,
@@ -230,11 +417,21 @@ class SamplerSpec(ApiModel):
         description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
         "the next).",
     )
+    max_num_seqs: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 16,
+        description="vLLM --max-num-seqs: sequences one replica decodes at once; the trainer sends a "
+        "replica at most this many at a time. Default 256.",
+    )
     image: str | None = Field(
         default=None,
         description="Sampler container image (a reference such as registry/path:tag or @sha256:...).",
         max_length=syntax.IMAGE_MAX,
         pattern=syntax.IMAGE,
+    )
+    template: PodTemplate | None = Field(
+        default=None, description="Overrides of the sampler pods (env, Secrets, volumes, scheduling)."
     )
 
 
@@ -685,6 +882,7 @@ __all__ = [
     "AlgorithmSpec",
     "ApiModel",
     "Condition",
+    "EnvVar",
     "FailureClass",
     "FailurePolicySpec",
     "LastFailure",
@@ -696,16 +894,22 @@ __all__ = [
     "ObjectMeta",
     "PackingSpec",
     "Phase",
+    "PodMetadata",
+    "PodTemplate",
+    "PodTemplateSpec",
     "ProgressReport",
     "RLJob",
     "RLJobSpec",
     "RLJobStatus",
+    "Resources",
     "Restarts",
     "RoleStatus",
     "RolesStatus",
     "SamplerSpec",
     "ServiceSpec",
     "StorageSpec",
+    "Toleration",
     "TpuSlice",
     "TrainerSpec",
+    "VolumeMount",
 ]

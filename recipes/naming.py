@@ -107,6 +107,12 @@ def max_name_length(roles: dict[str, tuple[int, int]]) -> int:
     return n
 
 
+def replica_head(rljob: str, role: str) -> str:
+    """Pod 0 of the pod's own replica, through the JobSet's headless service: the job index comes from the
+    pod's JOB_INDEX env var (Kubernetes expands `$(JOB_INDEX)` in a later env value)."""
+    return f"{jobset(rljob)}-{role}-$(JOB_INDEX)-0.{subdomain(rljob)}"
+
+
 def sampler_url(rljob: str, replica: int, port: int) -> str:
     """Base URL of sampler replica `replica` (its pod 0) through the JobSet's headless service."""
     return f"http://{hostname(rljob, SAMPLER, replica, 0)}.{subdomain(rljob)}:{port}"

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import maxtext_keys, mesh, naming, syntax, tpu
+from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
@@ -30,7 +30,7 @@ from rljob.recipes.syntax import key_path
 IMAGE_VERSION = "0.1.0"
 DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
 DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
-# seed 002: pad-first rounds its shift down to the largest Splash block of the 397B recipe.
+# pad-first rounds its shift down to the largest Splash attention block of the 397B recipe (4,096).
 DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -51,7 +51,7 @@ DEFAULTS: dict[str, Any] = {
         "image": DEFAULT_TRAINER_IMAGE,
         "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
     },
-    "sampler": {"replicas": 1, "maxLoras": 2, "image": DEFAULT_SAMPLER_IMAGE},
+    "sampler": {"replicas": 1, "maxLoras": 2, "maxNumSeqs": 256, "image": DEFAULT_SAMPLER_IMAGE},
     "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
     "algorithm": {
         "loss": "importance_sampling",
@@ -278,6 +278,9 @@ def resolve(job: RLJob) -> RunConfig:
     alg = spec.algorithm
     assert alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
     seq = alg.max_prompt_tokens + alg.max_tokens
+    group_problem = startup.group_size_problem(alg.group_size)
+    if group_problem:
+        problems.append(group_problem)
     pack = spec.packing
     assert pack.pad_align and pack.segment_align and pack.pad_position
     if pack.token_budget is None:
@@ -346,14 +349,12 @@ def resolve(job: RLJob) -> RunConfig:
     # ---- sampler
     sampler_plan = None
     if sampler_tpu is not None:
-        host_devices = sampler_tpu.chips_per_host * sampler_tpu.devices_per_chip
-        tp = spec.sampler.tensor_parallel or host_devices
-        spec.sampler.tensor_parallel = tp
-        if sampler_tpu.devices % tp:
-            problems.append(
-                f"spec.sampler.tensorParallel: {tp} does not divide the {sampler_tpu.devices} devices of a "
-                f"{sampler_tpu.type_name} slice"
-            )
+        devices = sampler_tpu.devices
+        ep = spec.sampler.expert_parallel or 1
+        dp = spec.sampler.data_parallel or 1
+        tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
+        spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
+        problems += _sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name)
         if spec.sampler.max_model_len is None:
             spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
         if spec.sampler.max_model_len < seq:
@@ -366,9 +367,12 @@ def resolve(job: RLJob) -> RunConfig:
             tpu=sampler_tpu,
             replicas=spec.sampler.replicas,
             tensor_parallel=tp,
+            expert_parallel=ep,
+            data_parallel=dp,
             max_model_len=spec.sampler.max_model_len,
             lora_max_rank=spec.lora.rank,
             max_loras=spec.sampler.max_loras,
+            max_num_seqs=spec.sampler.max_num_seqs or 256,
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
@@ -382,6 +386,7 @@ def resolve(job: RLJob) -> RunConfig:
         if isinstance(resolved, list):
             problems += resolved
             _maxtext(spec, layers, job, {}, problems, rules=False)
+            problems += _lora_problems(spec, None)
         else:
             ici, dcn = resolved
             devices = trainer_tpu.devices * slices
@@ -396,7 +401,7 @@ def resolve(job: RLJob) -> RunConfig:
             derived: dict[str, Any] = {
                 "model_name": spec.model.maxtext_model,
                 "run_name": job.metadata.name,
-                "base_output_directory": _storage(spec.storage.root, job).checkpoints,
+                "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
                 "max_target_length": pack.token_budget,
                 "per_device_batch_size": micro / devices,
                 "learning_rate": alg.learning_rate,
@@ -410,6 +415,7 @@ def resolve(job: RLJob) -> RunConfig:
             problems += _head_problems(spec, keys, micro * pack.token_budget, devices)
             if pack.pad_position == "balanced":
                 problems += _balanced_problems(spec, keys, mesh.total(ici, dcn, "context"))
+            problems += _lora_problems(spec, keys)
             trainer_plan = TrainerPlan(
                 tpu=trainer_tpu,
                 slices=slices,
@@ -423,6 +429,10 @@ def resolve(job: RLJob) -> RunConfig:
                 maxtext=keys,
                 maxtext_sources=sources,
             )
+
+    # ---- pod overrides
+    problems += overrides.problems("spec.trainer.template", spec.trainer.template)
+    problems += overrides.problems("spec.sampler.template", spec.sampler.template)
 
     # ---- names
     roles: dict[str, tuple[int, int]] = {}
@@ -442,7 +452,7 @@ def resolve(job: RLJob) -> RunConfig:
         spec=spec,
         trainer=trainer_plan,
         sampler=sampler_plan,
-        storage=_storage(spec.storage.root, job),
+        storage=storage_paths(spec.storage.root, job),
         endpoints=Endpoints(
             samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
@@ -525,6 +535,63 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
     return out
 
 
+def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]:
+    """What the trainer checks of spec.lora.targets at start (rljob.recipes.lora_targets, the one table
+    both use): known projection names and, with the MaxText keys, projections the model's decoder block
+    has. ``keys`` None: the names only."""
+    assert spec.lora is not None and spec.model is not None and spec.trainer is not None
+    targets = spec.lora.targets or []
+    block = None
+    if keys is not None:
+        try:
+            keyset = maxtext_keys.load(spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION)
+        except KeyError:
+            return []  # reported by _maxtext
+        model = keyset.models.get(str(spec.model.maxtext_model))
+        if model is None:
+            block = None  # an unknown model name, reported by _maxtext
+        else:
+            default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
+            block = lora_targets.decoder_block(keys, {**default, **model})
+    return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
+
+
+def _sampler_layout_problems(
+    spec: RLJobSpec, tp: int, ep: int, dp: int, devices: int, tpu_name: str
+) -> list[str]:
+    """How one sampler replica is parallelised, checked as vLLM's TPU backend (tpu-inference) builds its
+    mesh: tensor x data x expert parallelism is every device of the replica (its ShardingConfigManager
+    multiplies them); the KV heads split over tensor parallelism, the experts over expert parallelism;
+    and the pinned build refuses LoRA with data parallelism (tpu-inference 0.32.0,
+    ShardingConfigManager.validate in https://github.com/vllm-project/tpu-inference/blob/main/
+    tpu_inference/layers/common/sharding.py: "LoRA is not supported with data parallelism")."""
+    out = []
+    if tp * dp * ep != devices:
+        out.append(
+            f"spec.sampler.tensorParallel: {tp} x dataParallel {dp} x expertParallel {ep} = {tp * dp * ep} "
+            f"is not the {devices} devices of a {tpu_name} sampler replica"
+        )
+    if dp > 1:
+        out.append(
+            f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA adapters only without data "
+            "parallelism (use tensorParallel / expertParallel, or more replicas)"
+        )
+    model = spec.model.maxtext_model if spec.model else None
+    f = models.facts(model)
+    if f is not None:
+        if f.num_kv_heads % tp:
+            out.append(
+                f"spec.sampler.tensorParallel: {tp} does not divide the {f.num_kv_heads} KV heads of {model}"
+            )
+        if ep > 1 and not f.num_experts:
+            out.append(f"spec.sampler.expertParallel: {ep}, but {model} has no experts")
+        elif f.num_experts and f.num_experts % ep:
+            out.append(
+                f"spec.sampler.expertParallel: {ep} does not divide the {f.num_experts} experts of {model}"
+            )
+    return out
+
+
 def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
     """padPosition balanced: the row must split into 2 x context chunks of whole query blocks and into
     whole key blocks of both Splash kernels (the tile model the trainer's packer scores)."""
@@ -549,7 +616,8 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
     return out
 
 
-def _storage(root: str, job: RLJob) -> StoragePaths:
+def storage_paths(root: str, job: RLJob) -> StoragePaths:
+    """The storage locations of a job under a storage root (its namespace, name and uid)."""
     # The RLJob's uid makes the path this run's own: an RLJob deleted and created again under the same
     # name (a new uid) starts from scratch instead of resuming the old run's checkpoints and rollouts.
     base = f"{root.rstrip('/')}/{job.metadata.namespace}/{job.metadata.name}"
@@ -561,6 +629,7 @@ def _storage(root: str, job: RLJob) -> StoragePaths:
         adapters=f"{base}/adapters",
         rollouts=f"{base}/rollouts",
         cache=f"{base}/cache",
+        tensorboard=f"{base}/tensorboard",
     )
 
 

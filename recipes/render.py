@@ -17,7 +17,7 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, placement, plan, podspec
+from rljob.recipes import failure, naming, overrides, placement, plan, podspec
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -27,12 +27,17 @@ from rljob.recipes.runconfig import (
     CONFIG_KEY,
     CONFIG_PATH,
     COORDINATOR_PORT,
+    RAY_HEAD_ENV,
+    RAY_PORT,
+    RAY_PORT_ENV,
+    SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
 )
 from rljob.recipes.tpu import TPU_RESOURCE
 
 if TYPE_CHECKING:
     import jinja2
+    from rljob.recipes.api import PodTemplate
     from rljob.recipes.runconfig import RunConfig, TpuPlan
 
 # The images' entrypoints: the package's console scripts, reading the mounted run.json.
@@ -125,8 +130,15 @@ def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
     ]
 
 
+def _template(run: RunConfig, role: str) -> PodTemplate | None:
+    spec = run.spec
+    assert spec.trainer and spec.sampler
+    return spec.trainer.template if role == naming.TRAINER else spec.sampler.template
+
+
 def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]:
     out = []
+    template = _template(run, role)
     n = tpu.containers_per_host
     for i in range(n):
         env = _env_common(run, role)
@@ -161,12 +173,23 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan) -> list[dict[str, Any]]
                     env.append({"name": API_KEYS_ENV, "valueFrom": {"secretKeyRef": ref}})
         else:
             ports.append({"name": "http", "containerPort": SAMPLER_PORT, "protocol": "TCP"})
+            if tpu.hosts > 1:  # one vLLM server over the replica's hosts: a Ray cluster, head in pod 0
+                env += [
+                    {"name": SAMPLER_HOSTS_ENV, "value": str(tpu.hosts)},
+                    {"name": RAY_HEAD_ENV, "value": naming.replica_head(run.name, role)},
+                    {"name": RAY_PORT_ENV, "value": str(RAY_PORT)},
+                ]
+                ports.append({"name": "ray", "containerPort": RAY_PORT, "protocol": "TCP"})
         out.append(
             {
                 "name": role if n == 1 else f"{role}-{i}",
-                "env": env,
+                "env": env + overrides.env(template),
+                "env_from": overrides.env_from(template),
                 "ports": ports,
-                "resources": podspec.resources(tpu.chips_per_container, TPU_RESOURCE),
+                "resources": overrides.resources(
+                    podspec.resources(tpu.chips_per_container, TPU_RESOURCE), template
+                ),
+                "volume_mounts": overrides.volume_mounts(template),
             }
         )
     return out
@@ -189,13 +212,20 @@ def _role(run: RunConfig, role: str) -> dict[str, Any]:
             spec.sampler.image,
             SAMPLER_COMMAND,
         )
+    template = _template(run, role)
     return {
         "name": role,
         "replicas": replicas,
         "hosts": tpu.hosts,
         "labels": labels(run, role),
+        "pod_labels": {**labels(run, role), **overrides.pod_labels(template)},
+        "pod_annotations": overrides.pod_annotations(template),
         "job_annotations": placement.job_annotations(),
-        "node_selector": placement.node_selector(tpu),
+        "node_selector": {**placement.node_selector(tpu), **overrides.node_selector(template)},
+        "tolerations": placement.tolerations() + overrides.tolerations(template),
+        "affinity": overrides.affinity(template),
+        "service_account": overrides.service_account(template) or naming.service_account(run.name),
+        "volumes": overrides.volumes(template),
         "grace_seconds": 120 if role == naming.TRAINER else 30,
         "automount_token": podspec.mounts_api_token(role),
         "shm_size": podspec.SHM_SIZE[role],
@@ -226,9 +256,7 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         failure_policy=failure.jobset_failure_policy(spec.failure_policy.max_restarts),
         pod_failure_policy=failure.pod_failure_policy(),
         roles=[_role(run, naming.TRAINER), _role(run, naming.SAMPLER)],
-        service_account=naming.service_account(run.name),
         priority_class_name=spec.priority_class_name,
-        tolerations=placement.tolerations(),
         pod_security=podspec.pod_security_context(),
         container_security=podspec.container_security_context(),
         termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
@@ -270,10 +298,14 @@ def configmap(run: RunConfig) -> dict[str, Any]:
 
 
 def access(run: RunConfig) -> list[dict[str, Any]]:
-    """The pods' ServiceAccount, and the Role + RoleBinding limited to the progress ConfigMap."""
+    """The pods' ServiceAccount, and the Role + RoleBinding limited to the progress ConfigMap (bound to the
+    trainer template's serviceAccountName too, when it names another)."""
+    own = naming.service_account(run.name)
+    trainer_sa = overrides.service_account(_template(run, naming.TRAINER))
     return _render(
         "access.yaml.j2",
-        service_account=naming.service_account(run.name),
+        service_account=own,
+        subjects=[own] + ([trainer_sa] if trainer_sa and trainer_sa != own else []),
         role=f"{run.name}-progress",
         progress_configmap=naming.progress_configmap(run.name),
         namespace=run.namespace,

@@ -29,6 +29,15 @@ ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
 COORDINATOR_PORT = 8476
+# A multi-host sampler replica is one vLLM server over a Ray cluster (rljob.sampler.ray_replica): the
+# replica's hosts, its head's address (pod 0) and the Ray head's port, in every sampler container's env.
+SAMPLER_HOSTS_ENV = "RLJOB_SAMPLER_HOSTS"
+RAY_HEAD_ENV = "RLJOB_RAY_HEAD"
+RAY_PORT_ENV = "RLJOB_RAY_PORT"
+RAY_PORT = 6379
+# Local disk of a pod (or a laptop) where the caches kept under storage.root are restored before start.
+LOCAL_CACHE_ENV = "RLJOB_LOCAL_CACHE"
+LOCAL_CACHE_DEFAULT = "/tmp/rljob-cache"
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
 
@@ -99,10 +108,17 @@ class SamplerPlan(ApiModel):
 
     tpu: TpuPlan = Field(description="One sampler slice.")
     replicas: int = Field(description="Sampler slices (one vLLM server each).")
-    tensor_parallel: int = Field(description="vLLM --tensor-parallel-size.")
+    tensor_parallel: int = Field(description="Tensor parallelism (tpu-inference tensor_parallelism).")
+    expert_parallel: int = Field(
+        default=1, description="Expert parallelism (tpu-inference expert_parallelism)."
+    )
+    data_parallel: int = Field(default=1, description="vLLM --data-parallel-size.")
     max_model_len: int = Field(description="vLLM --max-model-len.")
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")
+    max_num_seqs: int = Field(
+        default=256, description="vLLM --max-num-seqs (sequences in flight per replica)."
+    )
 
 
 class StoragePaths(ApiModel):
@@ -115,6 +131,12 @@ class StoragePaths(ApiModel):
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")
     cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
+    tensorboard: str | None = Field(
+        default=None,
+        description="TensorBoard event files of the trainer's step metrics (reward, loss, KL, policy lag, "
+        "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
+        "TensorBoard read them.",
+    )
 
 
 class Endpoints(ApiModel):
@@ -166,8 +188,14 @@ __all__ = [
     "CONFIG_KEY",
     "CONFIG_PATH",
     "COORDINATOR_PORT",
+    "LOCAL_CACHE_DEFAULT",
+    "LOCAL_CACHE_ENV",
     "MESH_AXES",
     "PROGRESS_KEY",
+    "RAY_HEAD_ENV",
+    "RAY_PORT",
+    "RAY_PORT_ENV",
+    "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
     "Endpoints",
     "MeshPlan",

@@ -64,3 +64,51 @@ def validate_jobset(obj: dict[str, Any]) -> list[str]:
     """Schema violations of a JobSet object, as `path: message` lines (empty when valid)."""
     errors = sorted(_validator().iter_errors(obj), key=lambda e: [str(p) for p in e.instance_path])
     return [f"{_path(e.instance_path)}: {e.message}" for e in errors]
+
+
+def _pod_spec() -> dict[str, Any]:
+    """The Kubernetes PodSpec schema inside JobSet's (replicatedJobs[].template.spec.template.spec)."""
+    props = schema_document()["schema"]["properties"]
+    job = props["spec"]["properties"]["replicatedJobs"]["items"]["properties"]["template"]
+    spec: dict[str, Any] = job["properties"]["spec"]["properties"]["template"]["properties"]["spec"]
+    return spec
+
+
+_POD_PARTS = {
+    "valueFrom": ("containers", "env", "valueFrom"),
+    "envFrom": ("containers", "envFrom"),
+    "volumes": ("volumes",),
+    "affinity": ("affinity",),
+}
+
+
+@cache
+def _part_validator(part: str) -> Any:
+    import jsonschema_rs
+
+    node = _pod_spec()
+    for i, name in enumerate(_POD_PARTS[part]):
+        node = node["properties"][name]
+        if node.get("type") == "array" and (i < len(_POD_PARTS[part]) - 1 or part != "affinity"):
+            node = node["items"]
+    return jsonschema_rs.Draft7Validator(_closed(node))
+
+
+def validate_pod_part(part: str, value: Any, where: str) -> list[str]:
+    """Violations of one free-form part of a pod override (valueFrom, an envFrom item, a volume, affinity)
+    against the Kubernetes schema JobSet's CRD embeds, as `where.path: message` lines."""
+    import jsonschema_rs
+    from rljob.recipes.syntax import key_path
+
+    errors = sorted(_part_validator(part).iter_errors(value), key=lambda e: [str(p) for p in e.instance_path])
+    out = []
+    for e in errors:
+        path = where
+        for part in e.instance_path:  # odd keys quoted, so that the line stays `path: message`
+            path = f"{path}[{part}]" if isinstance(part, int) else key_path(path, str(part))
+        unexpected = getattr(e.kind, "unexpected", None)
+        if isinstance(e.kind, jsonschema_rs.ValidationErrorKind.AdditionalProperties) and unexpected:
+            out += [f"{key_path(path, str(name))}: unknown field" for name in unexpected]  # one line each
+        else:
+            out.append(f"{path}: {e.message}")
+    return out

@@ -3,7 +3,9 @@
 Endpoints (same paths, bodies and response shapes as vLLM):
 - `GET /health`, `GET /v1/models` (the base model and every loaded adapter, `parent` = base);
 - `POST /v1/completions`: `prompt` as token ids, text, or a list of either; `n`, `max_tokens`,
-  `temperature`, `seed`, `stop_token_ids` (a sequence ends after its first stop token, finish_reason
+  `temperature`, `seed` (a request without one takes the next of the server's own seeds, `--seed` then
+  +1 per request, as vLLM's server-wide seed; the RL loop sends none, since vLLM's TPU backend refuses
+  per-request seeds), `stop_token_ids` (a sequence ends after its first stop token, finish_reason
   "stop"; `top_p`/`top_k` other than off and `stop` strings are refused with 400), `logprobs`
   (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids` (each choice
   then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
@@ -62,8 +64,13 @@ class CpuSampler:
     """Adapters by name over one Policy; generation runs in a worker thread, one batch at a time."""
 
     def __init__(
-        self, policy: Policy, max_loras: int, status: Callable[[], dict[str, Any]] | None = None
+        self,
+        policy: Policy,
+        max_loras: int,
+        status: Callable[[], dict[str, Any]] | None = None,
+        seed: int = 0,
     ) -> None:
+        self.next_seed = seed
         self.policy = policy
         self.sampler = Sampler(policy)
         self.tokenizer = ByteTokenizer(policy.vocab_size)
@@ -179,7 +186,10 @@ class CpuSampler:
         n = int(body.get("n", 1))
         max_tokens = int(body.get("max_tokens", 16))
         temperature = float(body.get("temperature", 1.0))
-        seed = int(body.get("seed") or 0)
+        if body.get("seed") is not None:
+            seed = int(body["seed"])
+        else:
+            seed, self.next_seed = self.next_seed, self.next_seed + 1
         want_lp = body.get("logprobs") is not None
         rows = [list(map(int, p)) for p in prompts for _ in range(n)]
         async with self.lock:

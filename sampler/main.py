@@ -43,8 +43,10 @@ from rljob.recipes.runconfig import (
     SAMPLER_PORT,
     RunConfig,
 )
+from rljob.sampler import ray_replica
 from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
+from rljob.trainer import caches
 
 log = logging.getLogger("rljob.sampler")
 
@@ -128,13 +130,37 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
-        cmd = build_command(rc, port=port)
-    except SamplerConfigError as e:
+        cmd = build_command(rc, port=port, download_dir=str(caches.local_root() / caches.HF))
+        layout = ray_replica.layout_from_env(os.environ)
+    except (SamplerConfigError, ray_replica.BootstrapError) as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
-    env = {**os.environ, **cmd.env}
-    log.warning("exec: %s", " ".join(cmd.argv))
-    proc = subprocess.Popen(cmd.argv, env=env)
+    # The model download and tpu-inference's XLA cache, restored from storage.cache to local disk: on
+    # every host of a replica, since each Ray worker loads its weights and compiles from its own disk (vLLM
+    # copies VLLM_* variables such as VLLM_XLA_CACHE_PATH to its Ray workers). The head seeds them back.
+    syncs = [
+        caches.CacheSync(n, rc.storage.cache, caches.local_root()) for n in (caches.HF, caches.JAX_SAMPLER)
+    ]
+    for s in syncs:
+        s.restore()
+    env = {**os.environ, **cmd.env, "VLLM_XLA_CACHE_PATH": str(syncs[1].local)}
+    if layout is not None and not layout.is_head:
+        log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
+        return ray_replica.run_worker(layout, env)
+    replica: ray_replica.RayReplica | None = None
+    if layout is not None:
+        # The head: every worker joins before `vllm serve` starts (its /health covers the whole replica).
+        replica = ray_replica.RayReplica(layout, env)
+        replica.start_head()
+        if not replica.wait_for_workers():
+            replica.stop()
+            return ray_replica.EXIT_REPLICA_LOST
+        argv = [*cmd.argv, *ray_replica.RAY_EXECUTOR_ARGS]
+        log.warning("exec on the ray head: %s", " ".join(argv))
+        proc = replica.start_serve(argv, env)
+    else:
+        log.warning("exec: %s", " ".join(cmd.argv))
+        proc = subprocess.Popen(cmd.argv, env=env)
 
     def forward(sig: int, _f: FrameType | None) -> None:
         proc.send_signal(sig)
@@ -147,7 +173,12 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         _status_server(status_port, watcher, watcher_for.agent(base))
         if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
             watcher.start()
-    return proc.wait()
+        for s in syncs:  # seed storage with what this start downloaded and compiled
+            s.start()
+    code = proc.wait()
+    for s in syncs:
+        s.close()
+    return replica.finish(code) if replica is not None else code
 
 
 class WatcherFactory:
@@ -184,7 +215,13 @@ def cpu_policy(rc: RunConfig) -> Any:
     return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len))
 
 
-def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True) -> int:
+def run_cpu(
+    rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, watch: bool = True, seed: int = 0
+) -> int:
+    # JAX's compilation cache, restored from storage.cache: a restart compiles nothing it compiled before.
+    # First, before any import that may compile (JAX decides once, at its first compilation, whether a
+    # persistent cache is in use).
+    sync = caches.jax_compilation_cache(caches.JAX_SAMPLER, rc.storage.cache, caches.local_root())
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import CheckpointError
@@ -196,7 +233,7 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, wa
         return EXIT_BAD_CONFIG
     base = f"http://127.0.0.1:{port}"
     watcher = watcher_for(base)
-    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status)
+    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status, seed=seed)
 
     async def serve() -> None:
         runner = web.AppRunner(server.app(), access_log=None)
@@ -215,6 +252,7 @@ def run_cpu(rc: RunConfig, watcher_for: WatcherFactory, host: str, port: int, wa
         await runner.cleanup()
 
     asyncio.run(serve())
+    print(f"cache {sync.name}: {sync.close()} new files saved to {sync.uri}", file=sys.stderr, flush=True)
     return 0
 
 
@@ -243,6 +281,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
     p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
     p.add_argument("--no-watch", action="store_true", help="cpu backend: serve only, no adapter watcher")
+    p.add_argument(
+        "--seed", type=int, default=0, help="cpu backend: the server's sampling seed (as vLLM's --seed)"
+    )
     return p
 
 
@@ -261,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
-        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch)
+        return run_cpu(rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed)
     return run_vllm(rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET)
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,15 +67,22 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         raise SamplerConfigError(
             f"spec.lora.rank: {plan.lora_max_rank} is not a vLLM LoRA rank (one of {list(VLLM_LORA_RANKS)})"
         )
+    if plan.max_num_seqs < 1:
+        raise SamplerConfigError(f"spec.sampler.maxNumSeqs: {plan.max_num_seqs} < 1")
     if plan.max_loras < 2:
         raise SamplerConfigError(
             f"spec.sampler.maxLoras: {plan.max_loras} < 2; the hot-swap loads the new version before "
             "unloading the one being served"
         )
-    if plan.tensor_parallel < 1 or plan.tensor_parallel > plan.tpu.devices:
+    tp, ep, dp = plan.tensor_parallel, plan.expert_parallel, plan.data_parallel
+    if min(tp, ep, dp) < 1 or tp * ep * dp != plan.tpu.devices:
         raise SamplerConfigError(
-            f"spec.sampler.tensorParallel: {plan.tensor_parallel} is not within 1..{plan.tpu.devices} "
-            "(the devices of one sampler slice)"
+            f"spec.sampler.tensorParallel: {tp} x expertParallel {ep} x dataParallel {dp} is not the "
+            f"{plan.tpu.devices} devices of one sampler slice"
+        )
+    if dp != 1:
+        raise SamplerConfigError(
+            f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA only without data parallelism"
         )
     argv = [
         "vllm",
@@ -85,7 +93,7 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         "--port",
         str(port),
         "--tensor-parallel-size",
-        str(plan.tensor_parallel),
+        str(tp * ep),
         "--max-model-len",
         str(plan.max_model_len),
         "--enable-lora",
@@ -93,6 +101,12 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         str(plan.max_loras),
         "--max-lora-rank",
         str(plan.lora_max_rank),
+        "--max-num-seqs",
+        str(plan.max_num_seqs),
+        # The API name of the base model stays the Hugging Face id when the weights are served from a
+        # restored local copy (the adapters keep their own versioned names).
+        "--served-model-name",
+        model,
     ]
     maxtext_model = spec.model.maxtext_model if spec.model else None
     if needs_pow2_batched_tokens([model, maxtext_model or ""]):
@@ -105,6 +119,23 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         # LoRA is served on tpu-inference's torch (vLLM model) path only.
         "MODEL_IMPL_TYPE": "vllm",
     }
+    if ep > 1:
+        # Expert parallelism as tpu-inference names it: its ShardingStrategy (additional_config
+        # sharding.sharding_strategy) splits the replica's devices into tensor_parallelism x
+        # expert_parallelism, where an explicit tensor_parallelism wins over --tensor-parallel-size (which
+        # stays the replica's device count: vLLM's world size). vLLM's fused MoE layers shard by expert
+        # under --enable-expert-parallel; the mesh has an expert axis only in tpu-inference's
+        # NEW_MODEL_DESIGN layout (its default 2D mesh is data x model). Sources:
+        # https://github.com/vllm-project/tpu-inference/blob/main/tpu_inference/layers/common/sharding.py,
+        # .../tpu_inference/runner/tpu_runner.py, .../tpu_inference/layers/vllm/quantization/configs.py.
+        # Not run on a TPU by rljob's tests.
+        strategy = {"tensor_parallelism": tp, "expert_parallelism": ep}
+        argv += [
+            "--enable-expert-parallel",
+            "--additional-config",
+            json.dumps({"sharding": {"sharding_strategy": strategy}}, separators=(",", ":")),
+        ]
+        env["NEW_MODEL_DESIGN"] = "1"
     return VllmCommand(argv=argv, env=env)
 
 

@@ -1,1 +1,1 @@
-"""rljob.trainer: the RL trainer entrypoint (JAX/MaxText through tunix, LoRA through qwix)."""
+"""rljob.trainer: the RL trainer entrypoint (JAX/MaxText models, LoRA through qwix)."""

@@ -4,7 +4,9 @@ Layout under ``{storage.adapters}`` (gs:// or local):
 
   v{N}/adapter_model.safetensors   lora_A (r, in) and lora_B (out, r) per layer and projection, float32,
                                    Hugging Face names (``base_model.model.model.layers.{i}.self_attn.
-                                   q_proj.lora_A.weight`` for llama/qwen3-style models)
+                                   q_proj.lora_A.weight`` for Qwen3 and gpt-oss, ``...model.
+                                   language_model.layers.{i}...`` for Qwen3.5 and Gemma 4:
+                                   rljob.trainer.model.HF_LAYERS_PREFIX)
   v{N}/adapter_config.json         peft_type LORA, r, lora_alpha, target_modules, base model
   LATEST                           the text ``N``, written last
 

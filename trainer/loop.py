@@ -34,6 +34,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -43,15 +44,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from pydantic import ValidationError
+from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
 from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
-from rljob.trainer.packing import Rollout
+from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
 
 log = logging.getLogger("rljob.trainer.loop")
 
+PARITY_ALIGN = 128  # row budget rounding of the parity gate when no pack shape is given
 DEFAULT_PARITY_THRESHOLD = 1e-3  # nats; the seed measured 1.7e-4 on TPU, CPU float32 gives ~1e-6
 
 
@@ -103,10 +106,21 @@ class SamplerClient:
     """OpenAI-style completions against one or more samplers (vLLM or the CPU backend)."""
 
     def __init__(
-        self, urls: list[str], name_prefix: str, timeout: float = 300.0, retry_s: float = 0.05
+        self,
+        urls: list[str],
+        name_prefix: str,
+        timeout: float = 300.0,
+        retry_s: float = 0.05,
+        max_seqs: int = 256,
+        inflight: int = 1,
     ) -> None:
         if not urls:
             raise LoopConfigError("endpoints.samplers: no sampler URL in the run config")
+        if max_seqs < 1 or inflight < 1:
+            raise LoopConfigError(f"spec.sampler.maxNumSeqs: {max_seqs} (and {inflight} slots) must be >= 1")
+        self.max_seqs, self.inflight = max_seqs, inflight
+        # Per replica: requests in flight at once (back-pressure), shared by every call of this client.
+        self._slots = [threading.BoundedSemaphore(inflight) for _ in urls]
         self.urls = [u.rstrip("/") for u in urls]
         self.prefix = name_prefix
         self.timeout = timeout
@@ -170,51 +184,147 @@ class SamplerClient:
         return int(self._retrying(check, f"adapter >= v{min_version}"))
 
     def complete(
-        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, seed: int, min_version: int
+        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
     ) -> list[Completion]:
-        """`n` completions per prompt (prompts split round-robin over the samplers)."""
-        out: list[Completion] = []
-        shards: dict[int, list[int]] = {}
-        for i in range(len(prompts)):
-            shards.setdefault(i % len(self.urls), []).append(i)
-        for u, idxs in shards.items():
-            url = self.urls[u]
+        """`n` completions per prompt, from all the samplers at once.
 
-            def call(url: str = url, idxs: list[int] = idxs) -> Any:
-                version = self.wait_version(url, min_version)
-                body: dict[str, Any] = {
-                    "model": f"{self.prefix}-v{version}",
-                    "prompt": [
-                        prompts[i].tokens if prompts[i].tokens is not None else prompts[i].text for i in idxs
-                    ],
-                    "n": n,
-                    "max_tokens": max_tokens,
-                    "temperature": temperature,
-                    "seed": seed,
-                    "logprobs": 0,
-                    "return_token_ids": True,
-                }
-                return self._request(f"{url}/v1/completions", body)
+        The prompts are cut into requests of at most ``max_seqs`` sequences (a replica's
+        ``--max-num-seqs``) and no more than an even share of the replicas; each replica has ``inflight``
+        request slots (per client, so a concurrent evaluation shares them), and a free slot takes the next
+        request from the queue: a faster replica serves more, and a replica that is down, restarting or
+        still on an older adapter version puts its request back for the others (and retries after
+        ``retry_s``). A 4xx answer (other than 404) fails the call (SamplerRejected).
 
-            resp = self._retrying(call, "completions")
-            model = str(resp["model"])
-            for ch in resp["choices"]:
-                k = int(ch["index"])
-                lp = ch.get("logprobs") or {}
-                out.append(
-                    Completion(
-                        prompt_index=idxs[k // n],
-                        tokens=[int(t) for t in ch["token_ids"]],
-                        logprobs=[float(x) for x in lp.get("token_logprobs", [])],
-                        text=str(ch.get("text", "")),
-                        adapter=model,
-                        prompt_tokens=(
-                            [int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") else None
-                        ),
+        No per-request ``seed`` is sent: vLLM's TPU backend refuses any request that carries one
+        (``TpuPlatform.validate_request`` in https://github.com/vllm-project/tpu-inference/blob/main/
+        tpu_inference/platforms/tpu_platform.py: "JAX does not support per-request seed"); a
+        sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
+        if not prompts:
+            return []
+        per_request = max(1, min(self.max_seqs // max(1, n), -(-len(prompts) // len(self.urls))))
+        queue: deque[list[int]] = deque(
+            list(range(i, min(i + per_request, len(prompts)))) for i in range(0, len(prompts), per_request)
+        )
+        results: list[list[Completion]] = []
+        failures: list[BaseException] = []
+        cond = threading.Condition()
+        state: dict[str, Any] = {"pending": len(queue), "wait_from": None}
+
+        def body_of(idxs: list[int], version: int) -> dict[str, Any]:
+            return {
+                "model": f"{self.prefix}-v{version}",
+                "prompt": [
+                    prompts[i].tokens if prompts[i].tokens is not None else prompts[i].text for i in idxs
+                ],
+                "n": n,
+                "max_tokens": max_tokens,
+                "temperature": temperature,
+                "logprobs": 0,
+                "return_token_ids": True,
+            }
+
+        def worker(u: int) -> None:
+            url, slots = self.urls[u], self._slots[u]
+            while True:
+                with cond:
+                    while not queue and state["pending"] and not failures and not self._closed.is_set():
+                        cond.wait(self.retry_s)
+                    if not state["pending"] or failures or self._closed.is_set():
+                        return
+                    idxs = queue.popleft()
+                try:
+                    with slots:
+                        version = self.served_version(url)
+                        if version is None or version < min_version:
+                            raise SamplerUnavailable(
+                                f"{url} serves adapter v{version}, waiting for >= v{min_version}"
+                            )
+                        resp = self._request(f"{url}/v1/completions", body_of(idxs, version))
+                    comps = _completions(resp, idxs, n)
+                except (
+                    urllib.error.URLError,
+                    ConnectionError,
+                    TimeoutError,
+                    SamplerUnavailable,
+                    OSError,
+                ) as e:
+                    rejected = (
+                        e
+                        if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code != 404
+                        else None
                     )
-                )
+                    with cond:
+                        if rejected is not None:
+                            # The sampler refuses the request itself: waiting would not help.
+                            text = rejected.read().decode(errors="replace")[:300]
+                            failures.append(SamplerRejected(f"completions: HTTP {rejected.code}: {text}"))
+                        else:
+                            if state["wait_from"] is None:
+                                state["wait_from"] = time.monotonic()
+                                log.warning(
+                                    "sampler unavailable (adapter >= v%d): %s: %s; waiting",
+                                    min_version,
+                                    url,
+                                    e,
+                                )
+                            queue.appendleft(idxs)
+                        cond.notify_all()
+                    if rejected is None:
+                        self._closed.wait(self.retry_s)
+                    continue
+                except (KeyError, ValueError, TypeError) as e:
+                    with cond:
+                        failures.append(SamplerRejected(f"completions from {url}: malformed answer: {e!r}"))
+                        cond.notify_all()
+                    return
+                with cond:
+                    results.append(comps)
+                    state["pending"] -= 1
+                    if state["wait_from"] is not None:
+                        waited = time.monotonic() - state["wait_from"]
+                        log.warning("sampler back after %.1fs", waited)
+                        self.waited_s += waited
+                        state["wait_from"] = None
+                    cond.notify_all()
+
+        threads = [
+            threading.Thread(target=worker, args=(u,), daemon=True, name=f"sampler-{u}-{k}")
+            for u in range(len(self.urls))
+            for k in range(self.inflight)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failures:
+            raise failures[0]
+        if state["pending"]:
+            raise SamplerClosed("completions: the sampler client was closed")
+        out = [c for part in results for c in part]
         out.sort(key=lambda c: c.prompt_index)
         return out
+
+
+def _completions(resp: Any, idxs: list[int], n: int) -> list[Completion]:
+    """The completions of one /v1/completions answer for prompts ``idxs`` (``n`` choices each)."""
+    model = str(resp["model"])
+    out = []
+    for ch in resp["choices"]:
+        k = int(ch["index"])
+        lp = ch.get("logprobs") or {}
+        out.append(
+            Completion(
+                prompt_index=idxs[k // n],
+                tokens=[int(t) for t in ch["token_ids"]],
+                logprobs=[float(x) for x in lp.get("token_logprobs", [])],
+                text=str(ch.get("text", "")),
+                adapter=model,
+                prompt_tokens=(
+                    [int(t) for t in ch["prompt_token_ids"]] if ch.get("prompt_token_ids") else None
+                ),
+            )
+        )
+    return out
 
 
 def version_of(adapter: str) -> int:
@@ -275,16 +385,19 @@ class SamplerSource:
         temperature: float = 1.0,
         eval_every: int = 10,
         parity_threshold: float = DEFAULT_PARITY_THRESHOLD,
-        seed: int = 0,
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
+        pack: PackConfig | None = None,
     ) -> None:
-        if group_size < 2:
-            raise LoopConfigError("spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt")
+        problem = startup.group_size_problem(group_size)  # the plan makes the same check
+        if problem:
+            raise LoopConfigError(problem)
         self.client, self.task, self.steps = client, task, steps
         self.group_size, self.groups = group_size, groups_per_batch
         self.logprobs, self.temperature, self.eval_every = logprobs, temperature, eval_every
-        self.parity_threshold, self.seed = parity_threshold, seed
+        self.parity_threshold = parity_threshold
+        self.pack = pack  # the train step's micro-batch shape, for the parity gate
+        self.parity_shapes: set[tuple[int, int]] = set()
         self.advantage_normalization = advantage_normalization
         self.emit = emit or (lambda rec: print(json.dumps(rec), flush=True))
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampling")
@@ -300,7 +413,6 @@ class SamplerSource:
             self.group_size,
             self.task.max_tokens,
             self.temperature,
-            self.seed * 100003 + step,
             min_version,
         )
         # Graded later, on the caller's thread (see grade()).
@@ -326,19 +438,34 @@ class SamplerSource:
             self.pending[step] = self.pool.submit(self.sample, step, min_version)
 
     def parity(self, batch: Batch, lora: Any) -> float:
-        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights)."""
+        """Mean |trainer - sampler| log-prob over the batch's sampled tokens (same weights).
+
+        The rollouts are scored packed, in the train step's ``[rows, budget]`` micro-batch shape
+        (``pack``), so the log-prob function compiles once, for the shape it already runs, and not once
+        per distinct rollout length (on a TPU each is a compile of the whole model)."""
+        rollouts = [
+            Rollout(
+                prompt_ids=np.asarray(c.prompt_ids(batch.prompts[c.prompt_index]), np.int32),
+                completion_ids=np.asarray(c.tokens, np.int32),
+                per_token={"sampler_logprobs": np.asarray(c.logprobs, np.float32)},
+            )
+            for c in batch.completions
+        ]
+        cfg = self.pack
+        if cfg is None:
+            longest = max(r.num_tokens for r in rollouts)
+            cfg = PackConfig(budget=align_up(longest, PARITY_ALIGN), rows=1)
         diffs = []
-        for c in batch.completions:
-            ids = c.prompt_ids(batch.prompts[c.prompt_index])
-            seq = np.asarray([ids + list(c.tokens)], np.int32)
-            pos = np.arange(seq.shape[1], dtype=np.int32)[None]
-            lp = np.asarray(self.logprobs(lora, seq, pos, np.ones_like(seq)))[0, len(ids) :]
-            diffs.append(np.abs(lp - np.asarray(c.logprobs, np.float32)))
+        for mb in pack_rollouts(rollouts, cfg):
+            lp = np.asarray(self.logprobs(lora, mb.tokens, mb.positions, mb.segment_ids))
+            scored = (mb.segment_ids > 0) & (mb.prompt_mask == 0)  # the completion tokens
+            diffs.append(np.abs(lp[scored] - mb.fields["sampler_logprobs"][scored]))
+            self.parity_shapes.add(mb.shape)
         return float(np.mean(np.concatenate(diffs)))
 
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
-        comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, 0, min_version)
+        comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, min_version)
         return float(np.mean([self.task.reward(prompts[c.prompt_index], c.tokens, c.text) for c in comps]))
 
     def __call__(self, step: int, lora: Any) -> tuple[list[Rollout], dict[str, float]]:
@@ -457,7 +584,7 @@ def parser() -> argparse.ArgumentParser:
         help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
         "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
     )
-    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts (e.g. math sampling)")
     p.add_argument("--tensorboard-dir", default=None)
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
     p.add_argument(
@@ -484,6 +611,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
+    from rljob.trainer import caches
     from rljob.trainer.main import BadConfig, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
@@ -496,9 +624,13 @@ def main(argv: list[str] | None = None) -> int:
     rank = lora.rank if lora and lora.rank else 8
     alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
     steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    # JAX's compilation cache, restored from storage.cache before anything compiles.
+    jax_cache = caches.jax_compilation_cache(
+        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
+    )
     try:
         task = task_of(rc, args.seed)
-        client = SamplerClient(rc.endpoints.samplers, rc.name)
+        client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         else:
@@ -519,9 +651,9 @@ def main(argv: list[str] | None = None) -> int:
             group_size=alg.group_size if alg and alg.group_size else 8,
             groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
             logprobs=jax.jit(policy.next_token_logprobs),
+            pack=step_cfg.pack_config(),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
-            seed=args.seed,
             advantage_normalization=(
                 alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
             ),
@@ -530,7 +662,8 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
     first = jax.process_index() == 0
-    steplog = StepLog(args.tensorboard_dir if first else None, args.log_jsonl)
+    tb_dir = args.tensorboard_dir or rc.storage.tensorboard  # under storage.root: outlives the process
+    steplog = StepLog(tb_dir if first else None, args.log_jsonl)
     source.emit = lambda rec: steplog.event(rec.pop("event"), **rec)
     reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ) if first else None)
     try:
@@ -560,6 +693,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG
     finally:
         source.close()
+        jax_cache.close()
     return EXIT_OK
 
 

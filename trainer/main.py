@@ -302,7 +302,8 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     except CheckpointError as e:
         raise BadConfig(str(e)) from e
     trainer = Trainer(policy, step_cfg)
-    steplog = StepLog(args.tensorboard_dir if jax.process_index() == 0 else None, args.log_jsonl)
+    tb_dir = args.tensorboard_dir or rc.storage.tensorboard  # under storage.root: outlives the pod
+    steplog = StepLog(tb_dir if jax.process_index() == 0 else None, args.log_jsonl)
     reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
     steplog.event(
         "start",

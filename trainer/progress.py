@@ -2,7 +2,11 @@
 
 - :class:`StepLog` prints one JSON object per step to stdout (and appends it to a file when given):
   ``{"event": "step", "step": ..., "loss": ..., "reward_mean": ..., ...}``.
-- TensorBoard scalars (tensorboardX) go to a local log directory, one tag per metric.
+- TensorBoard scalars (tensorboardX), one tag `train/<metric>` per metric, go to a log directory; by
+  default the run's StoragePaths.tensorboard under storage.root, so they outlive the pod (`rljob status`
+  reads them). A gs:// directory is written through a local one: after each step the event file is
+  uploaded whole with the run's Store (tensorboardX's own gs:// writer re-uploads from `__del__` at exit,
+  which blocks a process whose storage is gone); an upload that fails is logged, never fatal.
 - The :class:`~rljob.recipes.api.ProgressReport` goes to a sink: :class:`FileSink` (laptop, tests;
   written atomically) or :class:`ConfigMapSink` (in a pod: a merge patch of key ``progress.json`` of the
   ConfigMap ``<rljob>-progress`` through the pod's ServiceAccount token; RBAC allows get/patch on that
@@ -22,7 +26,7 @@ from typing import Any, Protocol, TextIO
 
 from rljob.recipes.api import ProgressReport
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.storage import LocalStore
+from rljob.trainer.storage import LocalStore, Store, open_store
 
 __all__ = ["ConfigMapSink", "FileSink", "ProgressSink", "Reporter", "StepLog", "sink_for"]
 
@@ -84,10 +88,19 @@ class StepLog:
         self._stream = stream or sys.stdout
         self._file = Path(jsonl_path) if jsonl_path else None
         self._tb: Any = None
+        self._remote: Store | None = None
+        self._local: Path | None = None
         if tensorboard_dir:
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(logdir=tensorboard_dir, flush_secs=5)
+            logdir = tensorboard_dir
+            if tensorboard_dir.startswith("gs://"):
+                import tempfile
+
+                self._remote = open_store(tensorboard_dir)
+                self._local = Path(tempfile.mkdtemp(prefix="rljob-tb-"))
+                logdir = str(self._local)
+            self._tb = SummaryWriter(logdir=logdir, flush_secs=5)
 
     def event(self, event: str, **fields: Any) -> None:
         line = json.dumps({"event": event, **fields}, sort_keys=True, default=_jsonable)
@@ -104,10 +117,22 @@ class StepLog:
                 if isinstance(v, (int, float)) and math.isfinite(float(v)):
                     self._tb.add_scalar(f"train/{k}", float(v), global_step=step)
             self._tb.flush()
+            self._upload()
+
+    def _upload(self) -> None:
+        if self._remote is None or self._local is None:
+            return
+        for f in sorted(self._local.glob("events.out.tfevents.*")):
+            try:
+                self._remote.write(f.name, f.read_bytes())
+            except Exception as e:  # observability only: never fail the run over it
+                log.warning("TensorBoard events not uploaded (%s): %s", type(e).__name__, e)
 
     def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
+            self._upload()
+            self._tb = None
 
 
 def _jsonable(x: Any) -> Any:

@@ -293,12 +293,15 @@ def _steps(
             if publisher.publish_seconds is not None:
                 metrics["adapter_publish_s"] = publisher.publish_seconds
         metrics.update(src_metrics)
+        seconds = time.monotonic() - t0
         metrics.update(
-            step_seconds=time.monotonic() - t0,
+            step_seconds=seconds,
             rollouts=float(len(rollouts)),
             rollouts_from_cache=float(from_cache),
             skipped_total=float(state.skipped),
         )
+        if "tokens" in metrics and seconds > 0:  # trained (non-padding) tokens per second of the step
+            metrics["tokens_per_s"] = metrics["tokens"] / seconds
         steplog.step(done, metrics)
         reporter.update(
             step=done,

@@ -43,7 +43,14 @@ from jax.sharding import PartitionSpec as P
 from rljob.trainer.logprobs import DEFAULT_TOKEN_TILE, DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy, put_global
-from rljob.trainer.packing import DEFAULT_KERNEL_BLOCKS, PackConfig, PackedBatch, Rollout, pack_rollouts
+from rljob.trainer.packing import (
+    DEFAULT_KERNEL_BLOCKS,
+    PackConfig,
+    PackedBatch,
+    Rollout,
+    pack_rollouts,
+    padding_fraction,
+)
 
 __all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
 
@@ -319,4 +326,7 @@ class Trainer:
         state is donated: use the returned one."""
         if not rollouts:
             return self.train_on_packed(state, [])
-        return self.train_on_packed(state, pack_rollouts(rollouts, self.cfg.pack_config()))
+        packed = pack_rollouts(rollouts, self.cfg.pack_config())
+        state, metrics = self.train_on_packed(state, packed)
+        metrics["padding_fraction"] = padding_fraction(packed)  # share of the packed slots that are padding
+        return state, metrics

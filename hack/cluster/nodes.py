@@ -31,8 +31,16 @@ CPU_POOL = ("cpu-pool", 2, "e2-standard-8", "8", "32Gi")
 CHIPS_PER_HOST = "4"
 
 
-def node(name: str, pool: str, machine: str, cpu: str, memory: str, extra_labels: dict[str, str],
-         extra_alloc: dict[str, str], taints: list[dict[str, str]]) -> dict[str, Any]:
+def node(
+    name: str,
+    pool: str,
+    machine: str,
+    cpu: str,
+    memory: str,
+    extra_labels: dict[str, str],
+    extra_alloc: dict[str, str],
+    taints: list[dict[str, str]],
+) -> dict[str, Any]:
     labels = {
         "kubernetes.io/hostname": name,
         "kubernetes.io/os": "linux",
@@ -62,12 +70,21 @@ def nodes() -> list[dict[str, Any]]:
     out = []
     for pool, accel, topo, hosts, machine, cpu, mem in TPU_POOLS:
         for i in range(hosts):
-            out.append(node(
-                f"gke-tpu-{pool}-{i}", pool, machine, cpu, mem,
-                {"cloud.google.com/gke-tpu-accelerator": accel, "cloud.google.com/gke-tpu-topology": topo},
-                {"google.com/tpu": CHIPS_PER_HOST},
-                [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
-            ))
+            out.append(
+                node(
+                    f"gke-tpu-{pool}-{i}",
+                    pool,
+                    machine,
+                    cpu,
+                    mem,
+                    {
+                        "cloud.google.com/gke-tpu-accelerator": accel,
+                        "cloud.google.com/gke-tpu-topology": topo,
+                    },
+                    {"google.com/tpu": CHIPS_PER_HOST},
+                    [{"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}],
+                )
+            )
     pool, count, machine, cpu, mem = CPU_POOL
     for i in range(count):
         out.append(node(f"gke-{pool}-{i}", pool, machine, cpu, mem, {}, {}, []))

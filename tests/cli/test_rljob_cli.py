@@ -53,7 +53,7 @@ def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
         in lines
     )
     assert "  mesh ici: fsdp 4" in lines
-    assert "  replicas: 1, tensor parallel 4, max model len 5120" in lines
+    assert "  replicas: 1, tensor x expert x data parallel 4 x 1 x 1, max model len 5120" in lines
     vllm = "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: v7x, v6e, v5e)"
     assert vllm in lines
     keys = {

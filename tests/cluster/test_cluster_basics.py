@@ -26,9 +26,12 @@ def test_node_pools_look_like_gke_tpu_pools(cluster: Cluster) -> None:
         for pool, nodes in pools.items()
     }
     assert shape == {
-        "v5p-8-a": ("tpu-v5p-slice", "2x2x1", 1), "v5p-8-b": ("tpu-v5p-slice", "2x2x1", 1),
-        "v5p-16-a": ("tpu-v5p-slice", "2x2x2", 2), "v5p-16-b": ("tpu-v5p-slice", "2x2x2", 2),
-        "tpu7x-8-a": ("tpu7x", "2x2x1", 1), "tpu7x-8-b": ("tpu7x", "2x2x1", 1),
+        "v5p-8-a": ("tpu-v5p-slice", "2x2x1", 1),
+        "v5p-8-b": ("tpu-v5p-slice", "2x2x1", 1),
+        "v5p-16-a": ("tpu-v5p-slice", "2x2x2", 2),
+        "v5p-16-b": ("tpu-v5p-slice", "2x2x2", 2),
+        "tpu7x-8-a": ("tpu7x", "2x2x1", 1),
+        "tpu7x-8-b": ("tpu7x", "2x2x1", 1),
         "cpu-pool": (None, None, 2),
     }
     for pool, nodes in pools.items():
@@ -60,12 +63,34 @@ def test_helm_installs_a_chart(cluster: Cluster, namespace: str, tmp_path: Path)
     (chart / "Chart.yaml").write_text("apiVersion: v2\nname: probe\nversion: 0.1.0\n")
     (chart / "templates" / "cm.yaml").write_text(
         "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {{ .Release.Name }}-cm\n"
-        "data:\n  value: {{ .Values.value | quote }}\n")
+        "data:\n  value: {{ .Values.value | quote }}\n"
+    )
     (chart / "values.yaml").write_text("value: from-values\n")
-    subprocess.run([str(HELM), "install", "probe", str(chart), "--namespace", namespace,
-                    "--set", "value=from-cli", "--wait", "--timeout", "60s"],
-                   env=cluster.env, check=True, capture_output=True, timeout=90)
+    subprocess.run(
+        [
+            str(HELM),
+            "install",
+            "probe",
+            str(chart),
+            "--namespace",
+            namespace,
+            "--set",
+            "value=from-cli",
+            "--wait",
+            "--timeout",
+            "60s",
+        ],
+        env=cluster.env,
+        check=True,
+        capture_output=True,
+        timeout=90,
+    )
     cm = cluster.core.read_namespaced_config_map("probe-cm", namespace)
     assert cm.data == {"value": "from-cli"}
-    subprocess.run([str(HELM), "uninstall", "probe", "--namespace", namespace],
-                   env=cluster.env, check=True, capture_output=True, timeout=60)
+    subprocess.run(
+        [str(HELM), "uninstall", "probe", "--namespace", namespace],
+        env=cluster.env,
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )

@@ -25,7 +25,7 @@ NODEPOOL = "cloud.google.com/gke-nodepool"
 ACCEL = "cloud.google.com/gke-tpu-accelerator"
 TOPO = "cloud.google.com/gke-tpu-topology"
 
-# The failure rules under test (contract 3 in notes/contracts.md): exit 2 = bad configuration, the JobSet
+# The failure rules under test (docs/architecture.md, contract 3): exit 2 = bad configuration, the JobSet
 # fails at once; another non-zero exit = a restart counted against maxRestarts; a disruption (pod condition
 # DisruptionTarget: eviction, node deleted) = a restart NOT counted.
 POD_FAILURE_POLICY: dict[str, Any] = {

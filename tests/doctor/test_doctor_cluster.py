@@ -311,3 +311,34 @@ def test_jobset_webhook_down_then_missing(
         wait_for(lambda: probe_outcome(cluster, namespace) == "defaulted", 60, "JobSet's webhook restored")
     code, found = doctor(cluster.kubeconfig, "--for", manifest)
     assert code == 0, found
+
+
+def test_pod_override_references(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """The GKE example's Secret and GCS FUSE CSI driver: missing on the local cluster, then the Secret
+    created without its key, then with it (the CSI driver stays missing: kwok has none)."""
+    body = yaml.safe_load((REPO / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml").read_text())
+    body["metadata"]["namespace"] = namespace
+    path = tmp_path / "spot.yaml"
+    path.write_text(yaml.safe_dump(body))
+
+    def refs() -> list[tuple[str, str]]:
+        code, found = doctor(cluster.kubeconfig, "--for", str(path))
+        assert code == 1  # the CSI driver is always missing here
+        return [(f["status"], f["message"]) for f in found["pods.references"]]
+
+    got = refs()
+    assert [s for s, _ in got] == ["problem", "problem", "problem"], got
+    assert (
+        "Secret hf-token (key token), named by spec.trainer.template.spec.env[0].valueFrom: not found"
+        in got[0][1]
+    )
+    assert "CSIDriver gcsfuse.csi.storage.gke.io" in got[1][1] and "not found on the cluster" in got[1][1]
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="hf-token"), string_data={"other": "x"})
+    cluster.core.create_namespaced_secret(namespace, secret)
+    got = refs()
+    assert "has no key token" in got[0][1] and got[0][0] == "problem", got
+    cluster.core.patch_namespaced_secret("hf-token", namespace, {"stringData": {"token": "hf_x"}})
+    got = refs()
+    assert [s for s, _ in got] == ["ok", "problem", "ok"], got

@@ -21,6 +21,7 @@ from rljob.trainer.loop import (
     SamplerSource,
     grpo_rollouts,
 )
+from rljob.trainer.packing import PackConfig
 
 pytestmark = pytest.mark.jax
 
@@ -54,9 +55,11 @@ def test_source_grades_pipelines_and_passes_parity(
     url, _ = cpu_sampler
     uri = f"{gcs_bucket}/adapters"
     watcher = _setup(uri, url, cpu_policy, tmp_path)
-    src = _source(url, cpu_policy, eval_every=2)
+    # The parity gate scores the 12 rollouts packed several to a row, in one [2, 64] shape.
+    src = _source(url, cpu_policy, eval_every=2, pack=PackConfig(budget=64, rows=2, segment_align=1))
     try:
         rollouts, m = src(0, cpu_policy.lora0)
+        assert src.parity_shapes == {(2, 64)}
         # groups whose 4 rewards are all equal are left out (an untrained model is mostly wrong)
         assert len(rollouts) == 4 * (3 - m["groups_skipped"])
         assert m["policy_lag"] == 0 and m["sampled_with"] == 0

@@ -40,7 +40,8 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
     ),
     (
         "sampler.tensorParallel min",
-        {"sampler": {"tensorParallel": 1}},
+        # TP x DP x EP is the replica's devices: 1 x 1 x 4 over a v5p-8 of the MoE gpt-oss-20b.
+        {"model": {"maxtextModel": "gpt-oss-20b"}, "sampler": {"tensorParallel": 1, "expertParallel": 4}},
         ("sampler.tensor_parallel", 1),
         {"sampler": {"tensorParallel": 0}},
         "spec.sampler.tensorParallel: Input should be greater than or equal to 1",
@@ -109,11 +110,12 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
         "spec.lora.targets: List should have at least 1 item after validation, not 0",
     ),
     (
+        # The CRD admits 1; the plan refuses it as the RL loop does at start (rljob.recipes.startup).
         "algorithm.groupSize min",
+        {"algorithm": {"groupSize": 2}},
+        ("spec.algorithm.group_size", 2),
         {"algorithm": {"groupSize": 1}},
-        ("spec.algorithm.group_size", 1),
-        {"algorithm": {"groupSize": 0}},
-        "spec.algorithm.groupSize: Input should be greater than or equal to 1",
+        "spec.algorithm.groupSize: GRPO needs at least 2 samples per prompt, got 1",
     ),
     (
         "algorithm.steps min",

@@ -245,7 +245,8 @@ def test_four_independent_mistakes_in_one_run(capsys: pytest.CaptureFixture[str]
         "spec.queueName: \"my queue\" must hold only lowercase letters, digits, '-' and '.', and start and "
         "end with a letter or digit",
         "spec.lora.rank: 7 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
-        "spec.sampler.tensorParallel: 3 does not divide the 4 devices of a v5p-8 slice",
+        "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of a "
+        "v5p-8 sampler replica",
     ]
     assert problems_of_body(doc) == err.splitlines()
 

@@ -224,7 +224,32 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "sampler tp",
         {"sampler": {"tensorParallel": 3}},
         [
-            "spec.sampler.tensorParallel: 3 does not divide the 4 devices of a v5p-8 slice",
+            "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of "
+            "a v5p-8 sampler replica",
+            "spec.sampler.tensorParallel: 3 does not divide the 8 KV heads of qwen3-8b",
+        ],
+    ),
+    (
+        "sampler layout of a dense model",
+        {"sampler": {"tensorParallel": 2, "expertParallel": 2}},
+        ["spec.sampler.expertParallel: 2, but qwen3-8b has no experts"],
+    ),
+    (
+        "sampler kv heads",
+        {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-8"}},
+        ["spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b"],
+    ),
+    (
+        "sampler experts and data parallel, every problem at once",
+        {
+            "model": {"maxtextModel": "gpt-oss-20b"},
+            "sampler": {"tpu": "tpu7x-16", "tensorParallel": 1, "expertParallel": 8, "dataParallel": 3},
+        },
+        [
+            "spec.sampler.tensorParallel: 1 x dataParallel 3 x expertParallel 8 = 24 is not the 16 devices "
+            "of a tpu7x-16 sampler replica",
+            "spec.sampler.dataParallel: 3; vLLM's TPU backend serves LoRA adapters only without data "
+            "parallelism (use tensorParallel / expertParallel, or more replicas)",
         ],
     ),
     (
@@ -389,6 +414,7 @@ def test_all_problems_at_once() -> None:
     assert [p.split(":")[0] for p in got] == [
         "spec.lora.rank",
         "spec.sampler.tensorParallel",
+        "spec.sampler.tensorParallel",  # 5 is not the 4 devices, nor divides the 8 KV heads
         "spec.trainer.mesh",
         "spec.trainer.maxtext.nope",
         "metadata.name",

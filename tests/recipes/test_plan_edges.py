@@ -173,14 +173,19 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"spec.model.maxtext_model": "qwen3-8b"},
     ),
     (
-        "sampler of two hosts: TP = one host's devices, a divisor of the slice's",
+        "sampler of two hosts: one vLLM server over both, TP = the replica's devices",
         {"sampler": {"tpu": "v5p-16"}},
-        {"sampler.tensor_parallel": 4, "sampler.tpu.devices": 8, "sampler.tpu.hosts": 2},
+        {"sampler.tensor_parallel": 8, "sampler.tpu.devices": 8, "sampler.tpu.hosts": 2},
     ),
     (
-        "sampler TP below a host",
-        {"sampler": {"tensorParallel": 2}},
-        {"sampler.tensor_parallel": 2},
+        "sampler TP below a host, experts over the rest",
+        {"model": {"maxtextModel": "gpt-oss-20b"}, "sampler": {"tensorParallel": 2, "expertParallel": 2}},
+        {"sampler.tensor_parallel": 2, "sampler.expert_parallel": 2, "sampler.data_parallel": 1},
+    ),
+    (
+        "sampler EP default: TP = devices / EP",
+        {"model": {"maxtextModel": "gpt-oss-20b"}, "sampler": {"tpu": "v5p-16", "expertParallel": 4}},
+        {"sampler.tensor_parallel": 2, "sampler.expert_parallel": 4},
     ),
     (
         "three two-host slices",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from fixtures.recipes import recipe_manifest, resolve
+from rljob.recipes import recipe_catalog
 from rljob.recipes.runconfig import RunConfig
 from rljob.sampler import vllm
 from rljob.trainer.localrun import local_run_config
@@ -78,7 +81,52 @@ def test_command_from_plan(tmp_path: Path, model: str, maxtext: str, pow2: int |
     assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
     assert flags["--port"] == "8123" and flags["--download-dir"] == "/cache/hf"
     assert flags.get("--max-num-batched-tokens") == (str(pow2) if pow2 else None)
+    assert flags["--max-num-seqs"] == str(rc.sampler.max_num_seqs) == "256"
+    assert flags["--served-model-name"] == model
+    assert "--seed" not in flags
     assert cmd.env[vllm.RUNTIME_LORA_ENV] == "True"
+
+
+def _catalog_cases() -> list[tuple[str, str | None]]:
+    cases: list[tuple[str, str | None]] = []
+    for name in recipe_catalog.names():
+        cases.append((name, None))
+        cases += [(name, p) for p in recipe_catalog.load(name).profiles]
+    return cases
+
+
+@pytest.mark.parametrize(("recipe", "profile"), _catalog_cases())
+def test_every_catalog_recipe_serves_with_options_of_the_pinned_vllm(
+    recipe: str, profile: str | None
+) -> None:
+    """The `vllm serve` command of every catalog recipe (and profile), as its sampler pods build it from the
+    rendered run config, uses only options the pinned vllm-tpu parser defines, each once."""
+    rc = resolve(recipe_manifest(recipe, profile))
+    cmd = vllm.build_command(rc, download_dir="/tmp/rljob-cache/hf")
+    assert not _option_problems(cmd.argv), f"{recipe}: {_option_problems(cmd.argv)}"
+    flags = _flags(cmd.argv)
+    assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
+    assert flags["--served-model-name"] == cmd.argv[2] == rc.spec.model.name  # type: ignore[union-attr]
+
+
+def _option_problems(argv: list[str]) -> list[str]:
+    names = [a for a in argv[3:] if a.startswith("--")]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    unknown = sorted(set(names) - set(ARGS["options"]))
+    return [f"given twice: {dup}"] * bool(dup) + [f"not options of vllm {ARGS['version']}: {unknown}"] * bool(
+        unknown
+    )
+
+
+def test_the_catalog_check_catches_unknown_and_repeated_options(tmp_path: Path) -> None:
+    """Broken variants: a typo of --max-num-seqs, an option of another vLLM version, a repeated option."""
+    argv = vllm.build_command(_rc(tmp_path)).argv
+    assert _option_problems(argv) == []
+    assert _option_problems([*argv, "--max-num-seq", "8"]) == [
+        f"not options of vllm {ARGS['version']}: ['--max-num-seq']"
+    ]
+    assert _option_problems([*argv, "--use-v2-block-manager"])  # removed from vLLM long before 0.32
+    assert _option_problems([*argv, "--max-loras", "4"]) == ["given twice: ['--max-loras']"]
 
 
 @pytest.mark.parametrize("name", ["--trust-remote-code", "-x", "a b", "../models/x", "org/name/extra", ""])
@@ -264,3 +312,38 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_moe_layout_reaches_vllm_as_tpu_inference_names_it() -> None:
+    """The 397B recipe: tensor 2 x expert 16 over a tpu7x-32 replica's 32 devices."""
+    rc = resolve(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))
+    assert (rc.sampler.tensor_parallel, rc.sampler.expert_parallel, rc.sampler.data_parallel) == (2, 16, 1)
+    cmd = vllm.build_command(rc)
+    flags = _flags(cmd.argv)
+    assert flags["--tensor-parallel-size"] == "32"  # vLLM's world size: every device of the replica
+    assert "--enable-expert-parallel" in flags and "--data-parallel-size" not in flags
+    assert json.loads(flags["--additional-config"] or "") == {
+        "sharding": {"sharding_strategy": {"tensor_parallelism": 2, "expert_parallelism": 16}}
+    }
+    assert cmd.env["NEW_MODEL_DESIGN"] == "1"
+    dense = vllm.build_command(resolve(recipe_manifest("qwen3-8b-v5p")))
+    assert "--enable-expert-parallel" not in dense.argv and "NEW_MODEL_DESIGN" not in dense.env
+
+
+@pytest.mark.parametrize(
+    ("update", "message"),
+    [
+        (
+            {"expert_parallel": 3},
+            "tensorParallel: 4 x expertParallel 3 x dataParallel 1 is not the 4 devices",
+        ),
+        ({"tensor_parallel": 2, "data_parallel": 2}, "dataParallel: 2; vLLM's TPU backend serves LoRA only"),
+    ],
+)
+def test_a_hand_written_layout_is_refused_where_it_becomes_arguments(
+    tmp_path: Path, update: dict[str, int], message: str
+) -> None:
+    rc = _rc(tmp_path)
+    rc = rc.model_copy(update={"sampler": rc.sampler.model_copy(update=update)})
+    with pytest.raises(vllm.SamplerConfigError, match=re.escape(f"spec.sampler.{message}")):
+        vllm.build_command(rc)

@@ -1,4 +1,4 @@
-"""The base weights are created sharded (issue 5): no device ever holds a whole random initialization.
+"""The base weights are created sharded: no device ever holds a whole random initialization.
 
 ``build_model`` traces the MaxText Transformer abstractly (``nnx.eval_shape``), then either restores
 ``spec.model.checkpoint`` straight into the sharded abstract target or initializes inside a jit whose

@@ -330,12 +330,11 @@ class Engine:
                     mask[..., :rank] = 1.0
                 else:  # [r, L, out...]: rank is axis 0
                     mask[:rank] = 1.0
-            if which == "a":
-                layers = arr.shape[1] if arr.ndim >= 2 else 1
-                per_layer = arr.shape[:1] + arr.shape[2:] if arr.ndim >= 2 else arr.shape
-                keys = jax.random.split(jax.random.fold_in(key, i), layers)
-                drawn = np.asarray(jax.vmap(lambda k, s=per_layer: init(k, s, jnp.float32))(keys))
-                value = np.moveaxis(drawn, 0, 1) if arr.ndim >= 2 else drawn[0]
+            if which == "a":  # one [in, r] matrix per layer, stacked as the leaf's layout says
+                leaf = self.policy.layout[i]
+                keys = jax.random.split(jax.random.fold_in(key, i), len(leaf.layers))
+                drawn = np.asarray(jax.vmap(lambda k, s=leaf.matrix_shape: init(k, s, jnp.float32))(keys))
+                value = leaf.stack(list(drawn))
             else:
                 value = np.zeros(arr.shape, np.float32)
             lora_out.append((value * mask).astype(arr.dtype))

@@ -1,0 +1,148 @@
+"""`rljob submit | list | status | logs | delete`: the formatting and the failures without a cluster here; the
+commands against the local cluster with the operator in tests/cli/test_job_commands_cluster.py."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from rljob.cli import jobs
+
+REPO = Path(__file__).resolve().parents[2]
+RLJOB = Path(sys.executable).parent / "rljob"
+
+# A kubeconfig whose API server refuses connections: a command that reaches for the cluster says so.
+UNREACHABLE = """apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+users: [{name: u, user: {token: x}}]
+contexts: [{name: ctx, context: {cluster: c, user: u, namespace: team}}]
+current-context: ctx
+"""
+
+
+@pytest.mark.parametrize(
+    ("values", "line"),
+    [
+        ([], ""),
+        ([0.5, 0.5, 0.5], "▅▅▅"),
+        ([0.0, 1.0], "▁█"),
+        ([0.0, 0.5, 1.0], "▁▅█"),
+        ([1.0, 0.0], "█▁"),
+    ],
+)
+def test_sparkline(values: list[float], line: str) -> None:
+    assert jobs.sparkline(values) == line
+
+
+@given(st.lists(st.floats(min_value=-1e6, max_value=1e6), min_size=1, max_size=500), st.integers(1, 80))
+def test_sparkline_width_and_extremes(values: list[float], width: int) -> None:
+    line = jobs.sparkline(values, width)
+    assert len(line) == min(len(values), width)
+    assert set(line) <= set(jobs.SPARK)
+    if len(values) <= width and min(values) != max(values):
+        assert line[values.index(min(values))] == "▁" and line[values.index(max(values))] == "█"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"), [(5, "5s"), (59, "59s"), (60, "1m"), (119, "1m"), (7200, "2h"), (3 * 86400, "3d")]
+)
+def test_age(seconds: int, text: str) -> None:
+    now = datetime(2026, 1, 2, tzinfo=UTC)
+    then = datetime.fromtimestamp(now.timestamp() - seconds, UTC).isoformat().replace("+00:00", "Z")
+    assert jobs.age(then, now) == text
+
+
+OBJ = {
+    "metadata": {"name": "grpo", "namespace": "rl", "creationTimestamp": "2026-01-01T00:00:00Z"},
+    "spec": {"algorithm": {"steps": 50}},
+    "status": {
+        "phase": "Running",
+        "jobSetName": "grpo",
+        "restarts": {"used": 1, "left": 2},
+        "progress": {"step": 12, "rewardMean": 0.4375, "lastCheckpointStep": 10},
+        "roles": {"trainer": {"ready": 1, "total": 1}, "sampler": {"ready": 2, "total": 2}},
+        "lastFailure": {
+            "class": "crash",
+            "reason": "Exit1",
+            "message": "boom",
+            "time": "2026-01-01T00:05:00Z",
+        },
+        "conditions": [
+            {"type": "Ready", "status": "True", "reason": "PodsReady", "message": "all pods ready"}
+        ],
+    },
+}
+
+
+def test_table_and_wide() -> None:
+    lines = jobs.table([OBJ]).splitlines()
+    assert lines[0].split() == ["NAME", "PHASE", "STEP", "REWARD", "RESTARTS", "AGE"]
+    assert lines[1].split()[:5] == ["grpo", "Running", "12", "0.438", "1"]
+    wide = jobs.table([OBJ], wide=True, all_namespaces=True).splitlines()
+    assert wide[0].split() == [
+        "NAMESPACE", "NAME", "PHASE", "STEP", "REWARD", "RESTARTS", "AGE", "JOBSET", "LAST-FAILURE", "URL",
+    ]  # fmt: skip
+    assert wide[1].split()[:6] == ["rl", "grpo", "Running", "12", "0.438", "1"]
+    assert wide[1].split()[-2:] == ["grpo", "crash"]
+    # A new RLJob without status: empty columns, no crash.
+    assert jobs.table([{"metadata": {"name": "new"}}]).splitlines()[1].split() == ["new", "0", "<unknown>"]
+
+
+def test_describe() -> None:
+    text = jobs.describe(OBJ, [(1, 0.0), (2, 0.25), (3, 1.0)])
+    assert "Phase:       Running" in text
+    assert "Step:        12 of 50" in text
+    assert "Reward:      0.438" in text
+    assert "Restarts:    1 used, 2 left" in text
+    assert "Last failure: crash Exit1 at 2026-01-01T00:05:00Z: boom" in text
+    assert "  Ready=True PodsReady: all pods ready" in text
+    assert "Reward by step (1..3, min 0.000, max 1.000):\n  ▁▃█" in text
+    assert "Reward by step: no events yet" in jobs.describe(OBJ, [], "no events yet")
+
+
+def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(RLJOB), *args], capture_output=True, text=True, input=stdin, timeout=60)
+
+
+def test_submit_of_a_bad_manifest_exits_2_before_reaching_the_cluster(tmp_path: Path) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(UNREACHABLE)
+    bad = (REPO / "examples" / "qwen3-8b-v5p.yaml").read_text().replace("tpu: v5p-8", "tpu: v5p-7")
+    proc = _run("submit", "-f", "-", "--kubeconfig", str(kc), stdin=bad)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines and all(line.startswith("spec.") for line in lines), lines
+    assert "cannot reach" not in proc.stderr
+
+
+def test_namespace_flag_and_manifest_must_agree(tmp_path: Path) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(UNREACHABLE)
+    proc = _run(
+        "submit", "-f", str(REPO / "examples" / "qwen3-8b-v5p.yaml"), "-n", "other", "--kubeconfig", str(kc)
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == "rljob: metadata.namespace: default differs from -n other"
+
+
+@pytest.mark.parametrize("verb", [["list"], ["status", "x"], ["logs", "x"], ["delete", "x"]])
+def test_unreachable_cluster_is_one_line_exit_1(tmp_path: Path, verb: list[str]) -> None:
+    kc = tmp_path / "kubeconfig"
+    kc.write_text(UNREACHABLE)
+    proc = _run(*verb, "--kubeconfig", str(kc))
+    assert proc.returncode == 1
+    (line,) = proc.stderr.strip().splitlines()
+    assert "cannot reach the cluster" in line and "team" in line  # the context's namespace
+    assert "Traceback" not in proc.stderr
+
+
+def test_no_kubeconfig_is_bad_input(tmp_path: Path) -> None:
+    proc = _run("list", "--kubeconfig", str(tmp_path / "missing"))
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("rljob: no cluster configured")

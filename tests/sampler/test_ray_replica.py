@@ -1,0 +1,101 @@
+"""A multi-host sampler replica's bootstrap (rljob.sampler.ray_replica), for real on CPU: the Ray head and
+worker run as local processes with the environment the render gives the replica's pods; a stand-in for
+`vllm serve` on the head checks that it sees (and can run work on) every node; a killed worker fails the
+replica with a counted restart (contract 3)."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fixtures.recipes import manifest, objects
+from rljob.recipes import naming
+from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, SAMPLER_HOSTS_ENV
+from rljob.sampler import ray_replica
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sampler_env(doc: dict[str, Any], job_index: int, pod_index: int) -> dict[str, str]:
+    """The env of a sampler pod as Kubernetes would give it: fieldRefs filled, $(VAR) expanded."""
+    (js,) = [o for o in objects(doc) if o["kind"] == "JobSet"]
+    (rj,) = [r for r in js["spec"]["replicatedJobs"] if r["name"] == naming.SAMPLER]
+    (container,) = rj["template"]["spec"]["template"]["spec"]["containers"]
+    env: dict[str, str] = {}
+    for e in container["env"]:
+        if "value" in e:
+            v = e["value"]
+            for k, known in env.items():
+                v = v.replace(f"$({k})", known)
+            env[e["name"]] = v
+        else:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            env[e["name"]] = (
+                str(pod_index)
+                if "completion-index" in path
+                else str(job_index)
+                if "job-index" in path
+                else "x"
+            )
+    return env
+
+
+def test_the_render_gives_every_pod_of_a_multi_host_replica_its_part() -> None:
+    doc = manifest({"sampler": {"tpu": "v5p-16", "replicas": 2}}, name="rj")
+    for job in (0, 1):
+        envs = [_sampler_env(doc, job, pod) for pod in (0, 1)]
+        for pod, env in enumerate(envs):
+            layout = ray_replica.layout_from_env(env)
+            assert layout is not None and layout.is_head == (pod == 0)
+            assert (layout.hosts, layout.port) == (2, RAY_PORT)
+            assert layout.head == f"{naming.hostname('rj', naming.SAMPLER, job, 0)}.{naming.subdomain('rj')}"
+    single = _sampler_env(manifest({}, name="rj"), 0, 0)
+    assert SAMPLER_HOSTS_ENV not in single and ray_replica.layout_from_env(single) is None
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({SAMPLER_HOSTS_ENV: "2", "POD_INDEX": "0"}, RAY_HEAD_ENV),
+        ({SAMPLER_HOSTS_ENV: "2", "POD_INDEX": "2", RAY_HEAD_ENV: "h"}, "POD_INDEX: 2 is not within 0..1"),
+        ({SAMPLER_HOSTS_ENV: "two", RAY_HEAD_ENV: "h"}, SAMPLER_HOSTS_ENV),
+    ],
+)
+def test_a_broken_environment_is_named(env: dict[str, str], message: str) -> None:
+    with pytest.raises(ray_replica.BootstrapError, match=message):
+        ray_replica.layout_from_env(env)
+
+
+@pytest.mark.slow
+def test_bootstrap_on_cpu_one_server_sees_every_worker_and_a_lost_worker_fails_the_replica(
+    tmp_path: Path,
+) -> None:
+    doc = manifest({"sampler": {"tpu": "v5p-16"}}, name="rj")
+    envs = [_sampler_env(doc, 0, pod) for pod in (0, 1)]
+    assert all(e[RAY_HEAD_ENV].endswith(naming.subdomain("rj")) for e in envs)
+    replica = ray_replica.start_local_replica(
+        envs,
+        serve_port=_free_port(),
+        ray_port=_free_port(),
+        log_dir=tmp_path,
+        head_args=["--poll-s=0.5", "--lost-grace-s=0.5", "--join-timeout-s=240"],
+    )
+    try:
+        healthy = replica.wait_healthy(240)
+        log = replica.logs[0].read_text(errors="replace")
+        assert healthy, log[-3000:]
+        assert "standin-serve: sees 2 Ray nodes, a task ran on each" in log
+        assert "ray: 2/2 nodes after" in log  # the server started only once the worker had joined
+
+        replica.kill(1)  # the worker's host is gone
+        assert replica.pods[0].wait(timeout=240) == ray_replica.EXIT_REPLICA_LOST
+        log = replica.logs[0].read_text(errors="replace")
+        assert "a worker of this replica is gone" in log or "a Ray node left" in log, log[-3000:]
+    finally:
+        replica.stop()

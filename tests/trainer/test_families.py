@@ -1,0 +1,176 @@
+"""Every catalog model family under the trainer, on its miniature (rljob.trainer.miniature): the model's
+own MaxText config with only sizes shrunk builds a real MaxText model under qwix LoRA; every LoRA leaf
+takes part in the forward pass; the adapter exports to PEFT under the Hugging Face model's module names
+and shapes, layer by layer, and imports back exactly.
+
+The Hugging Face side is computed from transformers' own configuration classes (their ``layer_types``
+say which layer is sliding, full or linear attention) and the shapes of the projections in its modeling
+files (transformers 5.x models/<family>/modeling_<family>.py): Qwen3.5's q_proj is twice
+``heads x head_dim`` wide (query and output gate), its linear-attention layers have no self_attn, its
+MLP LoRA lands on ``mlp.shared_expert``; Gemma 4's full-attention layers use ``global_head_dim`` and
+``num_global_key_value_heads`` and, with ``attention_k_eq_v`` (MaxText ``share_kv_projections``), have
+no v_proj.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rljob.recipes import lora_targets
+from rljob.trainer import miniature
+from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
+
+pytestmark = pytest.mark.jax
+# LoRA targets per family: every projection the family has (rljob.recipes.lora_targets).
+TARGETS = {m: lora_targets.SUPPORTED[str(miniature.describe(m)["decoder_block"])] for m in miniature.MODELS}
+
+
+def _hf_layer_types(model: str, cfg: Any) -> list[str]:
+    import transformers
+
+    n = int(cfg.num_decoder_layers)
+    if model == "gpt-oss-20b":
+        return list(transformers.GptOssConfig(num_hidden_layers=n).layer_types)
+    if model == "qwen3.5-397b-a17b":
+        return list(transformers.Qwen3_5MoeTextConfig(num_hidden_layers=n).layer_types)
+    if model == "gemma4-31b":
+        return list(transformers.Gemma4TextConfig(num_hidden_layers=n).layer_types)
+    return ["full_attention"] * n
+
+
+def _hf_tensors(model: str, cfg: Any, targets: tuple[str, ...], r: int) -> dict[str, tuple[int, int]]:
+    """PEFT tensor name -> shape of the Hugging Face model with the miniature's sizes."""
+    prefix = "base_model.model.model.layers"
+    if model in ("qwen3.5-397b-a17b", "gemma4-31b"):
+        prefix = "base_model.model.model.language_model.layers"
+    h, heads = int(cfg.emb_dim), int(cfg.num_query_heads)
+    out: dict[str, tuple[int, int]] = {}
+    for i, kind in enumerate(_hf_layer_types(model, cfg)):
+        hd, kv = int(cfg.head_dim), int(cfg.num_kv_heads)
+        q_out = heads * hd
+        mods: dict[str, tuple[int, int]] = {}  # module -> (out, in)
+        if model == "gemma4-31b" and kind == "full_attention":
+            hd, kv = int(cfg.global_head_dim), int(cfg.global_num_kv_heads)
+            q_out = heads * hd
+        if model == "qwen3.5-397b-a17b":
+            q_out = heads * hd * 2  # query and output gate
+        if kind != "linear_attention":
+            mods |= {
+                "self_attn.q_proj": (q_out, h),
+                "self_attn.k_proj": (kv * hd, h),
+                "self_attn.v_proj": (kv * hd, h),
+                "self_attn.o_proj": (heads * hd, h)[::-1],
+            }
+            if model == "gemma4-31b" and kind == "full_attention" and cfg.share_kv_projections:
+                del mods["self_attn.v_proj"]  # attention_k_eq_v: the keys are the values
+        mlp = "mlp.shared_expert" if model == "qwen3.5-397b-a17b" else "mlp"
+        width = int(cfg.moe_mlp_dim if model == "qwen3.5-397b-a17b" else cfg.mlp_dim)
+        mods |= {f"{mlp}.gate_proj": (width, h), f"{mlp}.up_proj": (width, h), f"{mlp}.down_proj": (h, width)}
+        for mod, (o, n_in) in mods.items():
+            if mod.rsplit(".", 1)[1] in targets:
+                out[f"{prefix}.{i}.{mod}.lora_A.weight"] = (r, n_in)
+                out[f"{prefix}.{i}.{mod}.lora_B.weight"] = (o, r)
+    return out
+
+
+_POLICIES: dict[str, Policy] = {}
+
+
+def _policy(model: str) -> Policy:
+    if model not in _POLICIES:
+        keys = {
+            "model_name": model,
+            **miniature.miniature_overrides(model),
+            **CPU_KEYS,
+            "max_target_length": 32,
+        }
+        _POLICIES[model] = Policy(
+            ModelSpec(maxtext=keys, lora_rank=4, lora_alpha=8.0, lora_targets=TARGETS[model])
+        )
+    return _POLICIES[model]
+
+
+def _random_like(lora: Any, seed: int) -> Any:
+    leaves, tree = jax.tree.flatten(lora)
+    keys = jax.random.split(jax.random.key(seed), len(leaves))
+    return jax.tree.unflatten(
+        tree, [0.1 * jax.random.normal(k, x.shape, x.dtype) for k, x in zip(keys, leaves, strict=True)]
+    )
+
+
+# Qwen3.5's miniature (8 layers of gated delta nets and MoE) takes the longest to build and compile.
+FAMILIES = [
+    pytest.param(m, marks=pytest.mark.slow) if m.startswith("qwen3.5") else m for m in miniature.MODELS
+]
+
+
+@pytest.mark.parametrize("model", FAMILIES)
+def test_family_builds_trains_and_round_trips_through_peft(model: str) -> None:
+    policy = _policy(model)
+    cfg, r = policy.cfg, policy.spec.lora_rank
+    lora = _random_like(policy.lora0, seed=1)
+
+    # Every LoRA leaf is live: the gradient of the logits reaches each one (qwix found the factors
+    # created before its first call, the Gemma 4 global layer's included).
+    toks = jnp.asarray(np.random.default_rng(0).integers(1, policy.vocab_size, (1, 16)), jnp.int32)
+    pos, seg = jnp.arange(16, dtype=jnp.int32)[None], jnp.ones((1, 16), jnp.int32)
+    weights = jax.random.normal(jax.random.key(2), (1, 16, policy.vocab_size))
+    grads = jax.grad(lambda lo: jnp.sum(policy.logits(lo, toks, pos, seg) * weights))(lora)
+    dead = [
+        jax.tree_util.keystr(p)
+        for p, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+        if not jnp.any(g != 0)
+    ]
+    assert not dead, f"LoRA leaves without gradient: {dead}"
+
+    # PEFT: the Hugging Face names and shapes, layer by layer.
+    tensors = policy.to_peft(lora)
+    want = _hf_tensors(model, cfg, TARGETS[model], r)
+    assert {k: v.shape for k, v in tensors.items()} == want
+    assert all(v.dtype == np.float32 for v in tensors.values())
+    assert policy.peft_config()["target_modules"] == sorted(TARGETS[model])
+
+    # ... and back, exactly; a tensor of the wrong shape is refused by name.
+    back = policy.from_peft(tensors)
+    for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    name = sorted(tensors)[0]
+    with pytest.raises(ValueError, match="shape"):
+        policy.from_peft({**tensors, name: np.zeros((r + 1, 3), np.float32)})
+
+    # Layer order: each scan position is the Hugging Face layer the layout says (two layers of the same
+    # kind swapped in the PEFT tensors come back swapped in the stacked parameter).
+    q = next(leaf for leaf in policy.layout if leaf.module == "query" and leaf.which == "a")
+    first, second = q.layers[0], q.layers[1]
+    k0, k1 = policy.peft_name(first, q), policy.peft_name(second, q)
+    swapped = policy.from_peft({**tensors, k0: tensors[k1], k1: tensors[k0]})
+    idx = next(i for i, leaf in enumerate(policy.layout) if leaf is q)
+    per_layer = q.per_layer(np.asarray(jax.tree.leaves(swapped)[idx]))
+    np.testing.assert_array_equal(per_layer[0], tensors[k1].T)
+    np.testing.assert_array_equal(per_layer[1], tensors[k0].T)
+
+
+def test_gpt_oss_block_order_is_hugging_faces() -> None:
+    """gpt-oss alternates sliding and full attention: MaxText's sub-layer j of a scanned pair has the
+    attention type of Hugging Face layer 2b + j (GptOssConfig.layer_types)."""
+    from flax import nnx
+    from maxtext.layers.attentions import AttentionType
+
+    policy = _policy("gpt-oss-20b")
+    model = nnx.merge(policy.graphdef, policy.as_state(policy.lora0), policy.base)
+    hf = _hf_layer_types("gpt-oss-20b", policy.cfg)
+    kind = {AttentionType.LOCAL_SLIDING: "sliding_attention", AttentionType.GLOBAL: "full_attention"}
+    checked = 0
+    for leaf in policy.layout:
+        if leaf.module != "query" or leaf.which != "a":
+            continue
+        j = int(leaf.path.split("/")[2].removeprefix("layers_"))
+        sub = getattr(model.decoder.layers, f"layers_{j}")
+        assert leaf.layers == tuple(range(j, policy.num_layers, 2))
+        assert all(hf[i] == kind[sub.attention_type] for i in leaf.layers)
+        checked += len(leaf.layers)
+    assert checked == policy.num_layers

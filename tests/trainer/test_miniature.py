@@ -1,0 +1,83 @@
+"""The miniatures of the catalog's models (rljob.trainer.miniature): only sizes are overridden, the
+family's own config keys are kept, every miniature keeps at least two scanned blocks of its family's
+block, and an unknown model is refused by name. tests/trainer/test_families.py builds them."""
+
+from __future__ import annotations
+
+import pytest
+from rljob.recipes import maxtext_keys
+from rljob.trainer import miniature
+
+# Keys a miniature may override: sizes only (and MaxText's permission to override the model config).
+SIZE_KEYS = {
+    "override_model_config",
+    "base_emb_dim",
+    "base_num_query_heads",
+    "base_num_kv_heads",
+    "head_dim",
+    "global_head_dim",
+    "global_num_kv_heads",
+    "base_mlp_dim",
+    "base_moe_mlp_dim",
+    "num_experts",
+    "num_experts_per_tok",
+    "base_num_decoder_layers",
+    "vocab_size",
+    "sliding_window_size",
+    "gdn_key_head_dim",
+    "gdn_value_head_dim",
+    "gdn_num_key_heads",
+    "gdn_num_value_heads",
+    "mrope_section",
+}
+
+
+@pytest.mark.parametrize("model", miniature.MODELS)
+def test_miniature_scales_only_sizes(model: str) -> None:
+    keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
+    over = miniature.miniature_overrides(model)
+    assert over["override_model_config"] is True
+    assert set(over) <= SIZE_KEYS and all(k in keyset for k in over)
+    desc = miniature.describe(model)
+    full = keyset.models[model]
+    assert desc["decoder_block"] == full["decoder_block"]
+    kept = desc["kept"]
+    assert isinstance(kept, dict) and not set(kept) & set(desc["scaled"])  # type: ignore[arg-type]
+    assert all(kept.get(k, v) == v for k, v in over.items())  # an override equal to the full value is kept
+    # what makes the family: kept as the model's config has it
+    for k in (
+        "decoder_block",
+        "inhomogeneous_layer_cycle_interval",
+        "final_logits_soft_cap",
+        "logits_via_embedding",
+    ):
+        if k in full:
+            assert kept[k] == full[k]
+    scaled = desc["scaled"]
+    assert isinstance(scaled, dict)
+    for k, (big, small) in scaled.items():
+        if isinstance(small, int) and not isinstance(small, bool):
+            assert 0 < small <= big, k
+    # at least two scanned blocks of the family's block, and the full model's block divides its layers
+    blocks = desc["scan_blocks"]
+    assert isinstance(blocks, list) and blocks[1] >= 2
+    block = miniature.scan_block(model)
+    assert int(over["base_num_decoder_layers"]) == blocks[1] * block  # type: ignore[call-overload]
+    assert int(full["base_num_decoder_layers"]) % block == 0
+
+
+@pytest.mark.jax
+def test_scan_blocks_are_maxtexts() -> None:
+    from maxtext.models import gemma4
+
+    assert miniature.scan_block("gemma4-31b") == len(gemma4.GEMMA4_ATTENTION_PATTERN)
+    assert miniature.scan_block("gpt-oss-20b") == 2
+    assert miniature.scan_block("qwen3.5-397b-a17b") == 4
+    assert miniature.scan_block("qwen3-8b") == 1
+
+
+def test_unknown_model_is_named() -> None:
+    with pytest.raises(ValueError, match="'llama3-8b'"):
+        miniature.miniature_overrides("llama3-8b")
+    with pytest.raises(ValueError, match="'llama3-8b'"):
+        miniature.describe("llama3-8b")

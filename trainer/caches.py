@@ -1,0 +1,170 @@
+"""Caches that make a restart cheap: kept under ``storage.cache`` (``{root}/.../cache/<name>/``), restored
+to the pod's local disk before start, and seeded back while the process runs.
+
+A preempted slice's replacement should not compute again what the last one already had: XLA's
+compilations (a fresh compile of a large model takes far longer than copying its cache) and the
+sampler's model download. Each cache is a directory of files copied whole between storage and local
+disk (``$RLJOB_LOCAL_CACHE``), never read through a mount; a file already on local disk is not copied
+again (files are renamed into place once complete), and only files storage lacks are written back, so
+every process can seed the same cache.
+
+- ``jax-trainer`` / ``jax-sampler``: JAX's persistent compilation cache (``jax_compilation_cache_dir``,
+  https://docs.jax.dev/en/latest/persistent_compilation_cache.html), one per role; the vLLM sampler's
+  is tpu-inference's ``VLLM_XLA_CACHE_PATH``;
+- ``hf``: vLLM's ``--download-dir`` (the Hugging Face weights the sampler serves).
+
+Each restore prints one line: what was restored, how much and how long it took.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from rljob.recipes.runconfig import LOCAL_CACHE_DEFAULT, LOCAL_CACHE_ENV
+from rljob.trainer.storage import join, open_store
+
+log = logging.getLogger("rljob.caches")
+
+MAXTEXT_CACHE_ENV = "M_JAX_CACHE_DIR"
+JAX_TRAINER = "jax-trainer"
+JAX_SAMPLER = "jax-sampler"
+HF = "hf"
+
+
+def local_root() -> Path:
+    """The pod's (or laptop's) local disk for the caches ($RLJOB_LOCAL_CACHE)."""
+    return Path(os.environ.get(LOCAL_CACHE_ENV) or LOCAL_CACHE_DEFAULT)
+
+
+@dataclass(frozen=True)
+class Restored:
+    name: str
+    uri: str
+    files: int  # copied from storage
+    present: int  # already on local disk
+    bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        if not self.files and not self.present:
+            return f"cache {self.name}: nothing at {self.uri} yet (first start), {self.seconds:.2f}s"
+        return (
+            f"cache {self.name}: restored {self.files} files ({self.bytes / 1e6:.1f} MB) from {self.uri} in "
+            f"{self.seconds:.2f}s ({self.present} already on local disk)"
+        )
+
+
+def restore(name: str, uri: str, local: Path) -> Restored:
+    """Copy the files of the cache at ``uri`` that ``local`` lacks (or holds at another size) to ``local``."""
+    t0 = time.monotonic()
+    store = open_store(uri)
+    local.mkdir(parents=True, exist_ok=True)
+    files = present = size = 0
+    for key in store.list():
+        dest = local / key
+        if dest.is_file():  # complete: files are only ever renamed into place
+            present += 1
+            continue
+        data = store.read(key)
+        if data is None:
+            continue
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".rljob-partial")
+        tmp.write_bytes(data)
+        os.replace(tmp, dest)
+        files, size = files + 1, size + len(data)
+    return Restored(name, uri, files, present, size, time.monotonic() - t0)
+
+
+def save(uri: str, local: Path) -> int:
+    """Write to the cache at ``uri`` the files of ``local`` it lacks; the number written."""
+    if not local.is_dir():
+        return 0
+    store = open_store(uri)
+    have = set(store.list())
+    written = 0
+    for p in sorted(local.rglob("*")):
+        key = p.relative_to(local).as_posix()
+        if p.is_file() and key not in have and not key.endswith(".rljob-partial"):
+            store.write(key, p.read_bytes())
+            written += 1
+    return written
+
+
+class CacheSync:
+    """Restore a cache now; write new local files back every ``every_s`` seconds and at ``close``."""
+
+    def __init__(self, name: str, cache_root: str, local_root: Path, every_s: float = 120.0) -> None:
+        self.name, self.uri, self.local = name, join(cache_root, name), local_root / name
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.restored: Restored | None = None
+
+    def restore(self) -> Restored:
+        self.restored = restore(self.name, self.uri, self.local)
+        print(self.restored.line(), file=sys.stderr, flush=True)
+        return self.restored
+
+    def start(self) -> CacheSync:
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"cache-{self.name}")
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            self.flush()
+
+    def flush(self) -> int:
+        try:
+            n = save(self.uri, self.local)
+        except Exception as e:
+            log.warning("cache %s: not saved (%s)", self.name, e)
+            return 0
+        if n:
+            log.warning("cache %s: %d new files saved to %s", self.name, n, self.uri)
+        return n
+
+    def close(self) -> int:
+        self._stop.set()
+        return self.flush()
+
+
+def jax_compilation_cache(
+    name: str, cache_root: str, local_root: Path, maxtext_keys: Mapping[str, object] | None = None
+) -> CacheSync:
+    """Restore the JAX compilation cache ``name`` and point this process's JAX at it (every compilation
+    is cached, also the CPU path's short ones); the caller closes the returned sync at exit."""
+    import jax
+
+    sync = CacheSync(name, cache_root, local_root)
+    sync.restore()
+    jax.config.update("jax_compilation_cache_dir", str(sync.local))  # type: ignore[no-untyped-call]
+    # MaxText points JAX's cache at its own jax_cache_dir (default ~/jax_cache) whenever it builds a
+    # config (maxtext/configs/pyconfig.py); its M_<KEY> environment override keeps it on this one.
+    # (A run that sets jax_cache_dir itself keeps it: MaxText refuses a key set both ways.)
+    if "jax_cache_dir" not in (maxtext_keys or {}):
+        os.environ[MAXTEXT_CACHE_ENV] = str(sync.local)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # type: ignore[no-untyped-call]
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call]
+    return sync.start()
+
+
+__all__ = [
+    "HF",
+    "JAX_SAMPLER",
+    "JAX_TRAINER",
+    "CacheSync",
+    "Restored",
+    "jax_compilation_cache",
+    "local_root",
+    "restore",
+    "save",
+]

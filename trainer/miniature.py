@@ -1,0 +1,154 @@
+"""Miniatures of the catalog's models: the model's own MaxText config with only its sizes shrunk.
+
+A miniature is what a local rehearsal builds instead of the full model: MaxText loads the model's own
+config file (``model_name``, e.g. ``configs/models/gemma4-31b.yml`` of MaxText 0.2.5) and
+:func:`miniature_overrides` replaces only sizes on top of it: layers, widths, heads, experts, the
+vocabulary. Everything that makes the family different stays the model's own: the decoder block and
+its scan grouping (gpt-oss scans blocks of ``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5
+blocks of 4 (three gated-delta-net layers, then one full-attention layer), Gemma 4 blocks of six
+(five sliding-window layers, then one global layer: ``GEMMA4_ATTENTION_PATTERN`` in MaxText's
+``models/gemma4.py``)), MoE routing (top-k, routed and shared experts, ``norm_topk_prob``, router
+bias), attention variants (sinks, sliding windows, gated delta nets, shared key/value projections,
+partial and multi-section RoPE, yarn), soft caps, tied and scaled embeddings, norms and activations.
+
+Each miniature keeps at least two scan iterations of its family's block, so that a scan axis is more
+than one layer deep, and widths whose products differ (``heads x head_dim != emb_dim``), so that an
+adapter exported with the wrong axis order or length cannot pass a round trip by accident.
+
+  keys = {"model_name": "gemma4-31b", **miniature_overrides("gemma4-31b"), **CPU_KEYS}
+  Policy(ModelSpec(maxtext=keys))           # builds in seconds on CPU
+  describe("gemma4-31b")                    # what was kept, what was scaled (full -> miniature)
+
+The full-size values come from the committed MaxText key list (``rljob.recipes.maxtext_keys``, which
+holds each model config's keys), so this module does not import MaxText.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rljob.recipes import maxtext_keys
+
+__all__ = ["MODELS", "describe", "miniature_overrides", "scan_block"]
+
+# Shared sizes: 64-wide, 4 query heads of 8 (32 != 64: the attention output projection's input width
+# differs from the model width), a 256-token vocabulary (the CPU sampler's byte tokens).
+_COMMON: dict[str, Any] = {
+    "base_emb_dim": 64,
+    "base_num_query_heads": 4,
+    "base_num_kv_heads": 2,
+    "head_dim": 8,
+    "vocab_size": 256,
+}
+
+_SIZES: dict[str, dict[str, Any]] = {
+    # Qwen3 dense: one scan axis of layers.
+    "qwen3-8b": {**_COMMON, "base_mlp_dim": 96, "base_num_decoder_layers": 2},
+    # gpt-oss: MoE (8 experts of 32, top-4 as the full model; router and expert biases kept), attention
+    # sinks, sliding window on every other layer (MaxText scans the pair: 2 blocks here), yarn RoPE.
+    "gpt-oss-20b": {
+        **_COMMON,
+        "base_mlp_dim": 32,
+        "base_moe_mlp_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 4,
+        "base_num_decoder_layers": 4,
+        "sliding_window_size": 16,
+    },
+    # Qwen3.5: blocks of 3 gated-delta-net layers + 1 gated full-attention layer (2 blocks here), MoE of
+    # 16 routed experts (top-4, normalized) and one shared expert; the full-attention query keeps its
+    # output gate (twice head_dim wide), the GDN 4 value heads per key head as the full model (64:16);
+    # partial RoPE (0.25 of head_dim 32 = 8 rotary dims, multi-section [2, 1, 1]
+    # summing to half of them, as [11, 11, 10] sums to half of 0.25 x 256).
+    "qwen3.5-397b-a17b": {
+        **_COMMON,
+        "head_dim": 32,
+        "base_mlp_dim": 32,
+        "base_moe_mlp_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "base_num_decoder_layers": 8,
+        "gdn_key_head_dim": 16,
+        "gdn_value_head_dim": 16,
+        "gdn_num_key_heads": 2,
+        "gdn_num_value_heads": 8,
+        "mrope_section": [2, 1, 1],
+    },
+    # Gemma 4: blocks of 5 sliding-window layers + 1 global layer (2 blocks here) with its own head_dim
+    # and KV head count and keys shared as values; tied embeddings scaled by sqrt(emb_dim), the final
+    # logits soft cap of 30, post-attention and post-FFW norms, GELU.
+    "gemma4-31b": {
+        **_COMMON,
+        "global_head_dim": 16,
+        "global_num_kv_heads": 1,
+        "base_mlp_dim": 96,
+        "base_num_decoder_layers": 12,
+        "sliding_window_size": 16,
+    },
+}
+
+MODELS: tuple[str, ...] = tuple(sorted(_SIZES))
+
+# Layers per scanned block where it is not inhomogeneous_layer_cycle_interval (MaxText 0.2.5
+# models/gemma4.py GEMMA4_ATTENTION_PATTERN: five LOCAL_SLIDING then one GLOBAL).
+_BLOCK_OVERRIDE = {"gemma4": 6}
+
+
+def _model_config(model_name: str) -> dict[str, Any]:
+    if model_name not in _SIZES:
+        raise ValueError(f"no miniature of model {model_name!r}; known: {', '.join(MODELS)}")
+    keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
+    return dict(keyset.models[model_name])
+
+
+def miniature_overrides(model_name: str) -> dict[str, object]:
+    """MaxText config overrides that shrink ``model_name`` (a MaxText model name as
+    ``spec.model.maxtextModel`` names it) to a miniature; add them to the model's own config (they
+    include ``override_model_config: true``, without which MaxText refuses to override a key of the
+    model's config file). ValueError naming the model if there is no miniature of it."""
+    _model_config(model_name)
+    return {"override_model_config": True, **{k: _copy(v) for k, v in _SIZES[model_name].items()}}
+
+
+def scan_block(model_name: str) -> int:
+    """Layers per scanned block of the model's decoder (1: one scan axis of layers)."""
+    cfg = _model_config(model_name)
+    block = str(cfg.get("decoder_block"))
+    return int(_BLOCK_OVERRIDE.get(block, cfg.get("inhomogeneous_layer_cycle_interval", 1)))
+
+
+def describe(model_name: str) -> dict[str, object]:
+    """What the miniature of ``model_name`` kept and what it scaled, for a report: ``scaled`` maps each
+    key the miniature changes to ``[full, miniature]``, ``kept`` the model config's other keys (vision-encoder
+    keys left out: the trainer builds the text decoder only), plus the decoder block, the layers per
+    scanned block and the number of scanned blocks of both sizes."""
+    cfg = _model_config(model_name)
+    sizes = _SIZES[model_name]
+    keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
+    full = {k: cfg.get(k, keyset.defaults.get(k)) for k in sizes}
+    scaled = {k: [full[k], _copy(v)] for k, v in sorted(sizes.items()) if full[k] != v}
+    kept = {k: v for k, v in sorted(cfg.items()) if k not in scaled and not _vision(k)}
+    block = scan_block(model_name)
+    full_layers = int(cfg["base_num_decoder_layers"])
+    mini_layers = int(sizes["base_num_decoder_layers"])
+    return {
+        "model": model_name,
+        "decoder_block": cfg["decoder_block"],
+        "layers_per_scan_block": block,
+        "scan_blocks": [full_layers // block, mini_layers // block],
+        "scaled": scaled,
+        "kept": kept,
+    }
+
+
+def _vision(key: str) -> bool:
+    return key.endswith("_for_vit") or key in (
+        "vision_encoder_block",
+        "image_placeholder",
+        "vision_output_length",
+        "use_mrope_for_vit",
+    )
+
+
+def _copy(v: Any) -> Any:
+    return list(v) if isinstance(v, list) else v
