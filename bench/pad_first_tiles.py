@@ -1,4 +1,4 @@
-"""Attention tiles per context rank: padding at the end vs first (seed 002), then segment placement.
+"""Attention tiles per context rank: padding at the end vs first, then the packer's balanced layout.
 
 Counting rule (seed 002): Splash computes a [q block, kv block] tile unless it is entirely above the
 causal diagonal or the query block's segment-id range [min, max] does not overlap the key block's;
@@ -10,29 +10,43 @@ context parallelism over ``cp`` = 4 ranks with dual chunk swap (rank r holds seq
    (pad_align 4,096): metrics fwd_tiles_per_rank and dkv_tiles_per_rank (lists per rank).
 2. Beyond the seed: rows packed by rljob.trainer.packing (budget 65,536, segment_align 64) from the
    rollout mix of bench/packing_padding.py (prompts 256..1,024, completions log-uniform
-   256..19,456). Per row, a placement search (segment order and where each aligned gap of padding
-   goes; the row keeps its tokens, segments stay contiguous and 64-aligned) minimizes the busiest
-   rank's fwd + dkv tiles (both tile shapes have 4 Mi entries). Metrics: busiest_rank_ratio
-   (sum over rows of the busiest rank's tiles, placed over pad-first, for fwd, dkv and fwd+dkv)
-   and the same for pad-end over pad-first for reference.
+   256..19,456), laid out pad-first, pad-end and by the trainer's own ``pad_position="balanced"``
+   (the packer orders each row's rollouts to minimise the busiest rank's tiles under this tile model:
+   cp 4, dual chunk swap, the blocks above). Tiles are counted here on the packed segment ids, apart
+   from the packer's own counter. Metrics: busiest_rank_ratio (sum over rows of the busiest rank's
+   tiles, balanced over pad-first, for fwd, dkv and fwd+dkv) and the same for pad-end over pad-first
+   for reference; balanced_layout_ms: the packer's layout search for the step's rows (median of
+   ``--repeats`` calls after one warm-up that compiles it; wall and process CPU time).
 
-Run: ``.venv/bin/python bench/pad_first_tiles.py [--seed 0] [--samples 256]``.
+Run: ``.venv/bin/python bench/pad_first_tiles.py [--seed 0] [--rollouts 1024] [--repeats 20]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import numpy as np
-from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts, start_shift
+from rljob.trainer.packing import (
+    BALANCED_PERMUTATIONS,
+    PackConfig,
+    Rollout,
+    balanced_starts,
+    first_fit_decreasing,
+    pack_rollouts,
+    start_shift,
+)
 
 ROW, CP, PAD_ALIGN, SEG_ALIGN = 65_536, 4, 4096, 64
 FWD, DKV = (1024, 4096), (2048, 2048)
 
 
-def tiles_per_rank(seg: np.ndarray, blocks: tuple[int, int], cp: int = CP) -> np.ndarray:
-    """[cp] tiles each context rank computes for one row of segment ids (0 = padding)."""
+def tiles_per_rank(
+    seg: np.ndarray, blocks: tuple[int, int], cp: int = CP, dual_chunk_swap: bool = True
+) -> np.ndarray:
+    """[cp] tiles each context rank computes for one row of segment ids (0 = padding); without dual
+    chunk swap rank r holds chunks 2r and 2r+1."""
     bq, bkv = blocks
     length = seg.size
     chunk = length // (2 * cp)
@@ -45,19 +59,10 @@ def tiles_per_rank(seg: np.ndarray, blocks: tuple[int, int], cp: int = CP) -> np
     causal = kstart[None, None, :] <= qend[:, :, None]
     overlap = (qmin[:, :, None] <= kmax[None, None, :]) & (kmin[None, None, :] <= qmax[:, :, None])
     per_chunk = (causal & overlap).sum((1, 2))
+    if not dual_chunk_swap:
+        out: np.ndarray = per_chunk.reshape(cp, 2).sum(1)
+        return out
     return per_chunk[:cp] + per_chunk[::-1][:cp]
-
-
-def layout(lengths: list[int], gaps: list[int], row: int = ROW) -> np.ndarray:
-    """Segment ids of a row: gap[i] padding tokens, then segment i (starts aligned to SEG_ALIGN)."""
-    seg = np.zeros(row, np.int32)
-    cursor = 0
-    for i, (n, g) in enumerate(zip(lengths, gaps, strict=True), start=1):
-        cursor = align_up(cursor, SEG_ALIGN) + g
-        seg[cursor : cursor + n] = i
-        cursor += n
-    assert cursor <= row
-    return seg
 
 
 def cost(seg: np.ndarray) -> tuple[int, int, int]:
@@ -65,31 +70,10 @@ def cost(seg: np.ndarray) -> tuple[int, int, int]:
     return int((f + d).max()), int(f.max()), int(d.max())
 
 
-def place(
-    lengths: list[int], rng: np.random.Generator, samples: int
-) -> tuple[np.ndarray, tuple[int, int, int]]:
-    """Best placement found: candidate orders x random splits of the free padding into aligned gaps."""
-    k = len(lengths)
-    used = sum(align_up(n, SEG_ALIGN) for n in lengths[:-1]) + lengths[-1]
-    free_units = (ROW - used) // SEG_ALIGN
-    orders = [list(range(k)), list(range(k))[::-1], sorted(range(k), key=lambda i: lengths[i])]
-    best: tuple[np.ndarray, tuple[int, int, int]] | None = None
-    for s in range(samples):
-        order = orders[s] if s < len(orders) else list(rng.permutation(k))
-        split = rng.multinomial(free_units, rng.dirichlet(np.ones(k + 1)))
-        for gaps_units in (split[:k], np.eye(1, k, 0, int)[0] * free_units, np.zeros(k, int)):
-            seg = layout([lengths[i] for i in order], [int(u) * SEG_ALIGN for u in gaps_units])
-            c = cost(seg)
-            if best is None or c < best[1]:
-                best = (seg, c)
-    assert best is not None
-    return best
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--samples", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--rollouts", type=int, default=1024)
     a = ap.parse_args()
 
@@ -115,43 +99,43 @@ def main() -> None:
     rollouts = [
         Rollout(np.ones(p, np.int32), np.ones(c, np.int32)) for p, c in zip(prompts, completions, strict=True)
     ]
+    base = {"budget": ROW, "segment_align": SEG_ALIGN}
+    tile_model = {"context_ranks": CP, "kernel_blocks": (FWD, DKV), "dual_chunk_swap": True}
     cfgs = {
-        "end": PackConfig(budget=ROW, segment_align=SEG_ALIGN),
-        "start": PackConfig(budget=ROW, segment_align=SEG_ALIGN, pad_position="start", pad_align=PAD_ALIGN),
+        "end": PackConfig(**base),
+        "start": PackConfig(**base, pad_position="start", pad_align=PAD_ALIGN),
+        "balanced": PackConfig(**base, pad_position="balanced", pad_align=PAD_ALIGN, **tile_model),
     }
     rows = {k: np.concatenate([b.segment_ids for b in pack_rollouts(rollouts, c)]) for k, c in cfgs.items()}
-    totals = {k: np.zeros(3, np.int64) for k in ("end", "start", "placed")}
-    for r in range(rows["end"].shape[0]):
-        seg_end, seg_start = rows["end"][r], rows["start"][r]
-        ids, counts = np.unique(seg_end[seg_end > 0], return_counts=True)
-        lengths = counts[np.argsort(ids)].tolist()
-        placed, c_placed = place(lengths, rng, a.samples)
-        c_start = cost(seg_start)
-        if c_start < c_placed:  # the search space holds pad-first only approximately; never do worse
-            placed, c_placed = seg_start, c_start
-        assert sorted(np.unique(placed[placed > 0], return_counts=True)[1].tolist()) == sorted(lengths)
-        totals["end"] += cost(seg_end)
-        totals["start"] += c_start
-        totals["placed"] += c_placed
+    totals = {k: np.zeros(3, np.int64) for k in cfgs}
+    for k, segs in rows.items():
+        for seg in segs:
+            totals[k] += cost(seg)
     n_rows = int(rows["end"].shape[0])
     moved = int(sum((rows["start"][r] != rows["end"][r]).any() for r in range(n_rows)))
     emit("rows_moved_by_pad_first", moved, rows=n_rows, rollouts=a.rollouts, seed=a.seed)
     for i, kernel in enumerate(("fwd+dkv", "fwd", "dkv")):
-        ctx = {"kernel": kernel, "rows": n_rows, "rollouts": a.rollouts, "seed": a.seed, "samples": a.samples}
-        emit("busiest_rank_tiles", int(totals["start"][i]), layout="start", **ctx)
-        emit("busiest_rank_tiles", int(totals["placed"][i]), layout="placed", **ctx)
-        emit(
-            "busiest_rank_ratio",
-            round(float(totals["placed"][i] / totals["start"][i]), 4),
-            layout="placed_over_start",
-            **ctx,
-        )
-        emit(
-            "busiest_rank_ratio",
-            round(float(totals["end"][i] / totals["start"][i]), 4),
-            layout="end_over_start",
-            **ctx,
-        )
+        ctx = {"kernel": kernel, "rows": n_rows, "rollouts": a.rollouts, "seed": a.seed}
+        for k in cfgs:
+            emit("busiest_rank_tiles", int(totals[k][i]), layout=k, **ctx)
+        for k in ("balanced", "end"):
+            ratio = round(float(totals[k][i] / totals["start"][i]), 4)
+            emit("busiest_rank_ratio", ratio, layout=f"{k}_over_start", **ctx)
+
+    # 3. the cost of the balanced layout: the search alone, over the step's first-fit-decreasing rows
+    lengths = [r.num_tokens for r in rollouts]
+    bins = [[lengths[i] for i in items] for items in first_fit_decreasing(lengths, ROW, SEG_ALIGN)]
+    balanced_starts(bins, cfgs["balanced"])  # compiles the search (once per process)
+    wall, cpu = [], []
+    for _ in range(a.repeats):
+        t0, c0 = time.perf_counter(), time.process_time()
+        balanced_starts(bins, cfgs["balanced"])
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    ctx = {"rows": len(bins), "rollouts": a.rollouts, "repeats": a.repeats, "seed": a.seed}
+    ctx["permutations"] = BALANCED_PERMUTATIONS
+    emit("balanced_layout_ms", round(1e3 * float(np.median(wall)), 3), clock="wall", **ctx)
+    emit("balanced_layout_ms", round(1e3 * float(np.median(cpu)), 3), clock="process_cpu", **ctx)
 
 
 if __name__ == "__main__":

@@ -519,20 +519,24 @@ class PackingSpec(ApiModel):
         description="Every segment after the first in a row starts at a multiple of this many tokens. "
         "Default 64.",
     )
-    pad_position: Literal["end", "start"] | None = Field(
+    pad_position: Literal["end", "start", "balanced"] | None = Field(
         default=None,
-        description="Where a row's padding goes: end (default) or start. With start each row is the end "
-        "layout moved right by its trailing padding rounded down to padAlign, so under load-balanced "
-        "context parallelism every rank skips the padding's key tiles (Splash).",
+        description="Where a row's padding goes: end (default), start or balanced. With start each row is "
+        "the end layout moved right by its trailing padding rounded down to padAlign, so under load-balanced "
+        "context parallelism every rank skips the padding's key tiles (Splash). With balanced the trainer "
+        "orders each row's rollouts to minimise the busiest context rank's attention tiles under the "
+        "plan's context parallelism and Splash blocks (sa_block_q x sa_block_kv, sa_block_q_dkv x "
+        "sa_block_kv_dkv), never more than start gives; tokenBudget must then be a multiple of 2 x "
+        "context x each query block and of each key block.",
     )
     pad_align: int | None = Field(
         default=None,
         ge=1,
         le=1 << 22,
-        description="With padPosition start: the shift is rounded down to a multiple of this many tokens "
-        "(a positive multiple of segmentAlign; default 4096, the largest Splash block), so segment starts "
-        "keep their place relative to the kernel's tiles. Not read with end, where only the default is "
-        "accepted.",
+        description="With padPosition start (and balanced's pad-first candidate): the shift is rounded "
+        "down to a multiple of this many tokens (a positive multiple of segmentAlign; default 4096, the "
+        "largest Splash block), so segment starts keep their place relative to the kernel's tiles. Not "
+        "read with end, where only the default is accepted.",
     )
 
 

@@ -199,3 +199,25 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
                     )
                 )
     return problems
+
+
+# The Splash attention blocks of the forward and of the dkv backward kernel (MaxText key names).
+SPLASH_BLOCK_KEYS = (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
+
+
+def attention_tile_model(keys: Mapping[str, Any], keyset: KeySet, context: int) -> dict[str, Any]:
+    """The tile model packing.padPosition 'balanced' lays rows out for: ``context_ranks`` (the mesh's
+    context parallelism), ``kernel_blocks`` ((query, key) Splash blocks of the forward and dkv
+    kernels, the final keys or MaxText's defaults) and ``dual_chunk_swap``
+    (context_parallel_load_balance: each rank holds chunks r and 2cp-1-r, else contiguous chunks)."""
+
+    def get(k: str) -> Any:
+        return keys[k] if k in keys else keyset.defaults.get(k)
+
+    blocks = tuple(tuple(int(_number(get(k)) or 512) for k in pair) for pair in SPLASH_BLOCK_KEYS)
+    balance = get("context_parallel_load_balance")
+    return {
+        "context_ranks": int(context),
+        "kernel_blocks": blocks,
+        "dual_chunk_swap": True if balance is None else _truthy(balance),
+    }

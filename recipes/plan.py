@@ -303,10 +303,10 @@ def resolve(job: RLJob) -> RunConfig:
             f"spec.packing.padAlign: {pack.pad_align} is only read with padPosition start; with end it "
             "would do nothing (remove it, or set padPosition: start)"
         )
-    if pack.pad_position == "start" and pack.pad_align >= pack.token_budget:
+    if pack.pad_position != "end" and pack.pad_align >= pack.token_budget:
         problems.append(
             f"spec.packing.padAlign: {pack.pad_align} is not below the token budget {pack.token_budget}: "
-            "padPosition start would never move a row"
+            f"padPosition {pack.pad_position} would never move a row"
         )
 
     # ---- TPUs
@@ -413,6 +413,8 @@ def resolve(job: RLJob) -> RunConfig:
                 derived["load_parameters_path"] = spec.model.checkpoint
             keys, sources = _maxtext(spec, layers, job, derived, problems)
             problems += _head_problems(spec, keys, micro * pack.token_budget, devices)
+            if pack.pad_position == "balanced":
+                problems += _balanced_problems(spec, keys, mesh.total(ici, dcn, "context"))
             problems += _lora_problems(spec, keys)
             trainer_plan = TrainerPlan(
                 tpu=trainer_tpu,
@@ -586,6 +588,30 @@ def _sampler_layout_problems(
         elif f.num_experts and f.num_experts % ep:
             out.append(
                 f"spec.sampler.expertParallel: {ep} does not divide the {f.num_experts} experts of {model}"
+            )
+    return out
+
+
+def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
+    """padPosition balanced: the row must split into 2 x context chunks of whole query blocks and into
+    whole key blocks of both Splash kernels (the tile model the trainer's packer scores)."""
+    assert spec.packing and spec.packing.token_budget and spec.trainer
+    try:
+        keyset = maxtext_keys.load(spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION)
+    except KeyError:
+        return []  # the unknown version is reported by _maxtext
+    model = maxtext_keys.attention_tile_model(keys, keyset, context)
+    budget = spec.packing.token_budget
+    out = []
+    for names, (bq, bk) in zip(maxtext_keys.SPLASH_BLOCK_KEYS, model["kernel_blocks"], strict=True):
+        if bq <= 0 or bk <= 0:
+            out.append(
+                f"spec.trainer.maxtext.{names[0]}: Splash blocks must be positive for padPosition balanced"
+            )
+        elif budget % (2 * context * bq) or budget % bk:
+            out.append(
+                f"spec.packing.tokenBudget: {budget} must be a multiple of 2 x context {context} x "
+                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced"
             )
     return out
 

@@ -222,6 +222,21 @@ def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
     }
 
 
+def tile_model(rc: RunConfig, budget: int, tiny: bool = False) -> dict[str, Any]:
+    """StepConfig's context_ranks / kernel_blocks / dual_chunk_swap for padPosition balanced: the plan's
+    context parallelism and Splash blocks. The tiny CPU model runs on one device with a short row: one
+    context rank, blocks clamped to half its row."""
+    from rljob.recipes import maxtext_keys
+
+    keyset = maxtext_keys.load(rc.trainer.maxtext_version)
+    context = rc.trainer.ici.context * rc.trainer.dcn.context
+    model = maxtext_keys.attention_tile_model(rc.trainer.maxtext, keyset, 1 if tiny else context)
+    if tiny:
+        half = budget // 2
+        model["kernel_blocks"] = tuple((min(q, half), min(k, half)) for q, k in model["kernel_blocks"])
+    return model
+
+
 def head_blocks(rc: RunConfig) -> dict[str, Any]:
     """spec.trainer.logprobs (the fused log-prob head's tile and chunk, filled by the plan) as StepConfig's
     ``token_tile`` / ``vocab_chunk``; the head clamps them to the shapes it meets (the tiny model's)."""
@@ -250,11 +265,15 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
         base_model = (
             rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", "")
         )
-    align: dict[str, int] = {}
+    align: dict[str, Any] = {}
     if st["segment_align"] is not None:
         align["segment_align"] = int(st["segment_align"])
     if st["pad_align"] is not None:
         align["pad_align"] = int(st["pad_align"])
+        if model == "tiny" and align["pad_align"] >= budget:  # the tiny model's rows are 128 tokens
+            align["pad_align"] = budget // 2
+    if st["pad_position"] == "balanced":
+        align.update(tile_model(rc, budget, tiny=model == "tiny"))
     try:
         spec = ModelSpec(
             maxtext=keys,

@@ -43,7 +43,14 @@ from jax.sharding import PartitionSpec as P
 from rljob.trainer.logprobs import DEFAULT_TOKEN_TILE, DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
 from rljob.trainer.model import LoraState, Policy, put_global
-from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts, padding_fraction
+from rljob.trainer.packing import (
+    DEFAULT_KERNEL_BLOCKS,
+    PackConfig,
+    PackedBatch,
+    Rollout,
+    pack_rollouts,
+    padding_fraction,
+)
 
 __all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
 
@@ -67,11 +74,21 @@ class StepConfig:
     pad_position: str = "end"
     pad_align: int = 4096
     segment_align: int = 64
+    # pad_position "balanced": the attention tile model (recipes.maxtext_keys.attention_tile_model)
+    context_ranks: int = 1
+    kernel_blocks: tuple[tuple[int, int], ...] = DEFAULT_KERNEL_BLOCKS
+    dual_chunk_swap: bool = True
 
     def pack_config(self) -> PackConfig:
         kw: dict[str, Any] = {}
-        if self.pad_position == "start":
+        if self.pad_position in ("start", "balanced"):
             kw["pad_align"] = self.pad_align
+        if self.pad_position == "balanced":
+            kw.update(
+                context_ranks=self.context_ranks,
+                kernel_blocks=self.kernel_blocks,
+                dual_chunk_swap=self.dual_chunk_swap,
+            )
         return PackConfig(
             budget=self.budget,
             rows=self.rows,

@@ -298,6 +298,15 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
+        "balanced rows must split into whole Splash blocks of every context chunk",
+        {"packing": {"padPosition": "balanced", "tokenBudget": 3584, "padAlign": 2048}},
+        [
+            f"spec.packing.tokenBudget: 3584 must be a multiple of 2 x context 1 x {q} 512 and of {k} 512 "
+            "for padPosition balanced"
+            for q, k in (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
+        ],
+    ),
+    (
         "dataset path and template",
         {"dataset": {"path": "train.jsonl", "promptTemplate": "{prompt}"}},
         [
@@ -431,7 +440,8 @@ def test_precedence_recipe_profile_manifest() -> None:
 
 def test_recipe_key_errors_name_their_source() -> None:
     doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
-    doc["spec"]["packing"] = {"tokenBudget": 65537}
+    # padPosition start: balanced would add its own tokenBudget lines (tested on their own above)
+    doc["spec"]["packing"] = {"tokenBudget": 65537, "padPosition": "start"}
     src = " (from recipe qwen3.5-397b-a17b-tpu7x)"
     assert problems(doc) == [
         "spec.trainer.maxtext.num_moe_token_chunks: max_target_length 65537 (the packing token budget) "

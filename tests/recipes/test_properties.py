@@ -128,7 +128,7 @@ SPEC = st.fixed_dictionaries(
             ),
             st.one_of(NONE, st.integers(0, 70000)),
             st.one_of(NONE, st.integers(0, 8192)),
-            st.one_of(NONE, st.sampled_from(["end", "start"])),
+            st.one_of(NONE, st.sampled_from(["end", "start", "balanced"])),
             st.one_of(NONE, st.integers(0, 8192)),
         ),
         "storage": st.builds(

@@ -1,5 +1,4 @@
-"""The tile counter of bench/pad_first_tiles.py reproduces the pad-first layout's published figures;
-placements keep tokens."""
+"""The tile counter of bench/pad_first_tiles.py reproduces the pad-first figures; the packer's agrees."""
 
 from __future__ import annotations
 
@@ -8,6 +7,9 @@ from pathlib import Path
 from types import ModuleType
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from rljob.trainer.packing import rank_tiles
 
 
 def _bench() -> ModuleType:
@@ -33,12 +35,37 @@ def test_seed_002_tile_counts() -> None:
     assert len(set(b.tiles_per_rank(full, b.FWD).tolist())) == 1
 
 
-def test_placement_keeps_segments_whole_and_aligned() -> None:
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_packer_tile_model_matches_the_bench_counter(data: st.DataObject) -> None:
+    """rljob.trainer.packing.rank_tiles (block level, the balanced layout's objective) equals the bench's
+    token-level counter on random rows of aligned segments and gaps, for both chunk assignments."""
     b = _bench()
-    lengths = [20_000, 15_001, 9_000, 7_777, 3_000]
-    seg, cost = b.place(lengths, np.random.default_rng(0), 8)
-    assert sorted(np.unique(seg[seg > 0], return_counts=True)[1].tolist()) == sorted(lengths)
-    for s in np.unique(seg[seg > 0]):
-        where = np.flatnonzero(seg == s)
-        assert where[0] % 64 == 0 and (np.diff(where) == 1).all()
-    assert cost == b.cost(seg)
+    cp = data.draw(st.sampled_from([1, 2, 4]))
+    blocks = data.draw(st.sampled_from([((4, 8), (8, 8)), ((2, 4), (4, 2)), ((8, 16), (16, 16))]))
+    row = 2 * cp * 16 * data.draw(st.integers(1, 3))
+    pieces = data.draw(st.lists(st.tuples(st.integers(0, row // 4), st.integers(1, row // 3)), max_size=8))
+    starts, ends, seg, cursor = [], [], np.zeros(row, np.int32), 0
+    for gap, n in pieces:
+        if cursor + gap + n > row:
+            break
+        cursor += gap
+        starts.append(cursor)
+        ends.append(cursor + n)
+        seg[cursor : cursor + n] = len(starts)
+        cursor += n
+    dcs = data.draw(st.booleans())
+    got = rank_tiles([starts or [0]], [ends or [0]], row, blocks, cp, dcs)[0]
+    for i, blk in enumerate(blocks):
+        assert got[i].tolist() == b.tiles_per_rank(seg, blk, cp, dcs).tolist()
+
+
+def test_a_segment_blind_counter_is_caught() -> None:
+    """A counter that ignores segment ids (plain causal) disagrees with the packer's on a packed row."""
+    b = _bench()
+    seg = np.zeros(64, np.int32)
+    seg[0:20], seg[24:50] = 1, 2
+    blind = b.tiles_per_rank(np.where(seg > 0, 1, 1), (4, 8), 2)
+    got = rank_tiles([[0, 24]], [[20, 50]], 64, ((4, 8),), 2)[0, 0]
+    assert got.tolist() == b.tiles_per_rank(seg, (4, 8), 2).tolist()
+    assert got.tolist() != blind.tolist()

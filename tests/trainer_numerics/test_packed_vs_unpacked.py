@@ -3,18 +3,21 @@
 A tiny model with segment-aware causal attention (the stand-in for MaxText's segment-id masking)
 scores tokens through the fused head; the GRPO loss with per-token weights packed as a field is
 then layout-invariant: the same with one rollout per row (``max_segments=1``), packed end-first,
-packed start-first and over several micro-batches. The trainer's
-real-model test can reuse ``_loss_on`` with its own ``forward``.
+packed start-first, packed balanced (also over generated rollouts) and over several
+micro-batches. The trainer's real-model test can reuse ``_loss_on`` with its own ``forward``.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from rljob.trainer.logprobs import next_token_logprobs
 from rljob.trainer.losses import LossConfig, group_advantages, policy_loss, rollout_loss_weights
 from rljob.trainer.packing import PackConfig, PackedBatch, Rollout, pack_rollouts
@@ -95,6 +98,56 @@ def _rollouts(seed: int, n_groups: int = 2, group_size: int = 4) -> list[Rollout
     return out
 
 
+# The balanced layout at a size the tiny model runs: 2 context ranks, fwd 4 x 8 and dkv 8 x 4 blocks.
+BALANCED = PackConfig(
+    budget=32,
+    rows=2,
+    segment_align=4,
+    pad_position="balanced",
+    pad_align=8,
+    context_ranks=2,
+    kernel_blocks=((4, 8), (8, 4)),
+)
+
+
+@functools.cache
+def _grad_fn(kind: str) -> Callable[[Params, PackedBatch], tuple[jax.Array, Params]]:
+    cfg = LossConfig(kind=kind, kl_coef=0.05, clip_low=0.3, clip_high=0.3)  # type: ignore[arg-type]
+    out: Callable[[Params, PackedBatch], tuple[jax.Array, Params]] = jax.value_and_grad(
+        _loss_on(forward, cfg)
+    )
+    return out
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**16),
+    n_groups=st.integers(1, 3),
+    kind=st.sampled_from(["ppo", "importance_sampling"]),
+)
+def test_balanced_packed_equals_unpacked_over_generated_rollouts(seed: int, n_groups: int, kind: str) -> None:
+    """The balanced layout reorders segments within rows; loss and gradients stay those of one rollout
+    per row."""
+    params = _params()
+    rollouts = _rollouts(seed, n_groups=n_groups)
+    grad_fn = _grad_fn(kind)
+
+    def total(batches: list[PackedBatch]) -> tuple[float, Params]:
+        loss, grads = 0.0, jax.tree.map(jnp.zeros_like, params)
+        for b in batches:
+            l_b, g_b = grad_fn(params, b)
+            loss, grads = loss + float(l_b), jax.tree.map(jnp.add, grads, g_b)
+        return loss, grads
+
+    # unpacked: one rollout per [1, 32] micro-batch (one compiled shape for every example)
+    ref_loss, ref_grads = total(pack_rollouts(rollouts, PackConfig(budget=32, max_segments=1)))
+    loss, grads = total(pack_rollouts(rollouts, BALANCED))
+    assert loss == pytest.approx(ref_loss, rel=1e-5, abs=1e-7)
+    scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref_grads))
+    for k in params:
+        assert float(jnp.abs(grads[k] - ref_grads[k]).max()) <= 1e-5 * max(scale, 1e-12), k
+
+
 @pytest.mark.parametrize("kind", ["ppo", "importance_sampling"])
 def test_packed_equals_unpacked(kind: str) -> None:
     params = _params()
@@ -118,6 +171,7 @@ def test_packed_equals_unpacked(kind: str) -> None:
         "end": PackConfig(budget=32, rows=2, segment_align=4),
         "start": PackConfig(budget=32, rows=2, segment_align=4, pad_position="start", pad_align=8),
         "one row per batch": PackConfig(budget=32, rows=1, segment_align=1),
+        "balanced": BALANCED,
     }
     scale = max(float(jnp.abs(g).max()) for g in jax.tree.leaves(ref_grads))
     assert scale > 0 and np.isfinite(ref_loss)

@@ -13,6 +13,7 @@ from rljob.trainer.packing import (
     Rollout,
     pack_rollouts,
     padding_fraction,
+    rank_tiles,
     start_shift,
 )
 
@@ -134,6 +135,107 @@ def test_pack_invariants_and_pad_first_is_rotation(
         np.testing.assert_array_equal(bs.num_segments, be.num_segments)
 
 
+def _spans(b: PackedBatch) -> tuple[np.ndarray, np.ndarray]:
+    """[rows, max segments] starts and ends of a packed batch's segments, in position order."""
+    k = max(int(b.num_segments.max()), 1)
+    starts, ends = np.zeros((b.shape[0], k), np.int64), np.zeros((b.shape[0], k), np.int64)
+    for r in range(b.shape[0]):
+        for s in range(1, int(b.num_segments[r]) + 1):
+            where = np.flatnonzero(b.segment_ids[r] == s)
+            starts[r, s - 1], ends[r, s - 1] = where[0], where[-1] + 1
+    return starts, ends
+
+
+@st.composite
+def balanced_sets(draw: st.DrawFn) -> tuple[list[Rollout], PackConfig]:
+    """Rollouts and a balanced config whose row splits into whole blocks of 2 x cp chunks."""
+    cp = draw(st.sampled_from([1, 2, 4]))
+    bq = draw(st.sampled_from([1, 2, 4, 8]))
+    bk = draw(st.sampled_from([2, 4, 8, 16]))
+    budget = draw(st.integers(1, 4)) * int(np.lcm(2 * cp * bq, bk))
+    seg_align = draw(st.sampled_from([1, 2, 4]))
+    budget = int(np.lcm(budget, 2 * seg_align))
+    n = draw(st.integers(0, 14))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    lens = [
+        (int(rng.integers(0, min(4, budget // 2 + 1))), int(rng.integers(0, max(2, budget // 3))))
+        for _ in range(n)
+    ]
+    rollouts = [
+        Rollout(
+            prompt_ids=rng.integers(1, 1000, p),
+            completion_ids=rng.integers(1, 1000, c),
+            advantage=float(rng.normal()),
+            per_token={f: rng.normal(size=c).astype(np.float32) for f in FIELDS},
+        )
+        for p, c in lens
+    ]
+    cfg = PackConfig(
+        budget=budget,
+        rows=draw(st.integers(1, 3)),
+        segment_align=seg_align,
+        max_segments=draw(st.one_of(st.none(), st.integers(1, 4))),
+        pad_position="balanced",
+        pad_align=seg_align * draw(st.integers(1, max(1, (budget - 1) // seg_align))),
+        context_ranks=cp,
+        kernel_blocks=((bq, bk), (bk if (budget % (2 * cp * bk) == 0) else bq, bq)),
+        dual_chunk_swap=draw(st.booleans()),
+    )
+    return rollouts, cfg
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(balanced_sets())
+def test_balanced_keeps_invariants_is_deterministic_and_never_busier_than_pad_first(
+    case: tuple[list[Rollout], PackConfig],
+) -> None:
+    rollouts, cfg = case
+    balanced = pack_rollouts(rollouts, cfg)
+    check_invariants(rollouts, cfg, balanced)
+    again = pack_rollouts(rollouts, cfg)
+    for b1, b2 in zip(balanced, again, strict=True):
+        for name, a in b1.per_token_arrays().items():
+            np.testing.assert_array_equal(a, b2.per_token_arrays()[name], err_msg=name)
+    start_cfg = PackConfig(
+        budget=cfg.budget,
+        rows=cfg.rows,
+        segment_align=cfg.segment_align,
+        max_segments=cfg.max_segments,
+        pad_position="start",
+        pad_align=cfg.pad_align,
+    )
+    start = pack_rollouts(rollouts, start_cfg)
+    assert len(start) == len(balanced)
+    for bb, bs in zip(balanced, start, strict=True):
+        assert sorted(bb.rollout_index[bb.rollout_index >= 0].tolist()) == sorted(
+            bs.rollout_index[bs.rollout_index >= 0].tolist()
+        ), "balanced moved a rollout to another micro-batch"
+        tiles = [
+            rank_tiles(*_spans(b), cfg.budget, cfg.kernel_blocks, cfg.context_ranks, cfg.dual_chunk_swap)
+            .max(2)
+            .sum(1)
+            for b in (bb, bs)
+        ]
+        assert (tiles[0] <= tiles[1]).all(), "a balanced row has more busiest-rank tiles than pad-first"
+
+
+def test_balanced_wins_on_a_hand_written_row() -> None:
+    """Rollouts of 5, 2 and 2 tokens in 16 with cp 2, dual chunk swap and 2 x 2 blocks: pad-first's
+    busiest rank computes 14 tiles, the balanced row (longest rollout last, padding at the end) 10."""
+    rs = [Rollout([1], [2] * n) for n in (1, 4, 1)]
+    common: dict[str, object] = {"budget": 16, "segment_align": 1, "pad_align": 4}
+    (start,) = pack_rollouts(rs, PackConfig(**common, pad_position="start"))  # type: ignore[arg-type]
+    (bal,) = pack_rollouts(
+        rs,
+        PackConfig(**common, pad_position="balanced", context_ranks=2, kernel_blocks=((2, 2),)),  # type: ignore[arg-type]
+    )
+    assert start.segment_ids[0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1, 1, 2, 2, 3, 3, 0, 0, 0]
+    assert bal.segment_ids[0].tolist() == [1, 1, 2, 2, 3, 3, 3, 3, 3, 0, 0, 0, 0, 0, 0, 0]
+    assert bal.rollout_index[0, :9].tolist() == [2, 2, 0, 0, 1, 1, 1, 1, 1]
+    cost = [int(rank_tiles(*_spans(b), 16, ((2, 2),), 2).max()) for b in (start, bal)]
+    assert cost == [14, 10]
+
+
 def _hand_rollouts() -> list[Rollout]:
     return [
         Rollout([1, 2], [3, 4, 5], advantage=0.5, per_token={"old_logprobs": [-1.0, -2.0, -3.0]}),
@@ -183,6 +285,33 @@ def test_seed_002_row_shift() -> None:
         ({"budget": 64, "pad_position": "start", "pad_align": 64}, "packing.padAlign"),
         ({"budget": 64, "pad_align": 128}, "packing.padAlign"),
         ({"budget": 64, "max_segments": 0}, "packing.maxSegments"),
+        (
+            {"budget": 64, "pad_position": "balanced", "pad_align": 64, "kernel_blocks": ((8, 8),)},
+            "packing.padAlign",
+        ),
+        ({"budget": 64, "pad_position": "balanced", "pad_align": 8}, "packing.tokenBudget"),
+        (
+            {"budget": 64, "pad_position": "balanced", "pad_align": 8, "context_ranks": 0},
+            "packing.contextRanks",
+        ),
+        (
+            {"budget": 64, "pad_position": "balanced", "pad_align": 8, "kernel_blocks": ()},
+            "packing.kernelBlocks",
+        ),
+        (
+            {"budget": 64, "pad_position": "balanced", "pad_align": 8, "kernel_blocks": ((0, 8),)},
+            "packing.kernelBlocks",
+        ),
+        (
+            {
+                "budget": 96,
+                "pad_position": "balanced",
+                "pad_align": 8,
+                "context_ranks": 2,
+                "kernel_blocks": ((16, 32),),
+            },
+            "packing.tokenBudget",
+        ),
     ],
 )
 def test_bad_settings_name_the_field(kwargs: dict[str, object], field: str) -> None:
