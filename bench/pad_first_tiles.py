@@ -1,7 +1,7 @@
 """Attention tiles per context rank: padding at the end vs first, then the packer's balanced layout.
 
-Counting rule (seed 002): Splash computes a [q block, kv block] tile unless it is entirely above the
-causal diagonal or the query block's segment-id range [min, max] does not overlap the key block's;
+Counting rule (Splash attention's block mask): a [q block, kv block] tile is computed unless it is
+entirely above the causal diagonal or the query block's segment-id range [min, max] does not overlap the key block's;
 context parallelism over ``cp`` = 4 ranks with dual chunk swap (rank r holds sequence chunks r and
 2cp-1-r of 2cp as queries; keys are the whole row); forward blocks 1,024 x 4,096, dkv blocks
 2,048 x 2,048. Padding has segment id 0.

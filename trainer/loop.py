@@ -26,6 +26,7 @@ without that step (one process):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import logging
@@ -466,6 +467,9 @@ class SamplerSource:
             longest = max(r.num_tokens for r in rollouts)
             budget = max(self.parity_len or 0, align_up(longest, PARITY_ALIGN))
             cfg = PackConfig(budget=budget, rows=self.parity_rows)
+        elif cfg.rows % self.parity_rows:
+            # rows over the whole mesh: every batch axis divides a multiple of its size
+            cfg = dataclasses.replace(cfg, rows=align_up(cfg.rows, self.parity_rows))
         mbs = pack_rollouts(rollouts, cfg)
         return {
             "tokens": np.stack([mb.tokens for mb in mbs]),

@@ -4,7 +4,7 @@ Rollouts (prompt + completion, with per-token arrays over the completion) are pa
 decreasing into rows of ``budget`` tokens; rows are grouped into micro-batches of ``rows`` rows, so
 every micro-batch of a run has the same shape ``[rows, budget]`` and the train step compiles once.
 
-Layout of a row (seed 002 and tunix ``pack_bin``): segments are written from position 0, each
+Layout of a row (as tunix ``pack_bin`` lays it out): segments are written from position 0, each
 segment after the first starts at a multiple of ``segment_align``; padding (including alignment
 gaps) has segment id 0, position 0, token ``pad_id`` and every per-token value 0. Segment ids are
 1-based per row, positions restart at 0 per segment. With ``pad_position="start"`` a row is laid out

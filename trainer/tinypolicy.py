@@ -101,13 +101,17 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
 
 
 def miniature_spec(rc: RunConfig, *, mesh: bool, checkpoint: str | None = None) -> ModelSpec:
-    """The ModelSpec of :func:`miniature_keys` with the run's LoRA rank and alpha (same seed everywhere,
-    so the trainer's processes and the CPU sampler build the same base weights)."""
+    """The ModelSpec of :func:`miniature_keys` with the run's LoRA rank, alpha and targets as the plan
+    resolved them (same seed everywhere, so the trainer's processes and the CPU sampler build the same base
+    weights)."""
     lora = rc.spec.lora
-    rank = lora.rank if lora and lora.rank else 8
-    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
+    assert lora is not None and lora.rank and lora.alpha and lora.targets, "spec.lora: resolved by the plan"
     return ModelSpec(
-        maxtext=miniature_keys(rc, mesh=mesh), lora_rank=rank, lora_alpha=alpha, checkpoint=checkpoint
+        maxtext=miniature_keys(rc, mesh=mesh),
+        lora_rank=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_targets=tuple(lora.targets),
+        checkpoint=checkpoint,
     )
 
 
