@@ -1,10 +1,10 @@
 """Attention tiles per context rank: padding at the end vs first, then the packer's balanced layout.
 
 Counting rule (Splash attention's block mask): a [q block, kv block] tile is computed unless it is
-entirely above the causal diagonal or the query block's segment-id range [min, max] does not overlap the key block's;
-context parallelism over ``cp`` = 4 ranks with dual chunk swap (rank r holds sequence chunks r and
-2cp-1-r of 2cp as queries; keys are the whole row); forward blocks 1,024 x 4,096, dkv blocks
-2,048 x 2,048. Padding has segment id 0.
+entirely above the causal diagonal or the query block's segment-id range [min, max] does not overlap the
+key block's; context parallelism over ``cp`` = 4 ranks with dual chunk swap (rank r holds sequence
+chunks r and 2cp-1-r of 2cp as queries; keys are the whole row); forward blocks 1,024 x 4,096, dkv
+blocks 2,048 x 2,048. Padding has segment id 0.
 
 1. The seed's row: 60,948 real tokens (one segment) in 65,536, ``pad_position`` end and start
    (pad_align 4,096): metrics fwd_tiles_per_rank and dkv_tiles_per_rank (lists per rank).
