@@ -6,7 +6,7 @@ key block's; context parallelism over ``cp`` = 4 ranks with dual chunk swap (ran
 chunks r and 2cp-1-r of 2cp as queries; keys are the whole row); forward blocks 1,024 x 4,096, dkv
 blocks 2,048 x 2,048. Padding has segment id 0.
 
-1. The seed's row: 60,948 real tokens (one segment) in 65,536, ``pad_position`` end and start
+1. The pad-first design's row: 60,948 real tokens (one segment) in 65,536, ``pad_position`` end and start
    (pad_align 4,096): metrics fwd_tiles_per_rank and dkv_tiles_per_rank (lists per rank).
 2. Beyond the seed: rows packed by rljob.trainer.packing (budget 65,536, segment_align 64) from the
    rollout mix of bench/packing_padding.py (prompts 256..1,024, completions log-uniform
