@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
@@ -280,7 +281,7 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
         spec.pop(k, None)
     # The miniature starts from random weights: a real checkpoint neither fits it nor is reachable here.
     had_checkpoint = bool((spec.get("model") or {}).pop("checkpoint", None)) or bool(rc.spec.model.checkpoint)
-    scaled = {
+    scaled: dict[str, Any] = {
         "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
         f"({hosts} hosts x {containers} containers per slice)",
         "mesh": f"{_fmt(full)} -> {_fmt(mesh)}",
@@ -288,6 +289,17 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
         "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
         "base_weights": "random (the miniature)" + (", not spec.model.checkpoint" if had_checkpoint else ""),
     }
+    from rljob.recipes import miniature
+
+    model = str(rc.trainer.maxtext.get("model_name", ""))
+    if model in miniature.MODELS:
+        scaled["miniature"] = miniature.describe(model)
+    else:
+        scaled["miniature"] = f"{model or 'the model'}: not in the catalog; the tiny qwen3 model"
+    if mesh.get("expert", 1) > 1:
+        scaled["moe"] = (
+            "dense expert dispatch (sparse_matmul, megablox off: XLA:CPU has no ragged-all-to-all)"
+        )
     return out, scaled
 
 
@@ -321,11 +333,19 @@ class Proc:
             return ""
 
 
-def local_run_config(rc: Any, workdir: Path, sampler_ports: list[int], coord_port: int) -> Any:
-    """The scaled run config with local addresses (storage stays gs://, on the emulator) and a progress
-    file."""
+def local_run_config(
+    rc: Any, workdir: Path, sampler_ports: list[int], coord_port: int, api_port: int | None = None
+) -> Any:
+    """The scaled run config with local addresses (storage stays gs://, on the emulator), a progress
+    file and, for a service-mode job, the API on ``api_port``."""
+    update: dict[str, Any] = {}
+    if api_port is not None and rc.spec.service is not None:
+        update["spec"] = rc.spec.model_copy(
+            update={"service": rc.spec.service.model_copy(update={"port": api_port})}
+        )
     return rc.model_copy(
         update={
+            **update,
             "endpoints": rc.endpoints.model_copy(
                 update={
                     "samplers": [f"http://127.0.0.1:{p}" for p in sampler_ports],
@@ -375,17 +395,22 @@ def _bin(command: list[str]) -> list[str]:
     return [str(script) if script.exists() else command[0], *command[1:]]
 
 
-def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, Any]:
+def _launch(
+    rc: Any,
+    js: dict[str, Any],
+    cfg: Path,
+    workdir: Path,
+    coord_port: int,
+    storage_env: dict[str, str],
+    trainer_args: list[str],
+    model: str,
+) -> tuple[list[Proc], list[Proc], list[Proc]]:
+    """The render's commands, one local process per container of every pod of every slice, each with the
+    environment its container gets (the config path and the coordinator local): (all, trainers, samplers).
+    """
     from rljob.recipes import naming, topology
     from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH
 
-    js = jobset_of(rc)
-    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
-    coord_port = free_port()
-    local = local_run_config(rc, workdir, sampler_ports, coord_port)
-    cfg = workdir / "run.json"
-    cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
-    gcs, storage_env = start_storage(workdir)
     commands = {
         rj["name"]: rj["template"]["spec"]["template"]["spec"]["containers"]
         for rj in js["spec"]["replicatedJobs"]
@@ -394,7 +419,6 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
     trainers: list[Proc] = []
     samplers: list[Proc] = []
     overrides = {CONFIG_ENV: str(cfg), topology.COORDINATOR_ENV: f"127.0.0.1:{coord_port}"}
-    t0 = time.monotonic()
     try:
         for c in topology.container_envs(js):
             spec_c = commands[c.role][c.container_index]
@@ -402,12 +426,13 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
             label = f"{c.role}-{c.job_index}-{c.pod_index}/{c.container}"
             if c.role == naming.TRAINER:
                 devices = rc.trainer.tpu.chips_per_container * rc.trainer.tpu.devices_per_chip
-                log = workdir / f"{label.replace('/', '.')}.jsonl"
-                command += ["--model", "miniature", "--steps", str(steps), "--eval-every", "0"]
-                command += ["--log-jsonl", str(log)]
+                command += [
+                    a.replace("{log}", str(workdir / f"{label.replace('/', '.')}.jsonl"))
+                    for a in trainer_args
+                ]
             else:
                 devices = 1
-                command += ["--backend", "cpu", "--host", "127.0.0.1", "--model", "miniature"]
+                command += ["--backend", "cpu", "--host", "127.0.0.1", "--model", model]
                 command += ["--adapter-dir", str(workdir / f"adapters-{c.job_index}-{c.pod_index}")]
             env = {**base_env(devices), **storage_env, **c.env, **overrides}
             out = workdir / f"{label.replace('/', '.')}.log"
@@ -420,6 +445,97 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
             )
             procs.append(p)
             (trainers if c.role == naming.TRAINER else samplers).append(p)
+    except BaseException:
+        _stop(procs)
+        raise
+    return procs, trainers, samplers
+
+
+def _stop(procs: list[Proc]) -> None:
+    for p in procs:
+        if p.popen.poll() is None:
+            p.popen.terminate()
+    for p in procs:
+        try:
+            p.popen.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            p.popen.kill()
+
+
+def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
+    """A service-mode job's scaled run: its processes started as for the RL loop (the CPU model: the
+    service builds the tiny one), until the Tinker API answers ``healthz`` and
+    ``get_server_capabilities`` on the trainer's port; then stopped."""
+    js = jobset_of(rc)
+    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
+    coord_port, api_port = free_port(), free_port()
+    local = local_run_config(rc, workdir, sampler_ports, coord_port, api_port)
+    cfg = workdir / "run.json"
+    cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
+    gcs, storage_env = start_storage(workdir)
+    t0 = time.monotonic()
+    procs: list[Proc] = []
+    try:
+        procs, trainers, _ = _launch(
+            rc, js, cfg, workdir, coord_port, storage_env, ["--model", "tiny"], "tiny"
+        )
+        base = f"http://127.0.0.1:{api_port}/api/v1"
+        caps: Any = None
+        while caps is None:
+            for p in procs:
+                if p.popen.poll() is not None:
+                    raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
+            if time.monotonic() - t0 > timeout:
+                raise DrillFailed(
+                    f"the API did not answer in {timeout:.0f} s; {trainers[0].label}:\n{trainers[0].tail()}"
+                )
+            try:
+                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
+                    r.read()
+                with urllib.request.urlopen(f"{base}/get_server_capabilities", timeout=5) as r:
+                    caps = json.loads(r.read())
+            except urllib.error.HTTPError as e:
+                if e.code != 401:  # 401: the API answers and wants a key (spec.service.apiKeySecret)
+                    raise DrillFailed(f"the API answered {e.code}: {e.read()[:300]!r}") from None
+                caps = {"X-API-Key": "required (spec.service.apiKeySecret)"}
+            except OSError:
+                time.sleep(0.5)
+    finally:
+        _stop(procs)
+        gcs.terminate()
+        gcs.wait(timeout=20)
+    return {
+        "processes": len(procs),
+        "steps": 0,
+        "service": {"api": rc.spec.service.api, "capabilities": caps},
+        "run_seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, Any]:
+    js = jobset_of(rc)
+    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
+    coord_port = free_port()
+    local = local_run_config(rc, workdir, sampler_ports, coord_port)
+    cfg = workdir / "run.json"
+    cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
+    gcs, storage_env = start_storage(workdir)
+    t0 = time.monotonic()
+    procs: list[Proc] = []
+    trainer_args = [
+        "--model",
+        "miniature",
+        "--steps",
+        str(steps),
+        "--eval-every",
+        "0",
+        "--log-jsonl",
+        "{log}",
+    ]
+    try:
+        procs, trainers, samplers = _launch(
+            rc, js, cfg, workdir, coord_port, storage_env, trainer_args, "miniature"
+        )
         deadline = t0 + timeout
         crashed: dict[str, float] = {}
         while any(p.popen.poll() is None for p in trainers):
@@ -450,14 +566,7 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
             if p.popen.poll() is not None:
                 raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
     finally:
-        for p in procs:
-            if p.popen.poll() is None:
-                p.popen.terminate()
-        for p in procs:
-            try:
-                p.popen.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                p.popen.kill()
+        _stop(procs)
         gcs.terminate()
         gcs.wait(timeout=20)
     records = (
@@ -542,11 +651,6 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
             dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
             shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
         report: dict[str, Any] = {"full": {**full, "mesh": shown}}
-        if run and rc.spec.service is not None:
-            raise DrillFailed(
-                "spec.service: the drill's scaled run rehearses the RL loop; a service-mode trainer runs no "
-                "loop (make tinker-cpu runs the service and the CPU sampler instead)"
-            )
         if run:
             small_doc, scaled = scaled_doc(case.doc, rc, steps)
             try:
@@ -555,7 +659,10 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
                 raise DrillFailed("the scaled manifest does not resolve: " + "; ".join(e.problems)) from None
             full_topology(small)
             report["scaled"] = scaled
-            report.update(run_scaled(small, workdir, steps, timeout))
+            if small.spec.service is not None:
+                report.update(run_service(small, workdir, timeout))
+            else:
+                report.update(run_scaled(small, workdir, steps, timeout))
     except DrillBadInput as e:
         return Outcome(case.name, False, bad_input=e.problems)
     except DrillFailed as e:

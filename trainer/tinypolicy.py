@@ -71,13 +71,13 @@ MESH_RULE_KEYS = ("context_parallel_load_balance", "custom_mesh_and_rule")
 
 def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
     """MaxText keys of the miniature of the run's model (``rljob drill``): the recipe's own model config with
-    only sizes shrunk (rljob.trainer.miniature; a model it does not know: the tiny qwen3 model), at the CPU
+    only sizes shrunk (rljob.recipes.miniature; a model it does not know: the tiny qwen3 model), at the CPU
     loop's vocabulary and length (cpu_shape: the toy task's tokens); with ``mesh``, the run config's mesh
     keys (``ici_*``, with ``dcn_*`` folded in: the trainer's, whose processes own that many devices; a CPU
     sampler is one process and keeps MaxText's default mesh)."""
     vocab, max_len = cpu_shape(rc)
     name = str(rc.trainer.maxtext.get("model_name", ""))
-    from rljob.trainer import miniature
+    from rljob.recipes import miniature
 
     if name in miniature.MODELS:
         # The model's own MaxText config (model_name) with only its sizes overridden.
@@ -97,7 +97,15 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
                 keys[k] = int(v) * int(src.get("dcn_" + k[4:], 1))
             elif k.startswith("dcn_"):
                 keys[k] = 1
+        if int(keys.get("ici_expert_parallelism", 1)) > 1:
+            # Expert parallelism's sparse (megablox) dispatch exchanges tokens with ragged-all-to-all, which
+            # XLA:CPU does not implement; the dense dispatch keeps the expert axis and its collectives.
+            keys.update(CPU_EXPERT_PARALLEL_KEYS)
     return keys
+
+
+CPU_EXPERT_PARALLEL_KEYS: dict[str, Any] = {"sparse_matmul": False, "megablox": False}
+"""What a CPU rehearsal of an expert-parallel MoE trainer changes (rljob drill says so in its report)."""
 
 
 def miniature_spec(rc: RunConfig, *, mesh: bool, checkpoint: str | None = None) -> ModelSpec:

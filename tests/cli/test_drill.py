@@ -145,12 +145,16 @@ def test_drill(recipe: str, profile: str | None) -> None:
     assert naming.TRAINER  # the role names the drill's process labels use
 
 
-def test_a_service_mode_job_is_not_passed_without_its_loop(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A service-mode trainer runs no RL loop: the drill says so and fails, never reports it rehearsed."""
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+def test_a_service_mode_job_is_drilled_until_its_api_answers(tmp_path: Path) -> None:
+    """A service-mode trainer runs no RL loop: its scaled run starts the render's processes and passes once
+    the Tinker API answers on the trainer's port (healthz, then capabilities or the key it wants)."""
     (case,) = [c for c in CASES if c.name == "example/qwen3-8b-tinker-service"]
-    monkeypatch.setattr(drill, "full_mesh", lambda rc, workdir, timeout: {})
-    out = drill.drill(case, 2, tmp_path, timeout=60)
-    assert not out.ok and out.error.startswith("spec.service:")
-    assert not list(tmp_path.glob("*.log"))  # no process was started
+    out = drill.drill(case, 2, tmp_path, timeout=600)
+    assert out.ok, out.error
+    assert out.report["steps"] == 0 and out.report["processes"] == 2
+    assert out.report["service"]["api"] == "tinker"
+    # the example names an API key Secret: the service refuses a request without a key
+    assert out.report["service"]["capabilities"] == {"X-API-Key": "required (spec.service.apiKeySecret)"}

@@ -1,4 +1,4 @@
-"""Every catalog model family under the trainer, on its miniature (rljob.trainer.miniature): the model's
+"""Every catalog model family under the trainer, on its miniature (rljob.recipes.miniature): the model's
 own MaxText config with only sizes shrunk builds a real MaxText model under qwix LoRA; every LoRA leaf
 takes part in the forward pass; the adapter exports to PEFT under the Hugging Face model's module names
 and shapes, layer by layer, and imports back exactly.
@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from rljob.recipes import lora_targets
-from rljob.trainer import miniature
+from rljob.recipes import lora_targets, miniature
 from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
 
 pytestmark = pytest.mark.jax

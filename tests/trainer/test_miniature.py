@@ -1,12 +1,11 @@
-"""The miniatures of the catalog's models (rljob.trainer.miniature): only sizes are overridden, the
+"""The miniatures of the catalog's models (rljob.recipes.miniature): only sizes are overridden, the
 family's own config keys are kept, every miniature keeps at least two scanned blocks of its family's
 block, and an unknown model is refused by name. tests/trainer/test_families.py builds them."""
 
 from __future__ import annotations
 
 import pytest
-from rljob.recipes import maxtext_keys
-from rljob.trainer import miniature
+from rljob.recipes import maxtext_keys, miniature
 
 # Keys a miniature may override: sizes only (and MaxText's permission to override the model config).
 SIZE_KEYS = {
