@@ -41,6 +41,7 @@ from pydantic import ValidationError
 from rljob.recipes import topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
+from rljob.trainer.sync import align
 
 __all__ = ["BadConfig", "DistributedEnv", "align", "distributed_env", "head_blocks", "main", "model_setup"]
 
@@ -133,22 +134,6 @@ def initialize_distributed(denv: DistributedEnv) -> None:
             num_processes=denv.num_processes,
             process_id=denv.process_id,
         )
-
-
-def align(name: str, timeout_s: int = 900) -> None:
-    """Every process of a multi-process run reaches this point before any goes on (the coordination
-    service's barrier, ``timeout_s`` long). On CPU, gloo gives each collective's first use a fixed deadline
-    to find its peers; processes that reach it minutes apart (one still importing MaxText on a loaded
-    machine) fail it (``Gloo context initialization failed: DEADLINE_EXCEEDED``). TPUs do not use gloo;
-    the barrier costs them one round trip."""
-    import jax
-
-    if jax.process_count() > 1:
-        from jax._src import distributed  # the client jax.distributed.initialize made
-
-        client = distributed.global_state.client
-        if client is not None:
-            client.wait_at_barrier(name, timeout_in_ms=timeout_s * 1000)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -70,6 +70,7 @@ from rljob.trainer.base_checkpoint import (
     logical_shardings,
     restore_base_params,
 )
+from rljob.trainer.sync import align
 
 __all__ = [
     "CPU_KEYS",
@@ -338,6 +339,9 @@ class Policy:
         # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (build_model's
         # come so; put_global returns them as they are).
         self.mesh: Any = model.mesh
+        # qwix's first call traced and compiled a forward pass on each process, which takes each its own
+        # time: meet before the first cross-process transfer (rljob.trainer.sync).
+        align("rljob-policy-base")
         self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
         self._lora_template = jax.tree.map(
