@@ -509,7 +509,7 @@ def version_problems(text: str) -> list[str]:
     pins = {
         "maxtext": _pin("trainer", "maxtext"),
         "qwix": _pin("trainer", "qwix"),
-        "google-tunix": _pin("dev", "google-tunix"),
+        "google-tunix": _pin("trainer", "google-tunix"),
         "jax[tpu]": _pin("tpu", "jax"),
         "vllm-tpu": _pin("sampler-tpu", "vllm-tpu"),
         "tpu-inference": _pin("sampler-tpu", "vllm-tpu"),  # vllm-tpu pins tpu-inference at its own version
