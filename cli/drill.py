@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +46,8 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from rljob.trainer.ports import free_port
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD = 0, 1, 2
 REPO = Path(__file__).resolve().parents[1]
@@ -310,12 +311,6 @@ def _fmt(mesh: dict[str, int]) -> str:
 # --- the scaled run ------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _tail(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
@@ -467,7 +462,7 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     service builds the tiny one), until the Tinker API answers ``healthz`` and
     ``get_server_capabilities`` on the trainer's port; then stopped."""
     js = jobset_of(rc)
-    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
+    sampler_ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
     coord_port, api_port = free_port(), free_port()
     local = local_run_config(rc, workdir, sampler_ports, coord_port, api_port)
     cfg = workdir / "run.json"
@@ -514,7 +509,7 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
 
 def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, Any]:
     js = jobset_of(rc)
-    sampler_ports = [free_port() for _ in range(rc.sampler.replicas)]
+    sampler_ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
     coord_port = free_port()
     local = local_run_config(rc, workdir, sampler_ports, coord_port)
     cfg = workdir / "run.json"

@@ -247,9 +247,19 @@ def run_cpu(
         runner = web.AppRunner(server.app(), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, host, port)
-        await site.start()
+        status_port = port + ADAPTER_AGENT_PORT_OFFSET
+        try:
+            await site.start()
+            _status_server(status_port, watcher, watcher_for.agent(base), host)
+        except OSError as e:  # a port is taken: a restart (exit 1, counted, retried) may find it free
+            print(
+                f"sampler: cannot listen on {host}:{port} and :{status_port}: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
+            await runner.cleanup()
+            raise SystemExit(1) from None
         log.warning("CPU sampler serving on %s:%d", host, port)
-        _status_server(port + ADAPTER_AGENT_PORT_OFFSET, watcher, watcher_for.agent(base), host)
         if watch and rc.spec.service is None:
             watcher.start()
         stop = asyncio.Event()

@@ -13,11 +13,12 @@ gcsfs read ``STORAGE_EMULATOR_HOST``, tensorstore (orbax's array layer) ``TENSOR
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
+
+from rljob.trainer.ports import free_port
 
 __all__ = ["BUILD_SCRIPT", "create_bucket", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
 
@@ -43,16 +44,10 @@ def fake_gcs_server_binary() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def start_fake_gcs_server(binary: Path, workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
     """Start an in-memory fake-gcs-server on a free loopback port; returns (process, endpoint) once it
     answers. Its log goes to ``workdir/fake-gcs-server.log``."""
-    port = _free_port()
+    port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     log_path = workdir / "fake-gcs-server.log"
     with log_path.open("wb") as log:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,7 @@ import yaml
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.gcs_emulator import emulator_env, fake_gcs_server_binary, start_fake_gcs_server
+from rljob.trainer.ports import free_port
 
 LOCAL_MANIFEST: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1",
@@ -47,12 +47,6 @@ LOCAL_MANIFEST: dict[str, Any] = {
         "storage": {"root": "gs://rljob-local"},
     },
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -131,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="rl-cpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     gcs, env, root = local_storage(workdir)
-    port = free_port()
+    port = free_port(span=2)  # the sampler and its adapter agent
     overrides: dict[str, Any] = {"steps": args.steps}
     if args.learning_rate:
         overrides["learningRate"] = args.learning_rate

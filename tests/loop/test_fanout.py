@@ -4,7 +4,6 @@ work moved off a dead replica or one behind on the adapter version, a refusal su
 
 from __future__ import annotations
 
-import socket
 import threading
 from collections.abc import Iterator
 from contextlib import ExitStack
@@ -13,6 +12,7 @@ import pytest
 from rljob.sampler.standin import StandinReplica
 from rljob.trainer.data import Prompt
 from rljob.trainer.loop import SamplerClient, SamplerClosed, SamplerRejected
+from rljob.trainer.ports import free_port
 
 pytestmark = pytest.mark.jax  # rljob.trainer.loop imports jax
 
@@ -26,12 +26,6 @@ def replicas(request: pytest.FixtureRequest) -> Iterator[list[StandinReplica]]:
 
 def _prompts(k: int) -> list[Prompt]:
     return [Prompt(tokens=[i % 200, i % 200 + 1], text="", answer="") for i in range(k)]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.parametrize(
@@ -90,7 +84,7 @@ def test_a_dead_replica_and_one_behind_on_the_version_leave_their_work_to_the_ot
 ) -> None:
     replicas[1].version = 0  # still serves v0 while the call needs v1
     replicas[0].version = 1
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     client = SamplerClient([replicas[0].url, dead, replicas[1].url], "job", retry_s=0.02)
     comps = client.complete(_prompts(6), 2, 1, 1.0, 1)
     assert len(comps) == 12 and {c.adapter for c in comps} == {"job-v1"}
@@ -99,7 +93,7 @@ def test_a_dead_replica_and_one_behind_on_the_version_leave_their_work_to_the_ot
 
 
 def test_close_ends_a_wait_for_replicas_that_never_answer() -> None:
-    nobody = SamplerClient([f"http://127.0.0.1:{_free_port()}"] * 2, "job", retry_s=0.02)
+    nobody = SamplerClient([f"http://127.0.0.1:{free_port()}"] * 2, "job", retry_s=0.02)
     threading.Timer(0.3, nobody.close).start()
     with pytest.raises(SamplerClosed):
         nobody.complete(_prompts(2), 1, 1, 1.0, 0)

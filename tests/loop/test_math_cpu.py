@@ -43,7 +43,7 @@ def test_math_task_runs_end_to_end(gcs_emulator: Any, tmp_path: Path) -> None:
         json.dumps({"question": f"{i}+{i}=?", "answer": f"#### {2 * i}"}) + "\n" for i in range(8)
     )
     open_store(f"gs://{bucket}/data").write("train.jsonl", problems.encode())  # the default spec.dataset.path
-    port = free_port()
+    port = free_port(span=2)
     cfg = _config(bucket, tmp_path, port)
     metrics = tmp_path / "metrics.jsonl"
     sampler = subprocess.Popen(
@@ -78,7 +78,7 @@ def test_math_task_runs_end_to_end(gcs_emulator: Any, tmp_path: Path) -> None:
 
 def test_missing_dataset_fails_at_once(gcs_emulator: Any, tmp_path: Path) -> None:
     bucket = gcs_emulator.new_bucket()
-    cfg = _config(bucket, tmp_path, free_port())
+    cfg = _config(bucket, tmp_path, free_port(span=2))
     proc = subprocess.run(
         [sys.executable, "-m", "rljob.trainer.loop", "--config", str(cfg), "--model", "tiny"],
         env=_env(),

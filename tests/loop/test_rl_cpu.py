@@ -33,11 +33,27 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return out
 
 
-def _wait_for(pred: Any, timeout: float, what: str, procs: list[subprocess.Popen[bytes]]) -> None:
+def _tail(path: Path | None, lines: int = 30) -> str:
+    if path is None or not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _wait_for(
+    pred: Any,
+    timeout: float,
+    what: str,
+    procs: list[subprocess.Popen[bytes]],
+    logs: list[Path] | None = None,
+) -> None:
+    """Wait for pred(); a process that exits meanwhile fails the test with the tail of its log."""
     deadline = time.monotonic() + timeout
     while not pred():
-        for p in procs:
-            assert p.poll() is None, f"{p.args} exited with {p.returncode} while waiting for {what}"
+        for i, p in enumerate(procs):
+            log = logs[i] if logs else None
+            assert p.poll() is None, (
+                f"{p.args} exited with {p.returncode} while waiting for {what}:\n{_tail(log)}"
+            )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)
 
@@ -78,7 +94,7 @@ def test_rl_cpu_learns(gcs_emulator: Any, tmp_path: Path) -> None:
 
 def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: Any, tmp_path: Path) -> None:
     bucket = gcs_emulator.new_bucket()
-    port = free_port()
+    port = free_port(span=2)
     rc = local_run_config(f"gs://{bucket}", port, tmp_path / "progress.json", {"steps": 14})
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json())
@@ -101,9 +117,10 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
             stderr=(tmp_path / "trainer.log").open("ab"),
         )
 
+    logs = [tmp_path / "sampler.log", tmp_path / "trainer.log"]
     s, t = sampler(), trainer()
     try:
-        _wait_for(lambda: len(_lines(metrics)) >= 4, 600, "4 steps", [s, t])
+        _wait_for(lambda: len(_lines(metrics)) >= 4, 600, "4 steps", [s, t], logs)
         t.send_signal(signal.SIGKILL)
         t.wait()
         ckpt = Checkpointer(rc.storage.checkpoints)
@@ -112,14 +129,14 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
         assert resume_at is not None and resume_at >= 4
         done_before = [r["step"] for r in _lines(metrics)]
         t = trainer()
-        _wait_for(lambda: len(_lines(metrics)) > len(done_before), 600, "a step after restart", [s, t])
+        _wait_for(lambda: len(_lines(metrics)) > len(done_before), 600, "a step after restart", [s, t], logs)
         first_after = _lines(metrics)[len(done_before)]["step"]
         assert first_after == resume_at + 1, (done_before, first_after)
         progress = json.loads((tmp_path / "progress.json").read_text())
         assert progress["resumedFromStep"] == resume_at
 
         # Kill the sampler: the trainer waits, then continues once a new sampler is up.
-        _wait_for(lambda: _lines(metrics)[-1]["step"] >= resume_at + 2, 600, "2 more steps", [s, t])
+        _wait_for(lambda: _lines(metrics)[-1]["step"] >= resume_at + 2, 600, "2 more steps", [s, t], logs)
         s.send_signal(signal.SIGKILL)
         s.wait()
         time.sleep(3)

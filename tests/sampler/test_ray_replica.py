@@ -5,7 +5,6 @@ replica with a counted restart (contract 3)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +13,7 @@ from fixtures.recipes import manifest, objects
 from rljob.recipes import naming
 from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, SAMPLER_HOSTS_ENV
 from rljob.sampler import ray_replica
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from rljob.trainer.ports import free_port
 
 
 def _sampler_env(doc: dict[str, Any], job_index: int, pod_index: int) -> dict[str, str]:
@@ -81,8 +75,8 @@ def test_bootstrap_on_cpu_one_server_sees_every_worker_and_a_lost_worker_fails_t
     assert all(e[RAY_HEAD_ENV].endswith(naming.subdomain("rj")) for e in envs)
     replica = ray_replica.start_local_replica(
         envs,
-        serve_port=_free_port(),
-        ray_port=_free_port(),
+        serve_port=free_port(),
+        ray_port=free_port(),
         log_dir=tmp_path,
         head_args=["--poll-s=0.5", "--lost-grace-s=0.5", "--join-timeout-s=240"],
     )

@@ -107,11 +107,11 @@ def _start(cfg: Path, port: int, log: Path) -> tuple[subprocess.Popen[str], dict
 
 
 def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: Path) -> None:
-    from rljob.trainer.localrun import free_port
-    from rljob.trainer.tinker.local import free_port_pair, local_service_config
+    from rljob.trainer.ports import free_port
+    from rljob.trainer.tinker.local import local_service_config
 
     root = f"gs://{gcs_emulator.new_bucket('tinker-restart')}"
-    rc = local_service_config(root, free_port_pair(), tmp_path / "progress.json", toy=True)
+    rc = local_service_config(root, free_port(span=2), tmp_path / "progress.json", toy=True)
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json())
     port, log = free_port(), tmp_path / "service.log"

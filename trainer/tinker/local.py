@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,21 +28,6 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["local_service_config", "main", "service_command"]
-
-
-def free_port_pair() -> int:
-    """A port p with p and p + 1 free (the sampler and its adapter agent)."""
-    for _ in range(200):
-        with socket.socket() as a:
-            a.bind(("127.0.0.1", 0))
-            p = int(a.getsockname()[1])
-            with socket.socket() as b:
-                try:
-                    b.bind(("127.0.0.1", p + 1))
-                except OSError:
-                    continue
-                return p
-    raise RuntimeError("no two adjacent free ports")
 
 
 def local_service_config(
@@ -97,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="tinker-cpu-"))
     workdir.mkdir(parents=True, exist_ok=True)
     gcs, env, root = local_storage(workdir)
-    sampler_port = free_port_pair()
+    sampler_port = free_port(span=2)
     service = {"maxTrainingClients": args.max_clients} if args.max_clients else None
     rc = local_service_config(root, sampler_port, workdir / "progress.json", service=service, toy=args.toy)
     cfg = workdir / "run.json"

@@ -1,0 +1,47 @@
+"""rljob.trainer.ports: ports below the ephemeral range, each span free, never handed out twice."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from rljob.trainer.ports import free_port
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except OSError:
+        return 32768
+
+
+@pytest.mark.parametrize("span", [1, 2, 5])
+def test_spans_are_free_distinct_and_below_the_ephemeral_range(span: int) -> None:
+    got = [free_port(span) for _ in range(50)]
+    taken = [p for base in got for p in range(base, base + span)]
+    assert len(taken) == len(set(taken))  # no port handed out twice, spans do not overlap
+    assert all(p + span <= _ephemeral_low() for p in got)
+    for p in taken[:20]:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", p))  # still free
+
+
+def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rljob.trainer.ports as ports
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        used = busy.getsockname()[1]
+        busy.listen()
+        # Force the draw onto the busy port first, then onto a free one: the busy one is skipped.
+        draws = iter([used, used - 1 if used > 20000 else used + 3])
+        monkeypatch.setattr(ports, "_LOW", 1024)
+        monkeypatch.setattr(ports, "_HIGH", 65535)
+
+        class R:
+            def randrange(self, lo: int, hi: int) -> int:
+                return next(draws)
+
+        monkeypatch.setattr(ports.random, "SystemRandom", lambda: R())
+        assert free_port() != used
