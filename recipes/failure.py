@@ -15,6 +15,14 @@ from typing import Any
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2
 
+# What an entrypoint prints (one line, then exit 1: a counted restart, since a pod's metadata server can
+# answer late) when google-auth finds no credentials for spec.storage.root.
+NO_CREDENTIALS = (
+    "spec.storage.root: no Google Cloud credentials in this pod: give the job a Kubernetes ServiceAccount "
+    "bound to a Google service account with access to the bucket (spec.serviceAccountName, Workload "
+    "Identity: https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity)"
+)
+
 # How the contract is enforced (JobSet v0.11.0 API, batch/v1 podFailurePolicy):
 # - every Job runs with backoffLimit 0, restartPolicy Never and this podFailurePolicy:
 #     rule 0: FailJob on pod condition DisruptionTarget=True   (preemption, eviction, maintenance)

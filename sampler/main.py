@@ -35,7 +35,7 @@ from urllib.parse import urlparse
 
 from google.api_core import exceptions as gexc
 from pydantic import ValidationError
-from rljob.recipes.failure import EXIT_BAD_CONFIG
+from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
@@ -322,6 +322,16 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValidationError) as e:
         print(f"--config {args.config}: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    from google.auth.exceptions import DefaultCredentialsError
+
+    try:
+        return _run(args, rc)
+    except DefaultCredentialsError:
+        print(f"rljob-sampler: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _run(args: argparse.Namespace, rc: RunConfig) -> int:
     port = args.port or _port_for(rc, args.replica)
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)

@@ -39,7 +39,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rljob.recipes import topology
-from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK, NO_CREDENTIALS
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 from rljob.trainer.sync import align
 
@@ -400,6 +400,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args, extra = _parser().parse_known_args(argv)
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
+    from google.auth.exceptions import DefaultCredentialsError
     from rljob.trainer.runtime import Diverged
 
     try:
@@ -407,6 +408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BadConfig, Diverged) as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
+    except DefaultCredentialsError:
+        print(f"rljob-trainer: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":
