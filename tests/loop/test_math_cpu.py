@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from rljob.trainer.localrun import free_port, local_run_config, sampler_command, trainer_command
+from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
+from rljob.trainer.ports import free_port
 from rljob.trainer.storage import open_store
 
 pytestmark = [pytest.mark.jax]

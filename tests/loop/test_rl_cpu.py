@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 from rljob.trainer.checkpoint import Checkpointer
-from rljob.trainer.localrun import free_port, local_run_config, sampler_command, trainer_command
+from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
+from rljob.trainer.ports import free_port
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
 
