@@ -251,7 +251,7 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     the preflight: the built argv and env reach the server, the watcher loads the published adapter
     into it over HTTP and reports the version on the status port, SIGTERM is forwarded."""
     from rljob.trainer.export import publish_adapter
-    from rljob.trainer.localrun import free_port
+    from rljob.trainer.ports import free_port
 
     site = _site(tmp_path / "site")
     bindir = tmp_path / "bin"
