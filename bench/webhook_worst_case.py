@@ -9,8 +9,8 @@ Prints JSON lines {"bench", "metric", "value", ...context}. Each case runs in a 
 what the operator process imports (kopf, the handlers; not the `kubernetes` client, as rljob-operator
 blocks it) and then, `--runs` times, does what one admission request costs the operator's event loop:
 `json.loads` of the AdmissionReview as the API server sends it, and the webhook's plan of its object
-(rljob.operator.reconcile.PlanCache.make_plan, a fresh cache each time: no hits), after the warm-up the
-operator's start-up does (rljob.operator.reconcile.warm_up). Metrics per case: `seconds` (median and max
+(rljob.operator.plans.PlanCache.make_plan, a fresh cache each time: no hits), after the warm-up the
+operator's start-up does (rljob.operator.plans.warm_up). Metrics per case: `seconds` (median and max
 of the runs), `startup_warm_up_seconds` (what the first request would pay without the warm-up),
 `peak_rss_mib` (the process's peak resident memory: imports, the request and its plan; what counts against
 the container's limit) and `request_kib`.
@@ -120,10 +120,10 @@ for name in ("kubernetes", "kubernetes_asyncio", "pykube"):  # as rljob-operator
     sys.modules.setdefault(name, None)
 import kopf  # noqa: F401
 from rljob.operator import handlers  # noqa: F401  (what the operator process imports)
-from rljob.operator.reconcile import PlanCache
+from rljob.operator.plans import PlanCache
 from rljob.recipes.render import render
 
-from rljob.operator.reconcile import warm_up
+from rljob.operator.plans import warm_up
 
 text = sys.stdin.read()
 runs = int(sys.argv[1])

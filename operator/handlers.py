@@ -34,7 +34,8 @@ import kopf
 from rljob.operator import conditions as c
 from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
-from rljob.operator.reconcile import PlanCache, Reconciler, warm_up
+from rljob.operator.plans import PlanCache, warm_up
+from rljob.operator.reconcile import Reconciler
 from rljob.recipes.api import GROUP, PLURAL, VERSION
 from rljob.recipes.render import render
 

@@ -1,200 +1,55 @@
 """The reconcile service: desired state (the recipe render) vs actual state (caches), then one status write.
 
 Level-based, as kopf's own docs recommend for serious operators (docs/reconciliation.rst): kopf's watch
-streams only feed in-memory caches (`Caches`) and mark the owning RLJob dirty in a de-duplicating work
-queue (`WorkQueue`, client-go's semantics: a key is queued at most once, and a key that changes while
-being reconciled is reconciled again afterwards). A fixed pool of workers then reconciles one RLJob
-at a time per key:
+streams only feed in-memory caches (`Caches`, operator/cache.py) and mark the owning RLJob dirty in a
+de-duplicating work queue (`WorkQueue`, operator/workqueue.py, client-go's semantics: a key is queued at
+most once, and a key that changes while being reconciled is reconciled again afterwards). A fixed pool of
+workers then reconciles one RLJob at a time per key:
 
 1. read the RLJob, its JobSet, its progress report and the newest pod failure from the caches (no GETs);
 2. if the run is not finished and its JobSet does not exist: render (`rljob.recipes.render`, the same
    function `rljob render` prints; the admission webhook's render of the same input is reused, see
-   `PlanCache`) and create the objects, the progress ConfigMap and the JobSet, with owner references,
-   labels and the fixed field manager (server-side apply for any that exists already); if `suspend` or
-   `queueName` differ: patch the JobSet;
+   `PlanCache` in operator/plans.py) and create the objects, the progress ConfigMap and the JobSet, with
+   owner references, labels and the fixed field manager (server-side apply for any that exists already); if
+   `suspend` or `queueName` differ: patch the JobSet;
 3. derive the complete new status (`rljob.operator.status.derive_status`, pure);
 4. write it with exactly one server-side apply of `.status` if it differs from what is stored;
 5. post the events of the transitions, after the status write.
 
-Write responses update the caches at once, so a reconcile triggered by our own write's watch event
-finds nothing to do. With no changes, a reconcile makes no API call at all.
+Write responses update the caches at once, so a reconcile triggered by our own write's watch event finds
+nothing to do. With no changes, a reconcile makes no API call at all.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue, metrics
+from rljob.operator.cache import Caches, ProgressEntry, RLJobEntry
+from rljob.operator.plans import Plan, PlanCache, Renderer
 from rljob.operator.status import (
     TERMINAL,
     JobSetView,
     Observed,
-    PodFailure,
     classify_pod,
-    controller_uid,
     derive_status,
     status_body,
 )
-from rljob.recipes import manifest, naming
-from rljob.recipes.api import API_VERSION, KIND, Phase, ProgressReport, RLJob, RLJobStatus
-from rljob.recipes.plan import PlanError
+from rljob.operator.workqueue import Key, WorkQueue
+from rljob.recipes import naming
+from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJobStatus
 
 logger = logging.getLogger(__name__)
-
-Key = tuple[str, str]  # (namespace, RLJob name)
-
-
-def newer(rv_new: str, rv_old: str | None) -> bool:
-    """Whether resourceVersion `rv_new` is at least as new as `rv_old`.
-
-    Kubernetes >= 1.35 documents resourceVersions as comparable integers (KEP-5504); anything that is not
-    an integer is treated as newer, so the cache always moves forward."""
-    if not rv_old:
-        return True
-    try:
-        return int(rv_new) >= int(rv_old)
-    except ValueError:
-        return True
-
-
-# -------------------------------------------------------------------------------------- render/plan
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Plan:
-    """What rendering one generation of an RLJob gives: its objects, or the error naming the field."""
-
-    generation: int
-    error: str | None = None
-    objects: tuple[dict[str, Any], ...] = ()
-    max_restarts: int = 3
-
-    @property
-    def jobset(self) -> dict[str, Any] | None:
-        return next((o for o in self.objects if o.get("kind") == "JobSet"), None)
-
-    @property
-    def api_url(self) -> str | None:
-        """In-cluster URL of the API Service of a run with spec.service (status.url)."""
-        svc = next((o for o in self.objects if o.get("kind") == "Service"), None)
-        if svc is None:
-            return None
-        meta, ports = svc["metadata"], svc["spec"]["ports"]
-        return naming.service_url(meta["name"], meta["namespace"], int(ports[0]["port"]))
-
-
-Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
-
-
-def parse(body: Mapping[str, Any]) -> RLJob:
-    """The RLJob model of an API body (server-added metadata is ignored; status is not parsed): bounded
-    and strictly typed, PlanError with every problem (rljob.recipes.manifest.parse_object)."""
-    return manifest.parse_object(_parse_input(body))
-
-
-def _parse_input(body: Mapping[str, Any]) -> dict[str, Any]:
-    """What `parse` reads. Not annotations: the reconcile's cache drops them (`slim_rljob`: kubectl's
-    last-applied-configuration alone is a copy of the manifest), so the admission webhook, which shares
-    `PlanCache` with the reconcile, must not read them either; the render does not use them."""
-    meta = body.get("metadata") or {}
-    return {
-        "apiVersion": body.get("apiVersion", API_VERSION),
-        "kind": body.get("kind", KIND),
-        "metadata": {k: meta[k] for k in ("name", "namespace", "labels", "uid", "generation") if k in meta},
-        "spec": body.get("spec") or {},
-    }
-
-
-class PlanCache:
-    """The last plans made, by everything `parse` reads, so that the admission webhook's render of a new
-    RLJob is reused by the reconcile that follows it instead of being made again (parse + render take
-    ~3 ms of the event loop, which also serves the webhook). Bounded (LRU; a reconcile that lags the
-    webhook by more than `size` RLJobs renders again); the objects are kept as JSON text (~14 KB a
-    plan) and decoded on every hit, so no caller shares a mutable dict."""
-
-    def __init__(self, size: int = 256) -> None:
-        self.size = size
-        self._plans: collections.OrderedDict[str, tuple[Plan, str]] = collections.OrderedDict()
-
-    def make_plan(self, body: Mapping[str, Any], render: Renderer) -> Plan:
-        key = json.dumps(_parse_input(body), sort_keys=True, separators=(",", ":"))
-        hit = self._plans.get(key)
-        if hit is not None:
-            metrics.PLANS.labels("hit").inc()
-            self._plans.move_to_end(key)
-            plan, objects = hit
-            return dataclasses.replace(plan, objects=tuple(json.loads(objects)))
-        metrics.PLANS.labels("miss").inc()
-        plan = make_plan(body, render)
-        self._plans[key] = (dataclasses.replace(plan, objects=()), json.dumps(plan.objects))
-        while len(self._plans) > self.size:
-            self._plans.popitem(last=False)
-        return plan
-
-
-def _generation(body: Mapping[str, Any]) -> int:
-    value = (body.get("metadata") or {}).get("generation")
-    return value if type(value) is int else 0
-
-
-def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
-    """Parse and render; every failure becomes `Plan.error` (a permanent, user-facing error).
-
-    Planning is pure, so any failure is permanent for this generation: an unexpected exception (a bug in
-    rljob) is reported like a refusal, naming itself as internal, instead of an HTTP 500 from the webhook
-    or a reconcile retried forever."""
-    generation = _generation(body)
-    try:
-        objects = tuple(render(parse(body)))
-    except PlanError as exc:
-        return Plan(generation, error="\n".join(exc.problems))
-    except Exception as exc:
-        meta = body.get("metadata") or {}
-        logger.exception("planning %s/%s failed", meta.get("namespace"), meta.get("name"))
-        detail = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
-        return Plan(generation, error=f"spec: rljob failed to plan this RLJob (internal error, {detail})")
-    plan = Plan(generation, objects=objects)
-    js = plan.jobset
-    if js is None:
-        return Plan(generation, error="render produced no JobSet")
-    max_restarts = int(((js.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts", 0))
-    return dataclasses.replace(plan, max_restarts=max_restarts)
-
-
-def warm_up(render: Renderer) -> None:
-    """Plan one small RLJob and load every catalog recipe, so that the caches the plan path builds on first
-    use (the templates, JobSet's schema validator, MaxText's key sets, pydantic's validators) are built at
-    start-up rather than in the first admission request (about half a second on a loaded 2-core machine;
-    bench/webhook_worst_case.py)."""
-    from rljob.recipes import recipe_catalog
-
-    for name in recipe_catalog.names():
-        recipe_catalog.load(name)
-    body = {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
-        "metadata": {"name": "warm-up", "namespace": "default", "uid": "0", "generation": 1},
-        "spec": {
-            "model": {"name": "Qwen/Qwen3-8B"},
-            "trainer": {"tpu": "v5p-8"},
-            "sampler": {"tpu": "v5p-8"},
-            "storage": {"root": "gs://warm-up"},
-        },
-    }
-    plan = make_plan(body, render)
-    if plan.error is not None:
-        logger.warning("the start-up plan failed: %s", plan.error)
 
 
 def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -219,203 +74,13 @@ def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
 
 def progress_configmap(owner: Mapping[str, Any]) -> dict[str, Any]:
     """The `<rljob>-progress` ConfigMap (contract 4); the trainer patches key progress.json in it."""
-    name = owner["metadata"]["name"]
+    name = naming.progress_configmap(owner["metadata"]["name"])
     cm = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": f"{name}-progress", "labels": {c.LABEL_PROGRESS: "true"}},
+        "metadata": {"name": name, "labels": {c.LABEL_PROGRESS: "true"}},
     }
     return owned(cm, owner)
-
-
-# ------------------------------------------------------------------------------------------- caches
-
-
-@dataclasses.dataclass(slots=True)
-class RLJobEntry:
-    body: dict[str, Any]  # apiVersion, kind, metadata (name, namespace, uid, generation, rv), spec, status
-
-    @property
-    def rv(self) -> str:
-        return str(self.body["metadata"].get("resourceVersion", ""))
-
-    @property
-    def generation(self) -> int:
-        return int(self.body["metadata"].get("generation") or 0)
-
-    @property
-    def status(self) -> dict[str, Any] | None:
-        s = self.body.get("status")
-        return s if isinstance(s, dict) else None
-
-
-@dataclasses.dataclass(slots=True)
-class ProgressEntry:
-    rv: str
-    report: dict[str, Any] | None
-    owner_uid: str = ""  # the controller owner's uid: only the RLJob's own ConfigMap counts
-
-
-def slim_rljob(body: Mapping[str, Any]) -> dict[str, Any]:
-    """Only what the reconcile reads (no managedFields, annotations or server noise): memory at scale."""
-    meta = body.get("metadata") or {}
-    keep = ("name", "namespace", "uid", "generation", "resourceVersion", "deletionTimestamp", "labels")
-    return {
-        "apiVersion": body.get("apiVersion", API_VERSION),
-        "kind": body.get("kind", KIND),
-        "metadata": {k: meta[k] for k in keep if k in meta},
-        "spec": body.get("spec") or {},
-        "status": body.get("status"),
-    }
-
-
-def _phase_of(entry: RLJobEntry | None) -> str | None:
-    if entry is None:
-        return None
-    return str((entry.status or {}).get("phase") or Phase.PENDING.value)
-
-
-class Caches:
-    """What the watches told us, keyed by the owning RLJob, newest resourceVersion wins."""
-
-    def __init__(self) -> None:
-        self.rljobs: dict[Key, RLJobEntry] = {}
-        self.jobsets: dict[Key, JobSetView] = {}
-        self.progress: dict[Key, ProgressEntry] = {}
-        self.failures: dict[Key, PodFailure] = {}
-        self.plans: dict[Key, Plan] = {}  # the last plan per RLJob (error text and maxRestarts only)
-        # RLJobs per phase (an RLJob without a status yet counts as Pending): the gauge rljob_operator_rljobs.
-        self.phases: collections.Counter[str] = collections.Counter({p.value: 0 for p in Phase})
-        for phase in self.phases:
-            metrics.RLJOBS.labels(phase).set(0)
-
-    def _count(self, old: RLJobEntry | None, new: RLJobEntry | None) -> None:
-        before, after = _phase_of(old), _phase_of(new)
-        if before == after:
-            return
-        for phase, delta in ((before, -1), (after, 1)):
-            if phase is not None:
-                self.phases[phase] += delta
-                metrics.RLJOBS.labels(phase).set(self.phases[phase])
-
-    def put_rljob(self, body: Mapping[str, Any]) -> bool:
-        """Store; True if the RLJob is new or changed in a way that needs a reconcile."""
-        meta = body["metadata"]
-        key = (meta["namespace"], meta["name"])
-        old = self.rljobs.get(key)
-        if old is not None and old.body["metadata"].get("uid") == meta.get("uid"):
-            if not newer(str(meta.get("resourceVersion", "")), old.rv):
-                return False
-            changed = old.generation != int(meta.get("generation") or 0) or old.status != body.get("status")
-            changed = changed or ("deletionTimestamp" in meta) != (
-                "deletionTimestamp" in old.body["metadata"]
-            )
-        else:
-            changed = True
-        self.rljobs[key] = RLJobEntry(slim_rljob(body))
-        self._count(old, self.rljobs[key])
-        return changed
-
-    def drop_rljob(self, key: Key) -> None:
-        self._count(self.rljobs.get(key), None)
-        for store in (self.rljobs, self.jobsets, self.progress, self.failures, self.plans):
-            store.pop(key, None)
-
-    def put_jobset(self, key: Key, body: Mapping[str, Any]) -> bool:
-        view = JobSetView.from_body(body)
-        old = self.jobsets.get(key)
-        if old is not None and old.uid == view.uid and not newer(view.resource_version, old.resource_version):
-            return False
-        self.jobsets[key] = view
-        return old != view
-
-    def drop_jobset(self, key: Key, uid: str) -> None:
-        old = self.jobsets.get(key)
-        if old is not None and (not uid or old.uid == uid):
-            del self.jobsets[key]
-
-    def put_progress(self, key: Key, body: Mapping[str, Any]) -> bool:
-        rv = str((body.get("metadata") or {}).get("resourceVersion", ""))
-        old = self.progress.get(key)
-        if old is not None and not newer(rv, old.rv):
-            return False
-        raw = (body.get("data") or {}).get(c.PROGRESS_KEY)
-        report: dict[str, Any] | None = None
-        if raw:
-            try:
-                loaded = json.loads(raw)
-                report = loaded if isinstance(loaded, dict) else None
-            except ValueError:
-                report = None
-        owner = controller_uid(body.get("metadata") or {})
-        self.progress[key] = ProgressEntry(rv, report, owner)
-        return old is None or (old.report, old.owner_uid) != (report, owner)
-
-    def put_failure(self, key: Key, failure: PodFailure) -> bool:
-        """Keep the first failure of the newest attempt: the cause, not the pods it took down."""
-        old = self.failures.get(key)
-        if old is not None and (
-            old.attempt > failure.attempt or (old.attempt == failure.attempt and old.time <= failure.time)
-        ):
-            return False
-        self.failures[key] = failure
-        return True
-
-    def key_of_child(self, body: Mapping[str, Any]) -> Key | None:
-        meta = body.get("metadata") or {}
-        labels = meta.get("labels") or {}
-        name = labels.get(c.LABEL_NAME)
-        if name is None:
-            jobset = labels.get(c.JOBSET_NAME_LABEL)
-            if jobset is None:
-                return None
-            name = jobset  # JobSet name == RLJob name (rljob.recipes.naming.jobset)
-        return (str(meta.get("namespace", "")), str(name))
-
-
-# ---------------------------------------------------------------------------------------- work queue
-
-
-class WorkQueue:
-    """De-duplicating queue of keys (client-go workqueue semantics, without rate limiting)."""
-
-    def __init__(self) -> None:
-        self._queue: asyncio.Queue[Key] = asyncio.Queue()
-        self._queued: set[Key] = set()
-        self._active: set[Key] = set()
-        self._dirty: set[Key] = set()
-
-    def add(self, key: Key) -> None:
-        if key in self._queued:
-            return
-        if key in self._active:
-            self._dirty.add(key)
-            return
-        self._queued.add(key)
-        self._queue.put_nowait(key)
-        metrics.QUEUE_DEPTH.set(len(self._queued))
-
-    def add_after(self, key: Key, delay: float) -> None:
-        asyncio.get_running_loop().call_later(delay, self.add, key)
-
-    async def get(self) -> Key:
-        key = await self._queue.get()
-        self._queued.discard(key)
-        self._active.add(key)
-        metrics.QUEUE_DEPTH.set(len(self._queued))
-        return key
-
-    def done(self, key: Key) -> None:
-        self._active.discard(key)
-        if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
-
-    def __len__(self) -> int:
-        return len(self._queued)
-
-    def idle(self) -> bool:
-        return not self._queued and not self._active
 
 
 # ------------------------------------------------------------------------------------------ service

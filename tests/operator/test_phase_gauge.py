@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import REGISTRY
-from rljob.operator.reconcile import Caches
+from rljob.operator.cache import Caches
 from rljob.recipes.api import Phase
 
 

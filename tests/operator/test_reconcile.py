@@ -15,8 +15,11 @@ import pytest
 from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s
-from rljob.operator.reconcile import PlanCache, Reconciler, WorkQueue, make_plan, newer, owned
+from rljob.operator.cache import newer
+from rljob.operator.plans import PlanCache, make_plan
+from rljob.operator.reconcile import Reconciler, owned
 from rljob.operator.status import controller_uid
+from rljob.operator.workqueue import WorkQueue
 from rljob.recipes.render import render
 
 
@@ -248,7 +251,7 @@ def test_newer(new: str, old: str | None, expected: bool) -> None:
 def test_first_failure_of_the_newest_attempt_is_kept() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from rljob.operator.reconcile import Caches
+    from rljob.operator.cache import Caches
     from rljob.operator.status import PodFailure
     from rljob.recipes.api import FailureClass
 
@@ -490,9 +493,9 @@ def test_an_upgrade_that_cannot_plan_a_running_run_tracks_its_jobset_to_the_end(
 
 
 def test_the_start_up_warm_up_plans_without_a_problem(caplog: pytest.LogCaptureFixture) -> None:
-    """rljob.operator.reconcile.warm_up builds the plan path's caches at start-up; its RLJob must plan (a
+    """rljob.operator.plans.warm_up builds the plan path's caches at start-up; its RLJob must plan (a
     refusal would be logged, and the caches it meant to fill would stay cold)."""
-    from rljob.operator.reconcile import warm_up
+    from rljob.operator.plans import warm_up
 
     with caplog.at_level("WARNING", logger="rljob.operator.reconcile"):
         warm_up(render)

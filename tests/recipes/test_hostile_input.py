@@ -2,7 +2,7 @@
 exit 2 from the CLI and a refusal (never an exception) from the webhook's plan path, with bounded memory.
 
 The reproducers are appended to examples/minimal-no-recipe.yaml, as the fuzzer that found them did; the
-same reproducers go through the admission webhook's path (rljob.operator.reconcile.make_plan on the API
+same reproducers go through the admission webhook's path (rljob.operator.plans.make_plan on the API
 body)."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def problems_of_text(text: str) -> list[str]:
 
 def problems_of_body(body: dict[str, Any]) -> list[str]:
     """What the admission webhook answers for an API body (the operator's plan path)."""
-    from rljob.operator.reconcile import make_plan
+    from rljob.operator.plans import make_plan
 
     result = make_plan(
         {**body, "metadata": {**body["metadata"], "uid": "u-1", "generation": 1}}, render.render

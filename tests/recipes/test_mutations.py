@@ -252,7 +252,7 @@ def _admitted(body: dict[str, Any]) -> bool:
 )
 @given(doc=mutated())
 def test_crd_admitted_bodies_never_crash_the_operators_plan(doc: dict[str, Any]) -> None:
-    from rljob.operator.reconcile import make_plan
+    from rljob.operator.plans import make_plan
 
     if not _admitted(doc):
         event("not admitted by the CRD schema")
