@@ -40,6 +40,7 @@ import kopf
 from rljob.operator import metrics
 from rljob.operator.conditions import EVENT_COMPONENT, FIELD_MANAGER
 from rljob.operator.status import controller_uid
+from rljob.recipes import naming
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ class Kind:
 
 
 RLJOB: Final = Kind("rljob.dev", "v1alpha1", "rljobs")
-JOBSET: Final = Kind("jobset.x-k8s.io", "v1alpha2", "jobsets")
+JOBSET: Final = Kind(naming.JOBSET_GROUP, naming.JOBSET_VERSION, "jobsets")
 CONFIGMAP: Final = Kind("", "v1", "configmaps")
 POD: Final = Kind("", "v1", "pods")
 EVENT: Final = Kind("events.k8s.io", "v1", "events")
@@ -87,7 +88,7 @@ SERVICE: Final = Kind("", "v1", "services")
 
 KINDS: Final = {
     ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
-    ("jobset.x-k8s.io/v1alpha2", "JobSet"): JOBSET,
+    (naming.JOBSET_API_VERSION, "JobSet"): JOBSET,
     ("v1", "ConfigMap"): CONFIGMAP,
     ("v1", "ServiceAccount"): SERVICEACCOUNT,
     ("rbac.authorization.k8s.io/v1", "Role"): ROLE,

@@ -380,7 +380,7 @@ def _create_error(exc: Exception) -> tuple[str, str]:
         return c.REASON_NOT_OWNED, str(exc)
     if isinstance(exc, k8s.ApiError) and exc.status == 404:
         # POST to a collection that does not exist: the kind is not installed (no JobSet CRD).
-        return c.REASON_CREATE_FAILED, f"{exc}: is the JobSet CRD (jobset.x-k8s.io/v1alpha2) installed?"
+        return c.REASON_CREATE_FAILED, f"{exc}: is the JobSet CRD ({naming.JOBSET_API_VERSION}) installed?"
     text = " ".join(str(exc).split())[:900] or type(exc).__name__
     return c.REASON_CREATE_FAILED, f"creating the run's objects failed (retrying): {text}"
 

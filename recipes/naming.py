@@ -12,6 +12,10 @@ from __future__ import annotations
 import re
 
 MAX = 63
+# The JobSet API rljob renders (the release it is tested with: hack/versions.env JOBSET_VERSION).
+JOBSET_GROUP = "jobset.x-k8s.io"
+JOBSET_VERSION = "v1alpha2"
+JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 TRAINER = "trainer"
 SAMPLER = "sampler"
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")

@@ -71,6 +71,7 @@ def _env() -> jinja2.Environment:
         keep_trailing_newline=True,
     )
     env.filters["tojson"] = tojson
+    env.globals["jobset_api_version"] = naming.JOBSET_API_VERSION
     return env
 
 

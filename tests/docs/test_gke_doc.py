@@ -31,7 +31,9 @@ from typing import Any
 import pytest
 import yaml
 from packaging.requirements import Requirement
-from rljob.cli import doctor_checks
+from rljob.cli.doctor.findings import Status, render_text
+from rljob.cli.doctor.needs import needs_from_manifest
+from rljob.cli.doctor.nodepools import check_node_pools, create_pool_command, tpu_pools
 from rljob.recipes import naming
 from rljob.recipes import tpu as tpu_catalog
 
@@ -178,7 +180,7 @@ def doc_nodes(text: str = TEXT) -> list[dict[str, Any]]:
 
 
 def test_doc_node_pool_commands_are_well_formed() -> None:
-    pools = doctor_checks.tpu_pools(doc_nodes())
+    pools = tpu_pools(doc_nodes())
     assert len(pools) >= 4
     for pool in pools.values():
         prefix = "v5p" if pool.accelerator == "tpu-v5p-slice" else "tpu7x"
@@ -191,11 +193,9 @@ def test_doc_node_pool_commands_are_well_formed() -> None:
 def test_doc_pools_are_what_the_manifest_needs(manifest: dict[str, Any], tmp_path: Path) -> None:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(manifest))
-    needs = doctor_checks.needs_from_manifest(path)
-    findings = doctor_checks.check_node_pools(doc_nodes(), needs)
-    assert findings and all(f.status is doctor_checks.Status.OK for f in findings), doctor_checks.render_text(
-        findings
-    )
+    needs = needs_from_manifest(path)
+    findings = check_node_pools(doc_nodes(), needs)
+    assert findings and all(f.status is Status.OK for f in findings), render_text(findings)
 
 
 XPK_NODEPOOL = "https://github.com/AI-Hypercomputer/xpk/blob/main/src/xpk/core/nodepool.py"
@@ -432,7 +432,7 @@ def test_node_pools_are_created_as_their_shape_needs() -> None:
 def test_rljob_doctors_pool_commands_follow_the_same_rules(tpu: str) -> None:
     """The fix `rljob doctor` prints for a missing pool passes the doc's checks too."""
     plan = tpu_catalog.plan(tpu)
-    cmd = doctor_checks.create_pool_command(plan, f"{plan.type_name}-0")
+    cmd = create_pool_command(plan, f"{plan.type_name}-0")
     text = "```sh\n" + cmd.replace(" && ", "\n") + "\n```\n"
     assert pool_problems(text) == [] and gcloud_problems(text) == [], cmd
 

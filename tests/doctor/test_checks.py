@@ -14,8 +14,33 @@ from typing import Any
 
 import pytest
 import yaml
-from rljob.cli import doctor_checks as doctor
-from rljob.cli.doctor_checks import Needs, Permission, Probe, RoleNeed, Status
+from rljob.cli.doctor import EXIT_OK, EXIT_PROBLEMS
+from rljob.cli.doctor.cluster import ClusterState, run_checks
+from rljob.cli.doctor.common import parse_version
+from rljob.cli.doctor.findings import Finding, Status, exit_code, ok, problem, render_text, warning
+from rljob.cli.doctor.jobset import (
+    JOBSET_CRD,
+    JOBSET_FIELDS,
+    MIN_JOBSET_VERSION,
+    TESTED_JOBSET_VERSION,
+    Probe,
+    check_jobset_controller,
+    check_jobset_crd,
+    check_jobset_webhook_configs,
+    probe_object,
+    probe_result,
+    probe_rljob,
+)
+from rljob.cli.doctor.kueue import LOCALQUEUE_CRD, TESTED_KUEUE_VERSION, check_queue
+from rljob.cli.doctor.needs import Needs, RoleNeed
+from rljob.cli.doctor.nodepools import check_node_pools, create_pool_command
+from rljob.cli.doctor.operator_checks import (
+    OPERATOR_PERMISSIONS,
+    RLJOB_CRD,
+    Permission,
+    check_operator,
+    find_operator,
+)
 from rljob.recipes import tpu as tpu_catalog
 
 REPO = Path(__file__).resolve().parents[2]
@@ -58,7 +83,7 @@ def crd(
     }
 
 
-FULL_JOBSET = crd(doctor.JOBSET_CRD, schema=schema_with(*doctor.JOBSET_FIELDS))
+FULL_JOBSET = crd(JOBSET_CRD, schema=schema_with(*JOBSET_FIELDS))
 
 
 def deployment(
@@ -122,11 +147,11 @@ def needs(
     )
 
 
-def statuses(findings: list[doctor.Finding]) -> list[tuple[str, Status]]:
+def statuses(findings: list[Finding]) -> list[tuple[str, Status]]:
     return [(f.check, f.status) for f in findings]
 
 
-def worst(findings: list[doctor.Finding]) -> Status:
+def worst(findings: list[Finding]) -> Status:
     order = [Status.OK, Status.WARNING, Status.PROBLEM]
     return max((f.status for f in findings), key=order.index, default=Status.OK)
 
@@ -135,70 +160,60 @@ def worst(findings: list[doctor.Finding]) -> Status:
 
 
 def _without(path: tuple[str, ...]) -> Any:
-    return crd(doctor.JOBSET_CRD, schema=schema_with(*[p for p in doctor.JOBSET_FIELDS if p != path]))
+    return crd(JOBSET_CRD, schema=schema_with(*[p for p in JOBSET_FIELDS if p != path]))
 
 
 @pytest.mark.parametrize(
     ("crds", "status", "needle"),
     [
         pytest.param({}, Status.PROBLEM, "not installed", id="missing"),
-        pytest.param({doctor.JOBSET_CRD: FULL_JOBSET}, Status.OK, "every field", id="complete"),
+        pytest.param({JOBSET_CRD: FULL_JOBSET}, Status.OK, "every field", id="complete"),
         pytest.param(
-            {
-                doctor.JOBSET_CRD: crd(
-                    doctor.JOBSET_CRD, version="v1alpha1", schema=schema_with(*doctor.JOBSET_FIELDS)
-                )
-            },
+            {JOBSET_CRD: crd(JOBSET_CRD, version="v1alpha1", schema=schema_with(*JOBSET_FIELDS))},
             Status.PROBLEM,
             "does not serve v1alpha2",
             id="old-version",
         ),
         pytest.param(
-            {
-                doctor.JOBSET_CRD: crd(
-                    doctor.JOBSET_CRD, schema=schema_with(*doctor.JOBSET_FIELDS), served=False
-                )
-            },
+            {JOBSET_CRD: crd(JOBSET_CRD, schema=schema_with(*JOBSET_FIELDS), served=False)},
             Status.PROBLEM,
             "does not serve v1alpha2",
             id="not-served",
         ),
         *[
-            pytest.param(
-                {doctor.JOBSET_CRD: _without(path)}, Status.PROBLEM, ".".join(path), id="lacks-" + path[-1]
-            )
-            for path in doctor.JOBSET_FIELDS
+            pytest.param({JOBSET_CRD: _without(path)}, Status.PROBLEM, ".".join(path), id="lacks-" + path[-1])
+            for path in JOBSET_FIELDS
         ],
     ],
 )
 def test_jobset_crd(crds: dict[str, Any], status: Status, needle: str) -> None:
-    [finding] = doctor.check_jobset_crd(crds)
+    [finding] = check_jobset_crd(crds)
     assert finding.status is status
     assert needle in finding.message
     if status is Status.PROBLEM:
-        assert doctor.TESTED_JOBSET_VERSION in finding.fix
+        assert TESTED_JOBSET_VERSION in finding.fix
 
 
 def _real_jobset_crd() -> dict[str, Any] | None:
     """The JobSet CRD schema the renderer validates against (from the sigs.k8s.io/jobset module)."""
-    path = resources.files("rljob.recipes") / "data" / f"jobset-{doctor.TESTED_JOBSET_VERSION}-schema.json"
+    path = resources.files("rljob.recipes") / "data" / f"jobset-{TESTED_JOBSET_VERSION}-schema.json"
     if not path.is_file():
         return None
     schema = json.loads(path.read_text())["schema"]
-    return crd(doctor.JOBSET_CRD, schema=schema)
+    return crd(JOBSET_CRD, schema=schema)
 
 
 def test_real_jobset_crd_passes_and_a_stripped_copy_fails() -> None:
     real = _real_jobset_crd()
     if real is None:
         pytest.skip("recipes/data/jobset-<version>-schema.json not generated yet")
-    assert statuses(doctor.check_jobset_crd({doctor.JOBSET_CRD: real})) == [("jobset.crd", Status.OK)]
+    assert statuses(check_jobset_crd({JOBSET_CRD: real})) == [("jobset.crd", Status.OK)]
     broken = copy.deepcopy(real)
     rules = broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"][
         "failurePolicy"
     ]["properties"]["rules"]["items"]["properties"]
     del rules["onJobFailureMessagePatterns"]  # what a JobSet older than v0.10.1 serves
-    [finding] = doctor.check_jobset_crd({doctor.JOBSET_CRD: broken})
+    [finding] = check_jobset_crd({JOBSET_CRD: broken})
     assert finding.status is Status.PROBLEM
     assert "onJobFailureMessagePatterns" in finding.message
 
@@ -209,9 +224,9 @@ def test_tested_jobset_version_is_the_pinned_one() -> None:
         for line in (REPO / "hack" / "versions.env").read_text().splitlines()
         if "=" in line and not line.startswith("#")
     )
-    assert pins["JOBSET_VERSION"] == doctor.TESTED_JOBSET_VERSION
-    assert pins["KUEUE_VERSION"] == doctor.TESTED_KUEUE_VERSION
-    assert doctor.parse_version(pins["JOBSET_VERSION"]) >= doctor.MIN_JOBSET_VERSION  # type: ignore[operator]
+    assert pins["JOBSET_VERSION"] == TESTED_JOBSET_VERSION
+    assert pins["KUEUE_VERSION"] == TESTED_KUEUE_VERSION
+    assert parse_version(pins["JOBSET_VERSION"]) >= MIN_JOBSET_VERSION  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------------- JobSet controller
@@ -283,19 +298,19 @@ SERVING = Probe(allowed=True, defaulted=True)
     ],
 )
 def test_jobset_controller(deployments: list[Any], probe: Probe | None, expected: list[Any]) -> None:
-    assert statuses(doctor.check_jobset_controller(deployments, probe)) == expected
+    assert statuses(check_jobset_controller(deployments, probe)) == expected
 
 
 def test_jobset_controller_names_the_newer_tested_version() -> None:
     dep = deployment("j", "js", "registry.k8s.io/jobset/jobset:v0.12.0")
-    [finding] = doctor.check_jobset_controller([dep], None)
-    assert "v0.12.0" in finding.message and f"tested: {doctor.TESTED_JOBSET_VERSION}" in finding.message
+    [finding] = check_jobset_controller([dep], None)
+    assert "v0.12.0" in finding.message and f"tested: {TESTED_JOBSET_VERSION}" in finding.message
 
 
 def test_probe_result_reads_the_webhook_default() -> None:
-    assert doctor.probe_result({"spec": {"network": {"enableDNSHostnames": True}}}) == Probe(True, True)
-    assert doctor.probe_result({"spec": {}}) == Probe(True, False)
-    body = doctor.probe_object("ns1")
+    assert probe_result({"spec": {"network": {"enableDNSHostnames": True}}}) == Probe(True, True)
+    assert probe_result({"spec": {}}) == Probe(True, False)
+    body = probe_object("ns1")
     assert body["metadata"]["namespace"] == "ns1" and "network" not in body["spec"]
 
 
@@ -390,11 +405,11 @@ def pools(*specs: tuple[str, tuple[str, str, int]]) -> list[Any]:
     ],
 )
 def test_node_pools(nodes: list[Any], need: Needs | None, expected: list[Any]) -> None:
-    assert statuses(doctor.check_node_pools(nodes, need)) == expected
+    assert statuses(check_node_pools(nodes, need)) == expected
 
 
 def test_missing_pool_message_counts_and_fix_is_a_gcloud_command() -> None:
-    [trainer, _] = doctor.check_node_pools(pools(("t0", V5P16), ("s0", V5P8)), needs("v5p-16", 3, "v5p-8", 1))
+    [trainer, _] = check_node_pools(pools(("t0", V5P16), ("s0", V5P8)), needs("v5p-16", 3, "v5p-8", 1))
     assert "need 3 node pools of tpu-v5p-slice 2x2x2 (v5p-16, 2 nodes each); found 1: t0" in trainer.message
     assert trainer.fix.startswith("create 2 more, e.g. gcloud container node-pools create")
     assert (
@@ -421,7 +436,7 @@ def test_missing_pool_message_counts_and_fix_is_a_gcloud_command() -> None:
     ],
 )
 def test_create_pool_command(tpu: str, fragments: list[str]) -> None:
-    cmd = doctor.create_pool_command(tpu_catalog.plan(tpu), "p")
+    cmd = create_pool_command(tpu_catalog.plan(tpu), "p")
     for fragment in fragments:
         assert fragment in cmd
     if tpu.startswith("tpu7x") and "128" in tpu:
@@ -432,7 +447,7 @@ def test_create_pool_command(tpu: str, fragments: list[str]) -> None:
 
 # ---------------------------------------------------------------------------------------------- Kueue
 
-LQ_CRDS = {doctor.LOCALQUEUE_CRD: crd(doctor.LOCALQUEUE_CRD, version="v1beta1")}
+LQ_CRDS = {LOCALQUEUE_CRD: crd(LOCALQUEUE_CRD, version="v1beta1")}
 
 
 def lq(name: str, namespace: str = "team-a", active: str | None = "True") -> dict[str, Any]:
@@ -458,11 +473,11 @@ def lq(name: str, namespace: str = "team-a", active: str | None = "True") -> dic
     ],
 )
 def test_queue(crds: dict[str, Any], queues: list[Any] | None, need: Needs, expected: list[Status]) -> None:
-    assert [f.status for f in doctor.check_queue(crds, queues, need)] == expected
+    assert [f.status for f in check_queue(crds, queues, need)] == expected
 
 
 def test_missing_queue_fix_is_a_localqueue_manifest() -> None:
-    [finding] = doctor.check_queue(LQ_CRDS, [], needs(queue="lq"))
+    [finding] = check_queue(LQ_CRDS, [], needs(queue="lq"))
     assert "spec.queueName" in finding.message
     assert "kind: LocalQueue" in finding.fix and "namespace: team-a" in finding.fix
 
@@ -470,9 +485,9 @@ def test_missing_queue_fix_is_a_localqueue_manifest() -> None:
 # ------------------------------------------------------------------------------------------- operator
 
 OP_NS, OP_SA = "rljob-system", "rljob-operator"
-RLJOB_CRDS = {doctor.RLJOB_CRD: crd(doctor.RLJOB_CRD, version="v1alpha1")}
+RLJOB_CRDS = {RLJOB_CRD: crd(RLJOB_CRD, version="v1alpha1")}
 OP_DEP = deployment("rljob-operator", OP_NS, "ghcr.io/rljob/rljob-operator:0.1.0", sa=OP_SA)
-ALL_ALLOWED: dict[Permission, bool | None] = dict.fromkeys(doctor.OPERATOR_PERMISSIONS, True)
+ALL_ALLOWED: dict[Permission, bool | None] = dict.fromkeys(OPERATOR_PERMISSIONS, True)
 
 
 def webhook_config(
@@ -526,7 +541,7 @@ def _denied(*verbs: str) -> dict[Permission, bool | None]:
             id="rbac-missing",
         ),
         pytest.param(
-            RLJOB_CRDS, [OP_DEP], [webhook_config()], dict.fromkeys(doctor.OPERATOR_PERMISSIONS), True,
+            RLJOB_CRDS, [OP_DEP], [webhook_config()], dict.fromkeys(OPERATOR_PERMISSIONS), True,
             {"operator.crd": Status.OK, "operator.deployment": Status.OK, "operator.rbac": Status.WARNING,
              "operator.webhook": Status.OK, "user.rbac": Status.OK},
             id="rbac-unknown",
@@ -567,13 +582,13 @@ def test_operator(
     me: bool | None,
     expected: dict[str, Status],
 ) -> None:
-    findings = doctor.check_operator(crds, deps, hooks, access, me, OP_NS, OP_SA, "team-a")
+    findings = check_operator(crds, deps, hooks, access, me, OP_NS, OP_SA, "team-a")
     assert dict(statuses(findings)) == expected
     assert len(findings) == len(expected)
 
 
 def test_denied_permissions_are_named() -> None:
-    findings = doctor.check_operator(
+    findings = check_operator(
         RLJOB_CRDS, [OP_DEP], [webhook_config()], _denied("create jobsets"), True, OP_NS, OP_SA, "team-a"
     )
     [rbac] = [f for f in findings if f.check == "operator.rbac"]
@@ -587,8 +602,8 @@ def test_denied_permissions_are_named() -> None:
 
 
 def test_run_checks_on_a_complete_cluster_exits_0() -> None:
-    state = doctor.ClusterState(
-        crds={doctor.JOBSET_CRD: FULL_JOBSET, **RLJOB_CRDS, **LQ_CRDS},
+    state = ClusterState(
+        crds={JOBSET_CRD: FULL_JOBSET, **RLJOB_CRDS, **LQ_CRDS},
         deployments=[deployment("jobset-controller-manager", "jobset-system", JS_IMAGE), OP_DEP],
         nodes=pools(("t0", V5P16), ("t1", V5P16), ("s0", V5P8)),
         local_queues=[lq("lq")],
@@ -599,9 +614,9 @@ def test_run_checks_on_a_complete_cluster_exits_0() -> None:
         operator_namespace=OP_NS,
         operator_sa=OP_SA,
     )
-    findings = doctor.run_checks(state, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
-    assert worst(findings) is Status.OK, doctor.render_text(findings)
-    assert doctor.exit_code(findings) == doctor.EXIT_OK
+    findings = run_checks(state, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
+    assert worst(findings) is Status.OK, render_text(findings)
+    assert exit_code(findings) == EXIT_OK
     # Remove one piece at a time: each is reported, and the exit code says so.
     for attr, value in [
         ("crds", {**RLJOB_CRDS, **LQ_CRDS}),
@@ -613,14 +628,12 @@ def test_run_checks_on_a_complete_cluster_exits_0() -> None:
     ]:
         broken = copy.copy(state)
         setattr(broken, attr, value)
-        got = doctor.run_checks(broken, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
-        assert doctor.exit_code(got) == doctor.EXIT_PROBLEMS, attr
+        got = run_checks(broken, needs("v5p-16", 2, "v5p-8", 1, queue="lq"))
+        assert exit_code(got) == EXIT_PROBLEMS, attr
 
 
 def test_render_text_lists_fixes_and_counts() -> None:
-    text = doctor.render_text(
-        [doctor.ok("a", "fine"), doctor.problem("b", "broken", "do x\ndo y"), doctor.warning("c", "hmm")]
-    )
+    text = render_text([ok("a", "fine"), problem("b", "broken", "do x\ndo y"), warning("c", "hmm")])
     lines = text.splitlines()
     assert lines[0].split() == ["ok", "a", "fine"]
     assert lines[1].split() == ["PROBLEM", "b", "broken"]
@@ -640,7 +653,7 @@ def test_render_text_lists_fixes_and_counts() -> None:
     ],
 )
 def test_parse_version(text: str, expected: tuple[int, int, int] | None) -> None:
-    assert doctor.parse_version(text) == expected
+    assert parse_version(text) == expected
 
 
 # ------------------------------------------------------------------------------ operator discovery
@@ -663,7 +676,7 @@ def sa(namespace: str, name: str) -> dict[str, Any]:
 def test_find_operator(
     accounts: list[Any], namespace: str | None, name: str | None, expected: tuple[str, str]
 ) -> None:
-    assert doctor.find_operator(accounts, namespace, name) == expected
+    assert find_operator(accounts, namespace, name) == expected
 
 
 def test_operator_permissions_are_the_charts_cluster_role() -> None:
@@ -683,7 +696,7 @@ def test_operator_permissions_are_the_charts_cluster_role() -> None:
                 resource, _, sub = res.partition("/")
                 for verb in rule["verbs"]:
                     granted.add((verb, group, resource, sub))
-    checked = {(p.verb, p.group, p.resource, p.subresource) for p in doctor.OPERATOR_PERMISSIONS}
+    checked = {(p.verb, p.group, p.resource, p.subresource) for p in OPERATOR_PERMISSIONS}
     assert checked == granted
 
 
@@ -723,7 +736,7 @@ DENIED = Probe(
 def test_operator_admission(
     deps: list[Any], admission: Probe, for_manifest: bool, expected: dict[str, Status]
 ) -> None:
-    findings = doctor.check_operator(
+    findings = check_operator(
         RLJOB_CRDS,
         deps,
         [webhook_config()],
@@ -748,13 +761,13 @@ def test_operator_admission(
 def test_probe_rljob_is_a_valid_manifest() -> None:
     from rljob.recipes.plan import parse_manifest, resolve
 
-    run = resolve(parse_manifest(yaml.safe_dump(doctor.probe_rljob("ns1"))))
+    run = resolve(parse_manifest(yaml.safe_dump(probe_rljob("ns1"))))
     assert run.namespace == "ns1"
 
 
 def test_unreadable_cluster_is_one_access_problem_not_a_list_of_missing_things() -> None:
-    state = doctor.ClusterState(unreadable=["customresourcedefinitions", "nodes"], can_create_rljobs=False)
-    findings = doctor.run_checks(state, needs())
+    state = ClusterState(unreadable=["customresourcedefinitions", "nodes"], can_create_rljobs=False)
+    findings = run_checks(state, needs())
     assert statuses(findings) == [("access", Status.PROBLEM), ("user.rbac", Status.PROBLEM)]
     assert "customresourcedefinitions, nodes" in findings[0].message
 
@@ -783,7 +796,7 @@ JS_VALIDATING = _hooks("jobset-validating-webhook-configuration", "jobset.x-k8s.
 def test_jobset_webhook_configs(
     mutating: list[Any] | None, validating: list[Any], missing: list[str]
 ) -> None:
-    findings = doctor.check_jobset_webhook_configs(mutating, validating)
+    findings = check_jobset_webhook_configs(mutating, validating)
     assert [f.message.split()[1] for f in findings] == missing
     assert all(f.status is Status.PROBLEM and f.check == "jobset.webhook" for f in findings)
 
@@ -799,6 +812,6 @@ def test_jobset_webhook_configs(
     ],
 )
 def test_jobset_probe_refusals_are_told_apart(error: str, needle: str) -> None:
-    findings = doctor.check_jobset_controller([], Probe(False, False, error=error))
+    findings = check_jobset_controller([], Probe(False, False, error=error))
     [hook] = [f for f in findings if f.check == "jobset.webhook"]
     assert hook.status is Status.PROBLEM and needle in hook.message

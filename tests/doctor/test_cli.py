@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from rljob.cli import doctor_checks
+from rljob.cli.doctor.needs import needs_from_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 RLJOB = Path(sys.executable).parent / "rljob"
@@ -31,7 +31,7 @@ def test_needs_come_from_the_resolved_plan(
     example: str, trainer: tuple[str, str, int, int], sampler: tuple[str, str, int, int]
 ) -> None:
     """The recipe supplies what the manifest leaves out: doctor sees the shapes `rljob plan` shows."""
-    needs = doctor_checks.needs_from_manifest(REPO / "examples" / example)
+    needs = needs_from_manifest(REPO / "examples" / example)
     t = needs.roles[0]
     assert (t.role, t.tpu.accelerator, t.tpu.topology, t.tpu.hosts, t.slices) == ("trainer", *trainer)
     s = needs.roles[1]

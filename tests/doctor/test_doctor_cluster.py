@@ -26,7 +26,8 @@ import yaml
 from fixtures.cluster import Cluster, wait_for
 from fixtures.operator import OperatorProcess
 from kubernetes import client
-from rljob.cli import doctor_checks
+from rljob.cli.doctor.jobset import probe_object, probe_result
+from rljob.cli.doctor.operator_checks import OPERATOR_PERMISSIONS
 
 pytestmark = pytest.mark.cluster
 
@@ -159,7 +160,7 @@ def test_operator_with_part_of_its_rbac(
     authorizer (SubjectAccessReview) says which permissions are missing, and doctor names them."""
     cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": "partial"}})
     granted = [
-        p for p in doctor_checks.OPERATOR_PERMISSIONS
+        p for p in OPERATOR_PERMISSIONS
         if not (p.resource == "jobsets" and p.verb in ("create", "patch")) and p.resource != "events"
     ]  # fmt: skip
     rules = [
@@ -249,12 +250,12 @@ def probe_outcome(cluster: Cluster, namespace: str) -> str:
             "v1alpha2",
             namespace,
             "jobsets",
-            doctor_checks.probe_object(namespace),
+            probe_object(namespace),
             dry_run="All",
         )
     except client.exceptions.ApiException as exc:
         return "unreachable" if "failed calling webhook" in str(exc.body) else "refused"
-    return "defaulted" if doctor_checks.probe_result(got).defaulted else "undefaulted"
+    return "defaulted" if probe_result(got).defaulted else "undefaulted"
 
 
 @pytest.mark.skipif(

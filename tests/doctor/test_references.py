@@ -6,15 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from rljob.cli import doctor_checks as doctor
-from rljob.cli.doctor_checks import Reference, Status
+from rljob.cli.doctor.findings import Status
+from rljob.cli.doctor.needs import Reference, check_references, needs_from_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml"
 
 
 def test_the_gke_example_names_its_secret_and_the_fuse_driver() -> None:
-    needs = doctor.needs_from_manifest(EXAMPLE)
+    needs = needs_from_manifest(EXAMPLE)
     assert needs.references == (
         Reference("Secret", "hf-token", "spec.trainer.template.spec.env[0].valueFrom", "token"),
         Reference("CSIDriver", "gcsfuse.csi.storage.gke.io", "spec.trainer.template.spec.volumes[0]"),
@@ -41,7 +41,7 @@ def test_every_kind_of_reference(tmp_path: Path) -> None:
     )
     path = tmp_path / "m.yaml"
     path.write_text(text)
-    kinds = [(r.kind, r.name, r.optional) for r in doctor.needs_from_manifest(path).references]
+    kinds = [(r.kind, r.name, r.optional) for r in needs_from_manifest(path).references]
     assert kinds == [
         ("Secret", "hf-token", False),
         ("ConfigMap", "knobs", True),
@@ -70,7 +70,7 @@ DRIVER = Reference("CSIDriver", "gcsfuse.csi.storage.gke.io", "spec.trainer.temp
     ],
 )
 def test_check_references(ref: Reference, found: object, status: Status, needle: str) -> None:
-    (finding,) = doctor.check_references([ref], {(ref.kind, ref.name): found}, "rl")  # type: ignore[dict-item]
+    (finding,) = check_references([ref], {(ref.kind, ref.name): found}, "rl")  # type: ignore[dict-item]
     assert finding.status == status and needle in finding.message, finding
     assert ref.field in finding.message
     if status == Status.PROBLEM:

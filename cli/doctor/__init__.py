@@ -1,9 +1,21 @@
 """`rljob doctor [--for FILE]`: check a cluster for what an RLJob needs; print what is missing and how
 to fix it.
 
-This module is the command line only and imports nothing heavy, so `rljob --help` stays fast; the
-checks live in rljob.cli.doctor_checks, the cluster reads use the `kubernetes` client (the `operator`
-extra), imported only when the command runs: render, validate and plan work without it.
+This module is the command line only and imports nothing heavy, so `rljob --help` stays fast. The
+checks are pure functions over plain Kubernetes objects (the JSON the API server returns), one module
+per group, table-tested without a cluster (tests/doctor/):
+
+- `jobset`: the CRD serves v1alpha2 with every field rljob renders, the controller runs, its webhooks
+  answer (a server-side dry-run of a tiny JobSet comes back defaulted);
+- `nodepools`: TPU node pools for the manifest's trainer and sampler shapes (JobSet's exclusive
+  placement puts every slice on a pool of its own; roles with the same shape add up);
+- `kueue`: the LocalQueue named by spec.queueName exists and is active;
+- `operator_checks`: the RLJob CRD, the operator's Deployment, its ServiceAccount's RBAC
+  (SubjectAccessReview per permission), its validating webhook, and whether you may create RLJobs;
+- `needs`: what the manifest needs (resolved by the same plan `rljob render` uses) and the objects its
+  pod overrides name;
+- `cluster`: reads all of that with the `kubernetes` client (the `operator` extra), imported only when
+  the command runs: render, validate and plan work without it.
 
 Exit codes: 0 nothing missing (warnings allowed), 1 problems found, 2 bad input (the manifest, or
 the kubernetes client not installed).
@@ -66,11 +78,13 @@ def register(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from rljob.cli import doctor_checks as checks
+    from rljob.cli.doctor.cluster import ClusterError, gather, run_checks
+    from rljob.cli.doctor.findings import exit_code, problem, render_text
+    from rljob.cli.doctor.needs import BadInput, needs_from_manifest
 
     try:
-        needs = checks.needs_from_manifest(args.manifest) if args.manifest else None
-    except checks.BadInput as exc:
+        needs = needs_from_manifest(args.manifest) if args.manifest else None
+    except BadInput as exc:
         print(exc, file=sys.stderr)
         return EXIT_BAD_INPUT
     try:
@@ -84,22 +98,22 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     server = ""
     try:
-        state = checks.gather(
+        state = gather(
             needs, args.kubeconfig, args.context, args.operator_namespace, args.operator_service_account
         )
-    except checks.ClusterError as exc:
-        findings = [checks.problem("cluster", str(exc), "check KUBECONFIG / --kubeconfig / --context")]
+    except ClusterError as exc:
+        findings = [problem("cluster", str(exc), "check KUBECONFIG / --kubeconfig / --context")]
     else:
         server = state.server
-        findings = checks.run_checks(state, needs)
-    code = checks.exit_code(findings)
+        findings = run_checks(state, needs)
+    code = exit_code(findings)
     if args.output == "json":
         report = {"server": server, "findings": [asdict(f) for f in findings], "exitCode": code}
         print(json.dumps(report, indent=2))
     else:
         what = f" for RLJob {needs.namespace}/{needs.name}" if needs else ""
         print(f"rljob doctor: cluster {server or '?'}{what}")
-        print(checks.render_text(findings))
+        print(render_text(findings))
     return code
 
 
