@@ -209,3 +209,13 @@ __all__ = [
     "TpuPlan",
     "TrainerPlan",
 ]
+
+
+def split_gs(uri: str) -> tuple[str, str]:
+    """``gs://bucket/a/b`` -> ("bucket", "a/b") (contract 6: the storage layout)."""
+    if not uri.startswith("gs://"):
+        raise ValueError(f"spec.storage.root: not a gs:// URI: {uri!r}")
+    bucket, _, prefix = uri[len("gs://") :].partition("/")
+    if not bucket:
+        raise ValueError(f"spec.storage.root: no bucket in {uri!r}")
+    return bucket, prefix.strip("/")

@@ -27,6 +27,7 @@ from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import storage  # type: ignore[import-untyped]
 from google.cloud.storage import transfer_manager  # type: ignore[import-untyped]
+from rljob.recipes.runconfig import split_gs
 
 log = logging.getLogger("rljob.sampler.adapters")
 
@@ -50,13 +51,6 @@ def parse_latest(text: str) -> int:
     if t.startswith("{"):
         return int(json.loads(t)["version"])
     return int(t[1:] if t.startswith("v") else t)
-
-
-def split_gs(uri: str) -> tuple[str, str]:
-    if not uri.startswith("gs://"):
-        raise ValueError(f"not a gs:// URI: {uri!r}")
-    bucket, _, prefix = uri[len("gs://") :].partition("/")
-    return bucket, prefix.strip("/")
 
 
 def storage_client() -> storage.Client:
@@ -278,7 +272,6 @@ __all__ = [
     "SwapRecord",
     "adapter_name",
     "parse_latest",
-    "split_gs",
     "storage_client",
     "version_of",
 ]

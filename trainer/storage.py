@@ -17,7 +17,9 @@ import tempfile
 from pathlib import Path
 from typing import Protocol
 
-__all__ = ["GcsStore", "LocalStore", "Store", "join", "open_store", "split_gs"]
+from rljob.recipes.runconfig import split_gs
+
+__all__ = ["GcsStore", "LocalStore", "Store", "join", "open_store"]
 
 
 class Store(Protocol):
@@ -36,17 +38,6 @@ def join(root: str, *parts: str) -> str:
     for p in parts:
         out = f"{out}/{p.strip('/')}"
     return out
-
-
-def split_gs(uri: str) -> tuple[str, str]:
-    """``gs://bucket/a/b`` -> ("bucket", "a/b")."""
-    if not uri.startswith("gs://"):
-        raise ValueError(f"spec.storage.root: not a gs:// URI: {uri!r}")
-    rest = uri[len("gs://") :]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise ValueError(f"spec.storage.root: no bucket in {uri!r}")
-    return bucket, prefix.strip("/")
 
 
 class GcsStore:
