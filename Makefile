@@ -90,7 +90,7 @@ test-fast: lint typecheck
 # standing in for its kwok pods, then examples/qwen3-8b-v5p.yaml applied and Running on the v5p pools.
 # Its first line says what a cold first run costs, before make venv and the Go builds start.
 demo:
-	@echo "make demo: a cold first run builds the local control plane from its Go modules, ~26 min on 2 cores (k8s 863 s, kwok 202 s, jobset 222 s, etcd 44 s; progress lines below) after ~3 min of make venv; later runs reuse hack/bin/ and take about 3 minutes, most of it training."
+	@echo "make demo: a cold first run builds the local control plane from its Go modules, ~26 min on 2 cores (k8s 863 s, kwok 202 s, jobset 222 s, etcd 44 s; progress lines below) after ~3 min of make venv; later runs reuse hack/bin/ and take 1.5 to 2.5 minutes, most of it training."
 	@$(MAKE) -s --no-print-directory venv
 	@$(VENV)/bin/rljob plan -f examples/qwen3-8b-v5p.yaml
 	@$(PY) hack/demo.py
