@@ -37,6 +37,18 @@ version_of() {
   esac
 }
 
+# Cold build seconds on 2 cores (hack/bin/logs/build-times.tsv of a quiet machine), for the progress lines;
+# none for the quick ones.
+cold_seconds_of() {
+  case "$1" in
+    k8s) echo 863 ;;
+    etcd) echo 44 ;;
+    kwok) echo 202 ;;
+    jobset) echo 222 ;;
+    *) echo "" ;;
+  esac
+}
+
 module_of() {
   case "$1" in
     k8s) echo k8s.io/kubernetes ;;
@@ -97,12 +109,22 @@ build_one() {
   key="$(cat "$HACK/$c/go.mod" "$HACK/$c/go.sum" | sha1sum | cut -c1-12)"
   local tools
   tools="$(cd "$HACK/$c" && go mod edit -json | python3 -c 'import json,sys; [print(t["Path"]) for t in json.load(sys.stdin).get("Tool") or []]')"
-  log "$c $v: building $(echo "$tools" | tr '\n' ' ')(log: hack/bin/logs/$c.log)"
+  local expect; expect="$(cold_seconds_of "$c")"
+  log "$c $v: building $(echo "$tools" | tr '\n' ' ')(${expect:+a cold build takes ~${expect}s on 2 cores; }log: hack/bin/logs/$c.log)"
   mkdir -p "$out" "$BIN/logs"
   local start; start=$(date +%s)
   # shellcheck disable=SC2086
-  if ! (cd "$HACK/$c" && go build -p "$GO_P" -trimpath -ldflags="$(ldflags_of "$c" "$v")" -o "$out/" $tools) \
-      >"$BIN/logs/$c.log" 2>&1; then
+  (cd "$HACK/$c" && go build -p "$GO_P" -trimpath -ldflags="$(ldflags_of "$c" "$v")" -o "$out/" $tools) \
+      >"$BIN/logs/$c.log" 2>&1 &
+  local pid=$! ticks=0
+  # A line a minute while it builds, so a long cold build shows it is alive.
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1; ticks=$((ticks + 1))
+    if [ $((ticks % 60)) -eq 0 ]; then
+      log "$c $v: still building, $(( $(date +%s) - start ))s so far${expect:+ (cold ~${expect}s)}"
+    fi
+  done
+  if ! wait "$pid"; then
     tail -30 "$BIN/logs/$c.log" >&2
     log "$c $v: build FAILED"
     return 1

@@ -166,6 +166,12 @@ def crd() -> dict[str, Any]:
                             "description": "Last completed optimizer step",
                         },
                         {
+                            "name": "Reward",
+                            "type": "number",
+                            "jsonPath": ".status.progress.rewardMean",
+                            "description": "Mean reward of the last step",
+                        },
+                        {
                             "name": "Restarts",
                             "type": "integer",
                             "jsonPath": ".status.restarts.used",
@@ -191,13 +197,6 @@ def crd() -> dict[str, Any]:
                             "jsonPath": ".status.lastFailure.class",
                             "priority": 1,
                             "description": "Class of the last failure",
-                        },
-                        {
-                            "name": "Reward",
-                            "type": "number",
-                            "jsonPath": ".status.progress.rewardMean",
-                            "priority": 1,
-                            "description": "Mean reward of the last step",
                         },
                     ],
                     "schema": {

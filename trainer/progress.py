@@ -9,9 +9,10 @@
   which blocks a process whose storage is gone); an upload that fails is logged, never fatal.
 - The :class:`~rljob.recipes.api.ProgressReport` goes to a sink: :class:`FileSink` (laptop, tests;
   written atomically) or :class:`ConfigMapSink` (in a pod: a merge patch of key ``progress.json`` of the
-  ConfigMap ``<rljob>-progress`` through the pod's ServiceAccount token; RBAC allows get/patch on that
-  one ConfigMap). A failed report is logged and retried with the next step, never fatal: progress is
-  observability, the checkpoint is the truth.
+  ConfigMap ``<rljob>-progress`` through the pod's ServiceAccount token, or through the kubeconfig in
+  ``KUBECONFIG`` where one is set; RBAC allows get/patch on that one ConfigMap). A failed report is
+  logged and retried with the next step, never fatal: progress is observability, the checkpoint is the
+  truth.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
@@ -54,14 +56,19 @@ class ConfigMapSink:
     """Merge-patches ``data[key]`` of ConfigMap ``name`` in ``namespace`` with the report JSON.
 
     ``api_client`` defaults to the in-cluster configuration (ServiceAccount token and CA mounted in the
-    pod); tests pass a client pointed at a local HTTP server."""
+    pod), or, where ``KUBECONFIG`` is set, to that kubeconfig: a local process standing in for a pod
+    (``make demo``, hack/demo.py) gets one holding a token of the pod's ServiceAccount. Tests pass a
+    client pointed at a local HTTP server."""
 
     def __init__(self, name: str, namespace: str, key: str, api_client: Any = None) -> None:
         from kubernetes import client, config
 
         if api_client is None:
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-            api_client = client.ApiClient()
+            if os.environ.get("KUBECONFIG"):
+                api_client = config.new_client_from_config(config_file=os.environ["KUBECONFIG"])  # type: ignore[no-untyped-call]
+            else:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                api_client = client.ApiClient()
         self._api = client.CoreV1Api(api_client)
         self.name, self.namespace, self.key = name, namespace, key
 

@@ -58,7 +58,7 @@ def test_crd_shape() -> None:
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["Phase", "Step", "Restarts", "Age", "URL"]
+    assert columns == ["Phase", "Step", "Reward", "Restarts", "Age", "URL"]
     root = version["schema"]["openAPIV3Schema"]
     for section in ("spec", "status"):
         for path, node in walk(root["properties"][section], section):
