@@ -106,7 +106,13 @@ def _dataset(run: RunConfig) -> str:
     assert d
     if d.task == "successor":
         return "successor (the CPU toy task: token prompts, exact-match reward)"
-    return f"{d.task} problems from {d.path} ({d.eval_size} held out for evaluation), math-verify reward"
+    if d.task == "math":
+        return f"math problems from {d.path} ({d.eval_size} held out for evaluation), math-verify reward"
+    opts = f", options {', '.join(f'{k}={v}' for k, v in sorted(d.options.items()))}" if d.options else ""
+    return (
+        f"task {d.task} of the trainer image (entry-point group rljob.tasks), data {d.path} "
+        f"({d.eval_size} held out for evaluation){opts}"
+    )
 
 
 def _vllm_support(accelerator: str) -> str:

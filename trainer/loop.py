@@ -48,11 +48,11 @@ import numpy as np
 from pydantic import ValidationError
 from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
-from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
+from rljob.trainer.data import DatasetError, Prompt, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
 from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
+from rljob.trainer.tasks import ChatPrompts, context_of, hf_tokenizer, load_task
 
 log = logging.getLogger("rljob.trainer.loop")
 
@@ -576,38 +576,21 @@ class SamplerSource:
 
 
 def task_of(rc: RunConfig, seed: int = 0) -> Task:
-    """The run's prompts and grader (spec.dataset): the math problems it names, read once at start (a
-    missing or malformed file is bad configuration: exit 2, never retried), or the CPU toy task."""
+    """The run's prompts and grader: the task spec.dataset.task names in the entry-point group rljob.tasks
+    (rljob.trainer.tasks), started once with spec.dataset. An unknown task, a task that fails to start, a
+    missing or malformed file: bad configuration (exit 2, never retried)."""
+    return load_task(context_of(rc, seed))
+
+
+def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
+    """Where a chat prompt's template comes from: the Hugging Face tokenizer of spec.model.name (what the
+    samplers serve) for the run's own model; none for the tiny and miniature CPU models (the CPU sampler's
+    tokenizer is UTF-8 bytes, without a chat template)."""
+    name = rc.spec.model.name if rc.spec.model else None
+    if model != "config" or not name:
+        return None
     d = rc.spec.dataset
-    if d is None or d.task == "successor":
-        return SuccessorTask()  # its train/eval split is fixed; the seed varies only the sampling
-    from rljob.trainer.storage import open_store
-
-    assert d.path, "the plan fills spec.dataset.path for task math"
-    parent, _, name = d.path.rpartition("/")
-    from google.api_core import exceptions as gexc
-
-    try:
-        data = open_store(parent).read(name)
-    except (PermissionError, IsADirectoryError, gexc.Forbidden, gexc.Unauthorized, gexc.BadRequest) as e:
-        # Access the run will never get by retrying. Anything else (a 503, a timeout) propagates: a
-        # crash, restarted and counted like any other.
-        raise DatasetError(f"spec.dataset.path: cannot read {d.path}: {type(e).__name__}: {e}") from None
-    if data is None:
-        raise DatasetError(f"spec.dataset.path: {d.path} does not exist (upload the problems there)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DatasetError(f"spec.dataset.path: {d.path} is not UTF-8 text") from None
-    alg = rc.spec.algorithm
-    return MathTask.from_jsonl(
-        text,
-        d.path,
-        template=d.prompt_template or DEFAULT_PROMPT_TEMPLATE,
-        eval_size=d.eval_size or 64,
-        max_tokens=alg.max_tokens if alg and alg.max_tokens else 1024,
-        seed=seed,
-    )
+    return hf_tokenizer(name, d.task if d and d.task else "math")
 
 
 def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
@@ -692,7 +675,8 @@ def main(argv: list[str] | None = None) -> int:
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
     )
     try:
-        task = task_of(rc, args.seed)
+        task = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
+        task.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
@@ -732,7 +716,10 @@ def main(argv: list[str] | None = None) -> int:
                 alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
             ),
         )
-    except (LoopConfigError, ValueError, BadConfig, DatasetError) as e:
+    except DatasetError as e:  # every problem, one line each (rljob.trainer.tasks)
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except (LoopConfigError, ValueError, BadConfig) as e:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
     first = jax.process_index() == 0
