@@ -416,3 +416,48 @@ def test_a_task_from_outside_rljob_trains_in_the_cpu_loop(gcs_emulator: Any, tmp
     assert steps[0]["eval_reward"] == pytest.approx(sum(g["reward"] for g in grades[4:6]) / 2)
     adapters = open_store(f"gs://{bucket}/local/rl-cpu/adapters")
     assert adapters.exists("v2/adapter_model.safetensors")
+
+
+# ------------------------------------------------------------------------- docs/tasks.md's example
+
+
+def test_the_documented_example_task_works(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = (Path(__file__).parents[2] / "docs" / "tasks.md").read_text()
+    module = doc.split("## A complete example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "short_answer.py").write_text(module)
+    toml = doc.split('[project.entry-points."rljob.tasks"]\n', 1)[1].split("```", 1)[0].strip()
+    assert toml == 'short-answer = "short_answer:load"'
+    (site / "short_answer-0.1.0.dist-info").mkdir()
+    (site / "short_answer-0.1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: rljob-short-answer\nVersion: 0.1.0\n"
+    )
+    (site / "short_answer-0.1.0.dist-info" / "entry_points.txt").write_text(
+        "[rljob.tasks]\n" + toml.replace('"', "") + "\n"  # entry_points.txt: INI, no quotes
+    )
+    monkeypatch.syspath_prepend(str(site))
+    data = tmp_path / "qa.jsonl"
+    rows = [("capital of France?", ["Paris"]), ("2 + 2?", ["4", "four"]), ("red + blue?", ["purple"])]
+    data.write_text("".join(json.dumps({"q": q, "answers": a}) + "\n" for q, a in rows))
+    task = load_task(ctx_of("short-answer", tmp_path, path=str(data), options={"questionField": "q"}))
+    held_out = task.eval_prompts()
+    assert [p.messages for p in held_out] == [
+        [
+            {"role": "system", "content": "Answer with the answer only, on one line."},
+            {"role": "user", "content": "capital of France?"},
+        ]
+    ]
+    assert task.reward(held_out[0], [], " paris.\nbecause ...") == 1.0
+    assert task.reward(held_out[0], [], "Lyon") == 0.0
+    assert {p.answer[0] for p in task.train_prompts(0, 6)} <= {"4", "purple"}
+    data.write_text(json.dumps({"q": "x", "answers": []}) + "\n" + json.dumps({"question": "y"}) + "\n")
+    with pytest.raises(DatasetError) as err:
+        load_task(ctx_of("short-answer", tmp_path, path=str(data), options={"questionField": "q"}))
+    assert str(err.value).splitlines() == [
+        f"spec.dataset.path: {data}:1: task short-answer: ValueError: answers must be a non-empty list of "
+        "accepted answers",
+        f"spec.dataset.path: {data}:2: task short-answer: KeyError: 'answers'",
+    ]
+    with pytest.raises(TaskError, match=r"^spec\.dataset\.options\.questionFeild: task short-answer has no"):
+        load_task(ctx_of("short-answer", tmp_path, path=str(data), options={"questionFeild": "q"}))
