@@ -640,6 +640,17 @@ class DatasetSpec(ApiModel):
             raise ValueError("must be a gs://BUCKET/OBJECT or an absolute path to a file")
         return value
 
+    reward_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="An HTTP service that grades the completions instead of the task's own reward (e.g. "
+        "rewards that run code, in a sandbox of their own): the trainer POSTs each completion as JSON "
+        '{"completion", "reference", "prompt", "id"} and reads a number, or {"reward": number}, back; '
+        "a failing request is retried with backoff, and a service that never answers stops the trainer "
+        "(a crash, restarted). docs/tasks.md.",
+    )
+
     @field_validator("options")
     @classmethod
     def _option_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:

@@ -52,6 +52,7 @@ from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
 from rljob.trainer.data import DatasetError, Prompt, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
 from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
+from rljob.trainer.remote_reward import RemoteReward
 from rljob.trainer.tasks import ChatPrompts, context_of, hf_tokenizer, load_task
 
 log = logging.getLogger("rljob.trainer.loop")
@@ -438,10 +439,16 @@ class SamplerSource:
     def grade(self, batch: Batch) -> np.ndarray:
         """Rewards of a batch, computed on the loop's (main) thread: graders such as math-verify time
         themselves out with signal.alarm, which only works there."""
-        return np.asarray(
-            [self.task.reward(batch.prompts[c.prompt_index], c.tokens, c.text) for c in batch.completions],
-            np.float32,
-        )
+        return np.asarray(self.rewards(batch.prompts, batch.completions), np.float32)
+
+    def rewards(self, prompts: list[Prompt], comps: list[Completion]) -> list[float]:
+        """The task's rewards of completions, all at once when the task grades many together (a reward
+        service, rljob.trainer.remote_reward), else one after another."""
+        graded = [(prompts[c.prompt_index], c.tokens, c.text) for c in comps]
+        many = getattr(self.task, "rewards", None)
+        if many is not None:
+            return [float(r) for r in many(graded)]
+        return [self.task.reward(p, t, x) for p, t, x in graded]
 
     def _prefetch(self, step: int, min_version: int) -> None:
         if step < self.steps and step not in self.pending:
@@ -537,7 +544,7 @@ class SamplerSource:
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
         comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, min_version)
-        return float(np.mean([self.task.reward(prompts[c.prompt_index], c.tokens, c.text) for c in comps]))
+        return float(np.mean(self.rewards(prompts, comps)))
 
     def __call__(self, step: int, lora: Any) -> tuple[list[Rollout], dict[str, float]]:
         # The runtime calls this after publishing v{step}: sample step `step` with >= v{step-1}.
@@ -569,6 +576,9 @@ class SamplerSource:
     def close(self) -> None:
         """Cancel queued sampling and end the one in flight (the client stops waiting)."""
         self.client.close()
+        close = getattr(self.task, "close", None)
+        if close is not None:
+            close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -675,8 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
     )
     try:
-        task = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
-        task.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
+        chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
+        chat.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
+        reward_url = spec.dataset.reward_url if spec.dataset else None
+        task: Task = RemoteReward(chat, reward_url) if reward_url else chat
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
