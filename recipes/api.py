@@ -628,8 +628,8 @@ class DatasetSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=16384,
-        description="Python format string of each prompt with the field {question} (no format spec or "
-        "conversion; {{ and }} are literal braces). Default "
+        description="Task math: the Python format string of each prompt with the field {question} (no "
+        "format spec or conversion; {{ and }} are literal braces). Default "
         '"{question}\\nPut the final answer after ####.\\n".',
     )
 

@@ -461,3 +461,21 @@ def test_the_documented_example_task_works(tmp_path: Path, monkeypatch: pytest.M
     ]
     with pytest.raises(TaskError, match=r"^spec\.dataset\.options\.questionFeild: task short-answer has no"):
         load_task(ctx_of("short-answer", tmp_path, path=str(data), options={"questionFeild": "q"}))
+
+
+def test_rljob_plan_says_which_task_and_reward() -> None:
+    from rljob.cli.main import _dataset
+
+    options = {"b": "2", "a": "1"}
+    rc = resolve(manifest({"dataset": {"task": "short-answer", "evalSize": 8, "options": options}}))
+    assert _dataset(rc) == (
+        "task short-answer of the trainer image (entry-point group rljob.tasks), data "
+        "gs://bucket/runs/data/train.jsonl (8 held out for evaluation), options a=1, b=2"
+    )
+    rc = resolve(manifest({"dataset": {"rewardUrl": "http://grader:8080/"}}))
+    assert _dataset(rc) == (
+        "math problems from gs://bucket/runs/data/train.jsonl (64 held out for evaluation), rewards from "
+        "http://grader:8080/"
+    )
+    rc = resolve(manifest({"dataset": {"task": "successor"}}))
+    assert _dataset(rc) == "successor (the CPU toy task: token prompts, exact-match reward)"
