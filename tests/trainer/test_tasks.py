@@ -27,8 +27,10 @@ from rljob.trainer.tasks import (
     render_messages,
 )
 
-# A task package outside rljob: one example per JSON Lines record, the prompt a chat message, graded by
-# prefix match; every load and grade is logged to the file named by option `log`.
+# A task package outside rljob: one example per JSON Lines record, the prompt a chat message; a completion
+# earns 1 when its first character's code has the parity of the reference's (a reward a random policy gets
+# about half the time, so a group's rewards differ and GRPO has a signal); every load and grade is logged to
+# the file named by option `log`.
 ECHO_TASK = """
 import json
 from rljob.trainer.tasks import Example, RecordTask
@@ -46,7 +48,7 @@ def load(ctx):
          options=dict(ctx.options))
 
     def grade(completion, reference):
-        reward = 1.0 if completion.startswith(reference) else 0.0
+        reward = 1.0 if completion and ord(completion[0]) % 2 == ord(reference[0]) % 2 else 0.0
         note(event="grade", completion=completion, reference=reference, reward=reward)
         return reward
 
@@ -318,7 +320,7 @@ def _config(root: str, tmp_path: Path, port: int, dataset: dict[str, Any]) -> Pa
         root,
         port,
         tmp_path / "progress.json",
-        {"steps": 2, "groupSize": 2, "groupsPerBatch": 2, "maxPromptTokens": 24, "maxTokens": 4},
+        {"steps": 2, "groupSize": 4, "groupsPerBatch": 2, "maxPromptTokens": 24, "maxTokens": 4},
         dataset=dataset,
     )
     cfg = tmp_path / "run.json"
@@ -405,15 +407,16 @@ def test_a_task_from_outside_rljob_trains_in_the_cpu_loop(gcs_emulator: Any, tmp
         "options": {"promptField": "text", "log": str(log)},
     }
     grades = [n for n in notes if n["event"] == "grade"]
-    # step 1: 2 groups x 2 completions, then the 2 held-out examples (evaluated at the first step); step 2
-    assert [g["reference"] for g in grades[4:6]] == words[:2]
-    train = grades[:4] + grades[6:]
-    assert len(train) == 2 * 2 * 2 and {g["reference"] for g in train} <= set(
-        words[2:]
-    )  # never held-out ones
-    for r, k in zip(steps, (0, 4), strict=True):  # each step's reward_mean is the mean of its grades
-        assert r["reward_mean"] == pytest.approx(sum(g["reward"] for g in train[k : k + 4]) / 4)
-    assert steps[0]["eval_reward"] == pytest.approx(sum(g["reward"] for g in grades[4:6]) / 2)
+    # step 1: 2 groups x 4 completions, then the 2 held-out examples (evaluated at the first step); step 2
+    assert [g["reference"] for g in grades[8:10]] == words[:2]
+    train = grades[:8] + grades[10:]
+    assert len(train) == 2 * 2 * 4
+    assert {g["reference"] for g in train} <= set(words[2:])  # never a held-out one
+    for r, k in zip(steps, (0, 8), strict=True):  # each step's reward_mean is the mean of its grades
+        assert r["reward_mean"] == pytest.approx(sum(g["reward"] for g in train[k : k + 8]) / 8)
+    assert steps[0]["eval_reward"] == pytest.approx(sum(g["reward"] for g in grades[8:10]) / 2)
+    assert 0.0 < sum(g["reward"] for g in train) < len(train)
+    assert sum(2 - r["groups_skipped"] for r in steps) >= 1  # a group with a signal was trained on
     adapters = open_store(f"gs://{bucket}/local/rl-cpu/adapters")
     assert adapters.exists("v2/adapter_model.safetensors")
 
