@@ -104,9 +104,18 @@ def _mesh(m: Any) -> str:
 def _dataset(run: RunConfig) -> str:
     d = run.spec.dataset
     assert d
+    graded = f", rewards from {d.reward_url}" if d.reward_url else ""
     if d.task == "successor":
-        return "successor (the CPU toy task: token prompts, exact-match reward)"
-    return f"{d.task} problems from {d.path} ({d.eval_size} held out for evaluation), math-verify reward"
+        reward = graded or ", exact-match reward"
+        return f"successor (the CPU toy task: token prompts{reward})"
+    if d.task == "math":
+        reward = graded or ", math-verify reward"
+        return f"math problems from {d.path} ({d.eval_size} held out for evaluation){reward}"
+    opts = f", options {', '.join(f'{k}={v}' for k, v in sorted(d.options.items()))}" if d.options else ""
+    return (
+        f"task {d.task} of the trainer image (entry-point group rljob.tasks), data {d.path} "
+        f"({d.eval_size} held out for evaluation){opts}{graded}"
+    )
 
 
 def _vllm_support(accelerator: str) -> str:

@@ -580,24 +580,41 @@ class FailurePolicySpec(ApiModel):
 
 
 _DATA_PATH = re.compile(r"^(gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]/[^\s]*[^\s/]|/[^\s]*[^\s/])$")
-DATASET_TASKS = ("math", "successor")
+# A task's name: an entry point of the group rljob.tasks in the trainer image (docs/tasks.md).
+_TASK_NAME = r"^[a-z][a-z0-9_.-]{0,62}$"
+_OPTION_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,62}$")
+MAX_TASK_OPTIONS = 32
 
 
 class DatasetSpec(ApiModel):
     """The prompts the RL loop samples and how their completions are graded."""
 
-    task: Literal["math", "successor"] | None = Field(
+    task: str | None = Field(
         default=None,
-        description="math: problems from `path`, each completion graded 1 or 0 by a math verifier "
-        "(math-verify: LaTeX and plain numbers, equivalent forms such as 1/2 and 0.5); successor: the toy "
-        "task of the CPU loop (token prompts, for development with the tiny model only). Default math.",
+        description="The task: its name in the entry-point group rljob.tasks of the trainer image "
+        "(docs/tasks.md: a package installed in the image registers its own). Built in: math, problems "
+        "from `path`, each completion graded 1 or 0 by a math verifier (math-verify: LaTeX and plain "
+        "numbers, equivalent forms such as 1/2 and 0.5); successor, the toy task of the CPU loop (token "
+        "prompts, for development with the tiny model only). The trainer refuses a name its image does "
+        "not register (exit 2, listing the ones it has). Default math.",
+        max_length=63,
+        pattern=_TASK_NAME,
+    )
+    options: dict[str, Annotated[str, StringConstraints(max_length=4096)]] | None = Field(
+        default=None,
+        max_length=MAX_TASK_OPTIONS,
+        description="Options of the task, strings by name (keys: a letter or _, then letters, digits, "
+        "_ . -; at most 63 characters). Each task documents its own and refuses the ones it does not "
+        "know (exit 2); math takes questionField and answerField, the JSON keys of a problem's question "
+        "and answer (default question and answer).",
     )
     path: str | None = Field(
         default=None,
-        description='JSON Lines of problems, one {"question": ..., "answer": ...} per line (GSM8K style: '
-        "the final answer after ####), as a gs:// object or an absolute path in the trainer's "
-        "filesystem. Default {storage.root}/data/train.jsonl. The trainer reads it at start: a missing "
-        "or malformed file fails the run at once (exit 2), it is never retried.",
+        description="The task's data, as a gs:// object or an absolute path in the trainer's filesystem; "
+        'for math, JSON Lines of problems, one {"question": ..., "answer": ...} per line (GSM8K style: the '
+        "final answer after ####). Default {storage.root}/data/train.jsonl (task successor reads no "
+        "file). The trainer reads it at start: a missing or malformed file fails the run at once (exit "
+        "2), it is never retried.",
         max_length=syntax.PATH_MAX,
     )
     eval_size: int | None = Field(
@@ -611,8 +628,8 @@ class DatasetSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=16384,
-        description="Python format string of each prompt with the field {question} (no format spec or "
-        "conversion; {{ and }} are literal braces). Default "
+        description="Task math: the Python format string of each prompt with the field {question} (no "
+        "format spec or conversion; {{ and }} are literal braces). Default "
         '"{question}\\nPut the final answer after ####.\\n".',
     )
 
@@ -621,6 +638,28 @@ class DatasetSpec(ApiModel):
     def _data_path(cls, value: str | None) -> str | None:
         if value is not None and not _DATA_PATH.match(value):
             raise ValueError("must be a gs://BUCKET/OBJECT or an absolute path to a file")
+        return value
+
+    reward_url: str | None = Field(
+        default=None,
+        max_length=2048,
+        pattern=r"^https?://[^\s/]+(/\S*)?$",
+        description="An HTTP service that grades the completions instead of the task's own reward (e.g. "
+        "rewards that run code, in a sandbox of their own): the trainer POSTs each completion as JSON "
+        '{"completion", "reference", "prompt", "id"} and reads a number, or {"reward": number}, back; '
+        "a failing request is retried with backoff, and a service that never answers stops the trainer "
+        "(a crash, restarted). docs/tasks.md.",
+    )
+
+    @field_validator("options")
+    @classmethod
+    def _option_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        bad = [k for k in value or {} if not _OPTION_KEY.match(k)]
+        if bad:
+            raise ValueError(
+                "option names are a letter or _, then letters, digits, _ . - (at most 63 characters): "
+                + ", ".join(repr(k[:70]) for k in sorted(bad)[:5])
+            )
         return value
 
     @field_validator("prompt_template")

@@ -264,7 +264,8 @@ def resolve(job: RLJob) -> RunConfig:
 
     # ---- dataset
     assert spec.dataset
-    if spec.dataset.task == "math" and spec.dataset.path is None:
+    # The task is any name the trainer image registers (docs/tasks.md); the trainer refuses an unknown one.
+    if spec.dataset.task != "successor" and spec.dataset.path is None:
         spec.dataset.path = f"{spec.storage.root.rstrip('/')}/{DEFAULT_DATASET_OBJECT}"
     elif spec.dataset.task == "successor" and spec.dataset.path is not None:
         problems.append(

@@ -1,6 +1,7 @@
 """Prompt datasets of the RL loop: a toy task a tiny model learns on CPU, and math problems for real runs.
 
-A task yields, for each step, a deterministic list of prompts (a function of the seed and the step, so a
+Both are registered by name like any other task (rljob.trainer.tasks, docs/tasks.md). A task yields, for
+each step, a deterministic list of prompts (a function of the seed and the step, so a
 resumed run sees exactly the prompts it would have seen) and grades a completion with a reward in [0, 1].
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -16,12 +18,18 @@ from rljob.trainer.rewards import exact_match_reward, math_reward
 
 @dataclass(frozen=True)
 class Prompt:
-    """One prompt: token ids (toy task) or text (math), and the reference answer."""
+    """One prompt: token ids (toy task), text (math) or chat messages, and the reference answer (what the
+    task's reward grades a completion against).
+
+    A prompt of chat ``messages`` (each {"role": ..., "content": ...}) reaches the sampler rendered by the
+    model's chat template (rljob.trainer.tasks.ChatPrompts): as token ids when the tokenizer has one, else
+    as text. The sampler gets ``tokens`` when set, else ``text``."""
 
     tokens: list[int] | None
     text: str | None
-    answer: list[int] | str
+    answer: Any
     id: str = ""
+    messages: Sequence[Mapping[str, str]] | None = None
 
 
 class Task(Protocol):
@@ -108,9 +116,12 @@ class MathTask:
         text: str,
         source: str,
         template: str = "{question}",
+        question_field: str = "question",
+        answer_field: str = "answer",
         **kw: Any,
     ) -> MathTask:
-        """Parse the file's text; every problem names ``source`` and its line."""
+        """Parse the file's text; every problem names ``source`` and its line. Each line is a JSON object
+        with the question (text) under ``question_field`` and the answer under ``answer_field``."""
         rows: list[tuple[str, str]] = []
         field_ = "spec.dataset.path"
         for i, line in enumerate(text.splitlines(), start=1):
@@ -120,12 +131,18 @@ class MathTask:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DatasetError(f"{field_}: {source}:{i}: not JSON ({e.msg})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or "answer" not in row:
-                raise DatasetError(f'{field_}: {source}:{i}: each line needs "question" (text) and "answer"')
-            answer = str(row["answer"]).rsplit("####", 1)[-1].strip()
+            if (
+                not isinstance(row, dict)
+                or not isinstance(row.get(question_field), str)
+                or answer_field not in row
+            ):
+                raise DatasetError(
+                    f'{field_}: {source}:{i}: each line needs "{question_field}" (text) and "{answer_field}"'
+                )
+            answer = str(row[answer_field]).rsplit("####", 1)[-1].strip()
             if not answer:
                 raise DatasetError(f"{field_}: {source}:{i}: empty answer")
-            rows.append((template.format(question=row["question"]), answer))
+            rows.append((template.format(question=row[question_field]), answer))
         task = cls(rows, **kw)
         if len(rows) <= task.eval_size:
             raise DatasetError(

@@ -48,11 +48,12 @@ import numpy as np
 from pydantic import ValidationError
 from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
-from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
+from rljob.trainer.data import DatasetError, Prompt, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
 from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
+from rljob.trainer.remote_reward import RemoteReward
+from rljob.trainer.tasks import ChatPrompts, context_of, hf_tokenizer, load_task
 
 log = logging.getLogger("rljob.trainer.loop")
 
@@ -438,10 +439,16 @@ class SamplerSource:
     def grade(self, batch: Batch) -> np.ndarray:
         """Rewards of a batch, computed on the loop's (main) thread: graders such as math-verify time
         themselves out with signal.alarm, which only works there."""
-        return np.asarray(
-            [self.task.reward(batch.prompts[c.prompt_index], c.tokens, c.text) for c in batch.completions],
-            np.float32,
-        )
+        return np.asarray(self.rewards(batch.prompts, batch.completions), np.float32)
+
+    def rewards(self, prompts: list[Prompt], comps: list[Completion]) -> list[float]:
+        """The task's rewards of completions, all at once when the task grades many together (a reward
+        service, rljob.trainer.remote_reward), else one after another."""
+        graded = [(prompts[c.prompt_index], c.tokens, c.text) for c in comps]
+        many = getattr(self.task, "rewards", None)
+        if many is not None:
+            return [float(r) for r in many(graded)]
+        return [self.task.reward(p, t, x) for p, t, x in graded]
 
     def _prefetch(self, step: int, min_version: int) -> None:
         if step < self.steps and step not in self.pending:
@@ -537,7 +544,7 @@ class SamplerSource:
     def evaluate(self, min_version: int) -> float:
         prompts = self.task.eval_prompts()
         comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, min_version)
-        return float(np.mean([self.task.reward(prompts[c.prompt_index], c.tokens, c.text) for c in comps]))
+        return float(np.mean(self.rewards(prompts, comps)))
 
     def __call__(self, step: int, lora: Any) -> tuple[list[Rollout], dict[str, float]]:
         # The runtime calls this after publishing v{step}: sample step `step` with >= v{step-1}.
@@ -569,6 +576,9 @@ class SamplerSource:
     def close(self) -> None:
         """Cancel queued sampling and end the one in flight (the client stops waiting)."""
         self.client.close()
+        close = getattr(self.task, "close", None)
+        if close is not None:
+            close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -576,38 +586,21 @@ class SamplerSource:
 
 
 def task_of(rc: RunConfig, seed: int = 0) -> Task:
-    """The run's prompts and grader (spec.dataset): the math problems it names, read once at start (a
-    missing or malformed file is bad configuration: exit 2, never retried), or the CPU toy task."""
+    """The run's prompts and grader: the task spec.dataset.task names in the entry-point group rljob.tasks
+    (rljob.trainer.tasks), started once with spec.dataset. An unknown task, a task that fails to start, a
+    missing or malformed file: bad configuration (exit 2, never retried)."""
+    return load_task(context_of(rc, seed))
+
+
+def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
+    """Where a chat prompt's template comes from: the Hugging Face tokenizer of spec.model.name (what the
+    samplers serve) for the run's own model; none for the tiny and miniature CPU models (the CPU sampler's
+    tokenizer is UTF-8 bytes, without a chat template)."""
+    name = rc.spec.model.name if rc.spec.model else None
+    if model != "config" or not name:
+        return None
     d = rc.spec.dataset
-    if d is None or d.task == "successor":
-        return SuccessorTask()  # its train/eval split is fixed; the seed varies only the sampling
-    from rljob.trainer.storage import open_store
-
-    assert d.path, "the plan fills spec.dataset.path for task math"
-    parent, _, name = d.path.rpartition("/")
-    from google.api_core import exceptions as gexc
-
-    try:
-        data = open_store(parent).read(name)
-    except (PermissionError, IsADirectoryError, gexc.Forbidden, gexc.Unauthorized, gexc.BadRequest) as e:
-        # Access the run will never get by retrying. Anything else (a 503, a timeout) propagates: a
-        # crash, restarted and counted like any other.
-        raise DatasetError(f"spec.dataset.path: cannot read {d.path}: {type(e).__name__}: {e}") from None
-    if data is None:
-        raise DatasetError(f"spec.dataset.path: {d.path} does not exist (upload the problems there)")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise DatasetError(f"spec.dataset.path: {d.path} is not UTF-8 text") from None
-    alg = rc.spec.algorithm
-    return MathTask.from_jsonl(
-        text,
-        d.path,
-        template=d.prompt_template or DEFAULT_PROMPT_TEMPLATE,
-        eval_size=d.eval_size or 64,
-        max_tokens=alg.max_tokens if alg and alg.max_tokens else 1024,
-        seed=seed,
-    )
+    return hf_tokenizer(name, d.task if d and d.task else "math")
 
 
 def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
@@ -692,7 +685,10 @@ def main(argv: list[str] | None = None) -> int:
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
     )
     try:
-        task = task_of(rc, args.seed)
+        chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
+        chat.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
+        reward_url = spec.dataset.reward_url if spec.dataset else None
+        task: Task = RemoteReward(chat, reward_url) if reward_url else chat
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
@@ -732,7 +728,10 @@ def main(argv: list[str] | None = None) -> int:
                 alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
             ),
         )
-    except (LoopConfigError, ValueError, BadConfig, DatasetError) as e:
+    except DatasetError as e:  # every problem, one line each (rljob.trainer.tasks)
+        print(str(e), file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    except (LoopConfigError, ValueError, BadConfig) as e:
         print(str(e).splitlines()[0], file=sys.stderr)
         return EXIT_BAD_CONFIG
     first = jax.process_index() == 0

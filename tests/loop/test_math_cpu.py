@@ -89,5 +89,5 @@ def test_missing_dataset_fails_at_once(gcs_emulator: Any, tmp_path: Path) -> Non
     )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines()[-1] == (
-        f"spec.dataset.path: gs://{bucket}/data/train.jsonl does not exist (upload the problems there)"
+        f"spec.dataset.path: gs://{bucket}/data/train.jsonl does not exist (upload the data there)"
     )
