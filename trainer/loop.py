@@ -48,7 +48,6 @@ import numpy as np
 from pydantic import ValidationError
 from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
 from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
 from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
@@ -579,7 +578,7 @@ def task_of(rc: RunConfig, seed: int = 0) -> Task:
     """The run's prompts and grader (spec.dataset): the math problems it names, read once at start (a
     missing or malformed file is bad configuration: exit 2, never retried), or the CPU toy task."""
     d = rc.spec.dataset
-    if d is None or d.task == "successor":
+    if d.task == "successor":
         return SuccessorTask()  # its train/eval split is fixed; the seed varies only the sampling
     from rljob.trainer.storage import open_store
 
@@ -599,13 +598,12 @@ def task_of(rc: RunConfig, seed: int = 0) -> Task:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise DatasetError(f"spec.dataset.path: {d.path} is not UTF-8 text") from None
-    alg = rc.spec.algorithm
     return MathTask.from_jsonl(
         text,
         d.path,
-        template=d.prompt_template or DEFAULT_PROMPT_TEMPLATE,
-        eval_size=d.eval_size or 64,
-        max_tokens=alg.max_tokens if alg and alg.max_tokens else 1024,
+        template=d.prompt_template,
+        eval_size=d.eval_size,
+        max_tokens=rc.spec.algorithm.max_tokens,
         seed=seed,
     )
 
@@ -624,11 +622,8 @@ def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
         rows=4,
         micro_batches=8,
         segment_align=1,
-        learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
-        loss=LossConfig(
-            kind=alg.loss if alg and alg.loss else "importance_sampling",
-            kl_coef=alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0,
-        ),
+        learning_rate=alg.learning_rate,
+        loss=LossConfig(kind=alg.loss, kl_coef=alg.kl_penalty_coef),
         **head_blocks(rc),
     )
 
@@ -683,10 +678,7 @@ def main(argv: list[str] | None = None) -> int:
     from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
-    lora = spec.lora
-    rank = lora.rank if lora and lora.rank else 8
-    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
-    steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    steps = args.steps or alg.steps
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
@@ -697,16 +689,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         elif args.model == "miniature":
-            model_spec = miniature_spec(
-                rc, mesh=True, checkpoint=spec.model.checkpoint if spec.model else None
-            )
+            model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
             step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]))
         else:
             vocab, max_len = cpu_shape(rc)
             model_spec = cpu_model_spec(
-                rank,
-                alpha,
-                checkpoint=spec.model.checkpoint if spec.model else None,
+                spec.lora.rank,
+                spec.lora.alpha,
+                checkpoint=spec.model.checkpoint,
                 vocab_size=vocab,
                 max_len=max_len,
             )
@@ -720,17 +710,15 @@ def main(argv: list[str] | None = None) -> int:
             client,
             task,
             steps=steps,
-            group_size=alg.group_size if alg and alg.group_size else 8,
-            groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
+            group_size=alg.group_size,
+            groups_per_batch=alg.groups_per_batch,
             logprobs=lambda lora, t, p, s: scored(policy.base, lora, t, p, s),
             pack=step_cfg.pack_config(),
             parity_rows=int(policy.mesh.size),
             parity_len=int(policy.cfg.max_target_length),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
-            advantage_normalization=(
-                alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
-            ),
+            advantage_normalization=alg.advantage_normalization,
         )
     except (LoopConfigError, ValueError, BadConfig, DatasetError) as e:
         print(str(e).splitlines()[0], file=sys.stderr)
