@@ -678,7 +678,10 @@ def main(argv: list[str] | None = None) -> int:
     from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
-    steps = args.steps or alg.steps
+    steps = args.steps if args.steps is not None else alg.steps
+    if steps <= 0:
+        print(f"--steps: must be > 0, got {steps}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
