@@ -55,7 +55,6 @@ def main() -> None:
     rc = rc.model_copy(update={"storage": storage})
     vocab, max_len = cpu_shape(rc)
     lora = rc.spec.lora
-    assert lora is not None and lora.rank is not None and lora.alpha is not None
     policy = Policy(cpu_model_spec(lora.rank, lora.alpha, vocab_size=vocab, max_len=max_len))
     service, _ = build(rc, "tiny", policy=policy)
     engine = service.engine

@@ -269,9 +269,7 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     trainer.update(tpu=tpu, slices=slices, containersPerHost=containers, mesh=dict(mesh))
     sampler = spec.setdefault("sampler", {})
     # One host's devices, laid out as the plan requires (the CPU sampler ignores the layout).
-    tp, ep = sampler_layout(
-        rc.spec.model.maxtext_model if rc.spec.model else None, 4 * rc.sampler.tpu.devices_per_chip
-    )
+    tp, ep = sampler_layout(rc.spec.model.maxtext_model, 4 * rc.sampler.tpu.devices_per_chip)
     sampler.update(tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep)
     sampler.pop("dataParallel", None)
     spec["storage"] = {**spec.get("storage", {}), "root": STORAGE}

@@ -115,12 +115,27 @@ def table(items: list[dict[str, Any]], wide: bool = False, all_namespaces: bool 
     )
 
 
+def _steps(obj: dict[str, Any]) -> Any:
+    """spec.algorithm.steps of an RLJob object as the plan merges it (manifest over the recipe over the
+    defaults table); "?" for an object that does not parse as an RLJob."""
+    from pydantic import ValidationError
+    from rljob.recipes import plan
+    from rljob.recipes.api import RLJob
+
+    try:
+        job = RLJob.model_validate({"metadata": obj.get("metadata") or {}, "spec": obj.get("spec") or {}})
+    except ValidationError:
+        return "?"
+    merged, _, _ = plan.merged_spec(job)
+    return merged["algorithm"]["steps"]
+
+
 def describe(obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "") -> str:
     """The human-readable status of one RLJob."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = status.get("progress") or {}
     restarts = status.get("restarts") or {}
-    steps = ((obj.get("spec") or {}).get("algorithm") or {}).get("steps", "?")
+    steps = _steps(obj)
     lines = [
         f"Name:        {meta.get('namespace')}/{meta.get('name')}",
         f"Phase:       {status.get('phase') or 'Pending'}",

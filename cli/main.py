@@ -103,7 +103,6 @@ def _mesh(m: Any) -> str:
 
 def _dataset(run: RunConfig) -> str:
     d = run.spec.dataset
-    assert d
     graded = f", rewards from {d.reward_url}" if d.reward_url else ""
     if d.task == "successor":
         reward = graded or ", exact-match reward"
@@ -171,12 +170,11 @@ def explain(run: RunConfig) -> str:
     """The human-readable plan of a resolved run."""
     t, s = run.trainer, run.sampler
     spec = run.spec
-    assert spec.model and spec.lora and spec.packing and spec.algorithm and spec.failure_policy
     lines = [
         f"RLJob {run.namespace}/{run.name} -> JobSet {run.job_set_name}"
         + (
             f" (recipe {spec.recipe}"
-            + (f", profile {spec.trainer.profile})" if spec.trainer and spec.trainer.profile else ")")
+            + (f", profile {spec.trainer.profile})" if spec.trainer.profile else ")")
             if spec.recipe
             else ""
         ),
@@ -203,7 +201,7 @@ def explain(run: RunConfig) -> str:
         f"{s.expert_parallel} x {s.data_parallel}, max model len {s.max_model_len}",
         f"  vLLM TPU backend (tpu-inference): {_vllm_support(s.tpu.accelerator)}",
         f"  lora: rank {spec.lora.rank}, alpha {spec.lora.alpha:g}, max loras {s.max_loras}, targets "
-        f"{', '.join(spec.lora.targets or [])}",
+        f"{', '.join(spec.lora.targets)}",
         f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "
         f"{spec.algorithm.group_size} completions, {spec.algorithm.steps} steps, "
         f"lr {spec.algorithm.learning_rate:g}",

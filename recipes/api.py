@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict
 from rljob.recipes import syntax
+from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
+from rljob.recipes.defaults import text as _default
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -151,7 +153,7 @@ class LogprobsSpec(ApiModel):
         default=None,
         ge=1,
         description="Vocabulary columns per chunk (clamped to a device's share of the vocabulary). "
-        "Default 8192.",
+        + _default("trainer.logprobs.vocabChunk"),
     )
 
 
@@ -326,13 +328,13 @@ class TrainerSpec(ApiModel):
 
     tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
     slices: int | None = Field(
-        default=None, ge=1, le=64, description="Number of identical TPU slices. Default 1."
+        default=None, ge=1, le=64, description="Number of identical TPU slices. " + _default("trainer.slices")
     )
     mesh: MeshSpec | None = Field(default=None, description="Trainer device mesh (MaxText ici_*/dcn_* keys).")
     maxtext_version: str | None = Field(
         default=None,
         description="MaxText version pinned by the trainer image; its key set validates `maxtext`. "
-        "Default 0.2.5.",
+        + _default("trainer.maxtextVersion"),
         max_length=syntax.VERSION_MAX,
         pattern=syntax.VERSION,
     )
@@ -350,7 +352,8 @@ class TrainerSpec(ApiModel):
     )
     image: str | None = Field(
         default=None,
-        description="Trainer container image (a reference such as registry/path:tag or @sha256:...).",
+        description="Trainer container image (a reference such as registry/path:tag or @sha256:...). "
+        + _default("trainer.image"),
         max_length=syntax.IMAGE_MAX,
         pattern=syntax.IMAGE,
     )
@@ -379,7 +382,7 @@ class SamplerSpec(ApiModel):
 
     tpu: TpuField | None = Field(default=None, description=_TPU_DESCRIPTION)
     replicas: int | None = Field(
-        default=None, ge=1, le=256, description="Number of sampler slices. Default 1."
+        default=None, ge=1, le=256, description="Number of sampler slices. " + _default("sampler.replicas")
     )
     tensor_parallel: int | None = Field(
         default=None,
@@ -395,14 +398,14 @@ class SamplerSpec(ApiModel):
         le=4096,
         description="Expert parallelism of one replica for a mixture-of-experts model (tpu-inference's "
         "expert_parallelism; vLLM --enable-expert-parallel); the model's experts must divide by it. "
-        "Default 1.",
+        + _default("sampler.expertParallel"),
     )
     data_parallel: int | None = Field(
         default=None,
         ge=1,
         le=4096,
-        description="Data parallelism inside one replica (vLLM --data-parallel-size). Default 1; the "
-        "pinned vLLM TPU build serves LoRA only at 1.",
+        description="Data parallelism inside one replica (vLLM --data-parallel-size); the pinned vLLM TPU "
+        "build serves LoRA only at 1. " + _default("sampler.dataParallel"),
     )
     max_model_len: int | None = Field(
         default=None,
@@ -414,19 +417,21 @@ class SamplerSpec(ApiModel):
         default=None,
         ge=1,
         le=64,
-        description="vLLM --max-loras: adapter versions live at once. Default 2 (the serving one and "
-        "the next).",
+        description="vLLM --max-loras: adapter versions live at once. "
+        + _default("sampler.maxLoras", "the serving one and the next")
+        + " With spec.service: spec.service.maxTrainingClients when that is more.",
     )
     max_num_seqs: int | None = Field(
         default=None,
         ge=1,
         le=1 << 16,
         description="vLLM --max-num-seqs: sequences one replica decodes at once; the trainer sends a "
-        "replica at most this many at a time. Default 256.",
+        "replica at most this many at a time. " + _default("sampler.maxNumSeqs"),
     )
     image: str | None = Field(
         default=None,
-        description="Sampler container image (a reference such as registry/path:tag or @sha256:...).",
+        description="Sampler container image (a reference such as registry/path:tag or @sha256:...). "
+        + _default("sampler.image"),
         max_length=syntax.IMAGE_MAX,
         pattern=syntax.IMAGE,
     )
@@ -442,10 +447,11 @@ class LoraSpec(ApiModel):
         default=None,
         ge=1,
         le=512,
-        description="LoRA rank; one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512.",
+        description="LoRA rank; one of vLLM's ranks 1, 8, 16, 32, 64, 128, 256, 320, 512. "
+        + _default("lora.rank"),
     )
     alpha: float | None = Field(
-        default=None, gt=0, le=1e6, description="LoRA alpha (scale = alpha / rank). Default 2xrank."
+        default=None, gt=0, le=1e6, description="LoRA alpha (scale = alpha / rank). Default: 2 x rank."
     )
     targets: (
         list[Annotated[str, StringConstraints(pattern=syntax.MODULE_NAME, max_length=syntax.MODULE_NAME_MAX)]]
@@ -454,7 +460,7 @@ class LoraSpec(ApiModel):
         default=None,
         min_length=1,
         max_length=64,
-        description="Module names the adapter wraps, e.g. [q_proj, k_proj, v_proj, o_proj].",
+        description="Module names the adapter wraps. " + _default("lora.targets"),
     )
 
 
@@ -463,25 +469,40 @@ class AlgorithmSpec(ApiModel):
 
     loss: Literal["importance_sampling", "ppo"] | None = Field(
         default=None,
-        description="Policy loss: importance_sampling or ppo (clipped). Default importance_sampling.",
+        description="Policy loss: importance_sampling or ppo (clipped). " + _default("algorithm.loss"),
     )
     group_size: int | None = Field(
-        default=None, ge=1, le=4096, description="Completions sampled per prompt. Default 8."
+        default=None,
+        ge=1,
+        le=4096,
+        description="Completions sampled per prompt. " + _default("algorithm.groupSize"),
     )
     groups_per_batch: int | None = Field(
-        default=None, ge=1, le=65536, description="Prompts (groups) per optimizer step. Default 16."
+        default=None,
+        ge=1,
+        le=65536,
+        description="Prompts (groups) per optimizer step. " + _default("algorithm.groupsPerBatch"),
     )
     max_tokens: int | None = Field(
-        default=None, ge=1, le=1 << 20, description="Completion token limit. Default 2048."
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description="Completion token limit. " + _default("algorithm.maxTokens"),
     )
     max_prompt_tokens: int | None = Field(
-        default=None, ge=1, le=1 << 20, description="Prompt token limit. Default 1024."
+        default=None,
+        ge=1,
+        le=1 << 20,
+        description="Prompt token limit. " + _default("algorithm.maxPromptTokens"),
     )
     learning_rate: float | None = Field(
-        default=None, gt=0, lt=1, description="Adam learning rate. Default 1e-5."
+        default=None, gt=0, lt=1, description="Adam learning rate. " + _default("algorithm.learningRate")
     )
     steps: int | None = Field(
-        default=None, ge=1, le=1_000_000_000, description="Optimizer steps to run. Default 100."
+        default=None,
+        ge=1,
+        le=1_000_000_000,
+        description="Optimizer steps to run. " + _default("algorithm.steps"),
     )
     kl_penalty_coef: float | None = Field(
         default=None,
@@ -489,14 +510,16 @@ class AlgorithmSpec(ApiModel):
         le=1e6,
         description="Weight of a k3 KL penalty against the base policy (the adapter off), per token: the "
         "trainer computes the base policy's log-probs of each packed micro-batch in one more forward pass. "
-        "Default 0 (no penalty, no extra pass).",
+        + _default("algorithm.klPenaltyCoef", "no penalty, no extra pass"),
     )
     advantage_normalization: Literal["mean", "std"] | None = Field(
         default=None,
         description="GRPO advantage of a completion from its group's rewards: mean = reward - group mean "
         "(the Tinker cookbook's compute_advantages; Dr. GRPO, https://arxiv.org/abs/2503.20783), std = that "
         "divided by the group's standard deviation (the original GRPO; tunix's compute_advantages with "
-        "std_scale). Default mean: dividing by the std weights a group whose rewards barely differ as much "
+        "std_scale). "
+        + _default("algorithm.advantageNormalization")
+        + " Dividing by the std weights a group whose rewards barely differ as much "
         "as one whose rewards differ a lot, and changes the loss scale from step to step. Either way a group "
         "whose rewards are all equal carries no signal and is left out of the step.",
     )
@@ -517,11 +540,13 @@ class PackingSpec(ApiModel):
         ge=1,
         le=1 << 22,
         description="Every segment after the first in a row starts at a multiple of this many tokens. "
-        "Default 64.",
+        + _default("packing.segmentAlign"),
     )
     pad_position: Literal["end", "start", "balanced"] | None = Field(
         default=None,
-        description="Where a row's padding goes: end (default), start or balanced. With start each row is "
+        description="Where a row's padding goes: end, start or balanced. "
+        + _default("packing.padPosition")
+        + " With start each row is "
         "the end layout moved right by its trailing padding rounded down to padAlign, so under load-balanced "
         "context parallelism every rank skips the padding's key tiles (Splash). With balanced the trainer "
         "orders each row's rollouts to minimise the busiest context rank's attention tiles under the "
@@ -534,9 +559,9 @@ class PackingSpec(ApiModel):
         ge=1,
         le=1 << 22,
         description="With padPosition start (and balanced's pad-first candidate): the shift is rounded "
-        "down to a multiple of this many tokens (a positive multiple of segmentAlign; default 4096, the "
-        "largest Splash block), so segment starts keep their place relative to the kernel's tiles. Not "
-        "read with end, where only the default is accepted.",
+        "down to a multiple of this many tokens (a positive multiple of segmentAlign), so segment starts "
+        "keep their place relative to the kernel's tiles. Not read with end, where only the default is "
+        "accepted. " + _default("packing.padAlign", "the largest Splash block"),
     )
 
 
@@ -567,7 +592,10 @@ class FailurePolicySpec(ApiModel):
     """How failures are retried. Preemption and maintenance restarts are never counted."""
 
     max_restarts: int | None = Field(
-        default=None, ge=0, le=1000, description="Restarts after a crash before the job fails. Default 3."
+        default=None,
+        ge=0,
+        le=1000,
+        description="Restarts after a crash before the job fails. " + _default("failurePolicy.maxRestarts"),
     )
     max_non_finite_steps: int | None = Field(
         default=None,
@@ -575,7 +603,8 @@ class FailurePolicySpec(ApiModel):
         le=10000,
         description="Consecutive optimizer steps whose update is not finite (NaN or Inf in the loss, a "
         "gradient or the update; the trainer skips such an update) before the run fails with exit 2, "
-        "not restarted: a restart resumes the same state and rollouts and would diverge again. Default 10.",
+        "not restarted: a restart resumes the same state and rollouts and would diverge again. "
+        + _default("failurePolicy.maxNonFiniteSteps"),
     )
 
 
@@ -596,7 +625,7 @@ class DatasetSpec(ApiModel):
         "from `path`, each completion graded 1 or 0 by a math verifier (math-verify: LaTeX and plain "
         "numbers, equivalent forms such as 1/2 and 0.5); successor, the toy task of the CPU loop (token "
         "prompts, for development with the tiny model only). The trainer refuses a name its image does "
-        "not register (exit 2, listing the ones it has). Default math.",
+        "not register (exit 2, listing the ones it has). " + _default("dataset.task"),
         max_length=63,
         pattern=_TASK_NAME,
     )
@@ -612,9 +641,10 @@ class DatasetSpec(ApiModel):
         default=None,
         description="The task's data, as a gs:// object or an absolute path in the trainer's filesystem; "
         'for math, JSON Lines of problems, one {"question": ..., "answer": ...} per line (GSM8K style: the '
-        "final answer after ####). Default {storage.root}/data/train.jsonl (task successor reads no "
-        "file). The trainer reads it at start: a missing or malformed file fails the run at once (exit "
-        "2), it is never retried.",
+        "final answer after ####). Default: {storage.root}/"
+        + DEFAULT_DATASET_OBJECT
+        + " (task successor reads no file). The trainer reads it at start: a missing or malformed file "
+        "fails the run at once (exit 2), it is never retried.",
         max_length=syntax.PATH_MAX,
     )
     eval_size: int | None = Field(
@@ -622,15 +652,14 @@ class DatasetSpec(ApiModel):
         ge=1,
         le=1 << 20,
         description="Problems held out from the head of the file for evaluation (never trained on). "
-        "Default 64.",
+        + _default("dataset.evalSize"),
     )
     prompt_template: str | None = Field(
         default=None,
         min_length=1,
         max_length=16384,
         description="Task math: the Python format string of each prompt with the field {question} (no "
-        "format spec or conversion; {{ and }} are literal braces). Default "
-        '"{question}\\nPut the final answer after ####.\\n".',
+        "format spec or conversion; {{ and }} are literal braces). " + _default("dataset.promptTemplate"),
     )
 
     @field_validator("path")
@@ -698,7 +727,7 @@ class ServiceSpec(ApiModel):
         default=None,
         ge=1024,
         le=65535,
-        description="Port of the API on the trainer pod and its Service. Default 8080.",
+        description="Port of the API on the trainer pod and its Service. " + _default("service.port"),
     )
     max_training_clients: int | None = Field(
         default=None,
@@ -706,13 +735,14 @@ class ServiceSpec(ApiModel):
         le=64,
         description="LoRA adapters trained at once over the one base model (training clients, each its own "
         "adapter, optimizer state and checkpoints); a client beyond it is refused. The samplers' maxLoras "
-        "must hold one adapter per client. Default 8.",
+        "must hold one adapter per client. " + _default("service.maxTrainingClients"),
     )
     checkpoint_every: int | None = Field(
         default=None,
         ge=0,
         description="Optimizer steps between a training client's automatic checkpoints, which a restarted "
-        "trainer resumes from (0: only when a client is created or loaded). Default 1.",
+        "trainer resumes from (0: only when a client is created or loaded). "
+        + _default("service.checkpointEvery"),
     )
     api_key_secret: str | None = Field(
         default=None,
@@ -746,7 +776,7 @@ class RLJobSpec(ApiModel):
     storage: StorageSpec | None = Field(default=None, description="Run storage.")
     failure_policy: FailurePolicySpec | None = Field(default=None, description="Retry policy.")
     suspend: bool | None = Field(
-        default=None, description="Suspend the run (the JobSet is suspended). Default false."
+        default=None, description="Suspend the run (the JobSet is suspended). " + _default("suspend")
     )
     queue_name: str | None = Field(
         default=None,

@@ -15,11 +15,15 @@ from typing import Any
 from pydantic import ValidationError
 from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
 from rljob.recipes.api import RLJob, RLJobSpec
+from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
+from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
+from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
     Endpoints,
     ProgressTarget,
+    ResolvedSpec,
     RunConfig,
     SamplerPlan,
     StoragePaths,
@@ -27,51 +31,13 @@ from rljob.recipes.runconfig import (
 )
 from rljob.recipes.syntax import key_path
 
-IMAGE_VERSION = "0.1.0"
-DEFAULT_TRAINER_IMAGE = f"ghcr.io/rljob/rljob-trainer:{IMAGE_VERSION}"
-DEFAULT_SAMPLER_IMAGE = f"ghcr.io/rljob/rljob-sampler:{IMAGE_VERSION}"
-# pad-first rounds its shift down to the largest Splash attention block of the 397B recipe (4,096).
-DEFAULT_PAD_ALIGN = 4096
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-DEFAULT_LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
-DEFAULT_PROMPT_TEMPLATE = "{question}\nPut the final answer after ####.\n"
-# The fused log-prob head's block sizes (spec.trainer.logprobs): the token tile defaults to the largest
-# divisor of a device's tokens per micro-batch up to this; bench/logprob_head_memory.py measured
-# vocabulary chunks of 8192 best.
+# The fused log-prob head's token tile defaults to the largest divisor of a device's tokens per
+# micro-batch up to this (spec.trainer.logprobs.tokenTile).
 MAX_DEFAULT_TOKEN_TILE = 2048
-DEFAULT_VOCAB_CHUNK = 8192
-# spec.dataset.path when unset: shared by every run under the same storage root.
-DEFAULT_DATASET_OBJECT = "data/train.jsonl"
-
-# Plain defaults of a manifest without a recipe (camelCase, as in a manifest).
-DEFAULTS: dict[str, Any] = {
-    "trainer": {
-        "slices": 1,
-        "maxtextVersion": maxtext_keys.DEFAULT_VERSION,
-        "image": DEFAULT_TRAINER_IMAGE,
-        "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
-    },
-    "sampler": {"replicas": 1, "maxLoras": 2, "maxNumSeqs": 256, "image": DEFAULT_SAMPLER_IMAGE},
-    "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},
-    "algorithm": {
-        "loss": "importance_sampling",
-        "groupSize": 8,
-        "groupsPerBatch": 16,
-        "maxPromptTokens": 1024,
-        "maxTokens": 2048,
-        "learningRate": 1e-5,
-        "steps": 100,
-        "klPenaltyCoef": 0.0,
-        "advantageNormalization": "mean",
-    },
-    "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
-    "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
-    "failurePolicy": {"maxRestarts": 3, "maxNonFiniteSteps": 10},
-    "suspend": False,
-}
-# Defaults of spec.service when a layer sets it; the samplers' maxLoras then defaults to one adapter per
-# training client (each client's newest sampler weights served at once).
-SERVICE_DEFAULTS: dict[str, Any] = {"port": 8080, "maxTrainingClients": 8, "checkpointEvery": 1}
+# The plain defaults (DEFAULTS: the one table, rljob.recipes.defaults) without spec.service's, which apply
+# only to a spec that sets spec.service.
+_BASE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "service"}
 
 # MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them.
 DERIVED_KEYS: dict[str, str] = {
@@ -221,10 +187,18 @@ def merged_spec(job: RLJob) -> tuple[dict[str, Any], _Layers, list[str]]:
     problems: list[str] = []
     layers = _layers(job, problems)
     upper = _merge(_merge(layers.recipe, layers.profile), _dump(job.spec))
-    base = DEFAULTS
+    base = _BASE_DEFAULTS
     if isinstance(upper.get("service"), dict):
-        clients = upper["service"].get("maxTrainingClients") or SERVICE_DEFAULTS["maxTrainingClients"]
-        base = _merge(DEFAULTS, {"service": SERVICE_DEFAULTS, "sampler": {"maxLoras": max(2, int(clients))}})
+        # The samplers' maxLoras then defaults to one adapter per training client (each client's newest
+        # sampler weights served at once).
+        clients = upper["service"].get("maxTrainingClients") or DEFAULTS["service"]["maxTrainingClients"]
+        base = _merge(
+            _BASE_DEFAULTS,
+            {
+                "service": DEFAULTS["service"],
+                "sampler": {"maxLoras": max(int(DEFAULTS["sampler"]["maxLoras"]), int(clients))},
+            },
+        )
     merged = _merge(_merge(_merge(base, layers.recipe), layers.profile), _dump(job.spec))
     return merged, layers, problems
 
@@ -261,6 +235,9 @@ def resolve(job: RLJob) -> RunConfig:
     assert spec.model and spec.trainer and spec.sampler and spec.storage and spec.algorithm
     assert spec.lora and spec.packing and spec.failure_policy
     assert spec.model.name and spec.trainer.tpu and spec.sampler.tpu and spec.storage.root
+    # Set by DEFAULTS (a null in a layer is no value: _merge keeps the lower layer's).
+    assert spec.trainer.slices and spec.trainer.maxtext_version and spec.sampler.max_num_seqs
+    assert spec.sampler.expert_parallel and spec.sampler.data_parallel
 
     # ---- dataset
     assert spec.dataset
@@ -327,11 +304,11 @@ def resolve(job: RLJob) -> RunConfig:
 
     # ---- service mode
     svc = spec.service
-    if svc is not None and trainer_tpu is not None and trainer_tpu.hosts * (spec.trainer.slices or 1) > 1:
+    if svc is not None and trainer_tpu is not None and trainer_tpu.hosts * spec.trainer.slices > 1:
         problems.append(
             f"spec.service: the API service trains on one trainer host; spec.trainer.tpu "
-            f"{trainer_tpu.type_name} x {spec.trainer.slices or 1} slice(s) has "
-            f"{trainer_tpu.hosts * (spec.trainer.slices or 1)} hosts"
+            f"{trainer_tpu.type_name} x {spec.trainer.slices} slice(s) has "
+            f"{trainer_tpu.hosts * spec.trainer.slices} hosts"
         )
     if svc is not None:
         assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
@@ -351,8 +328,7 @@ def resolve(job: RLJob) -> RunConfig:
     sampler_plan = None
     if sampler_tpu is not None:
         devices = sampler_tpu.devices
-        ep = spec.sampler.expert_parallel or 1
-        dp = spec.sampler.data_parallel or 1
+        ep, dp = spec.sampler.expert_parallel, spec.sampler.data_parallel
         tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
         spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
         problems += _sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name)
@@ -373,7 +349,7 @@ def resolve(job: RLJob) -> RunConfig:
             max_model_len=spec.sampler.max_model_len,
             lora_max_rank=spec.lora.rank,
             max_loras=spec.sampler.max_loras,
-            max_num_seqs=spec.sampler.max_num_seqs or 256,
+            max_num_seqs=spec.sampler.max_num_seqs,
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
@@ -426,7 +402,7 @@ def resolve(job: RLJob) -> RunConfig:
                 ici=ici,
                 dcn=dcn,
                 micro_batch_size=micro,
-                maxtext_version=spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION,
+                maxtext_version=spec.trainer.maxtext_version,
                 maxtext=keys,
                 maxtext_sources=sources,
             )
@@ -450,7 +426,7 @@ def resolve(job: RLJob) -> RunConfig:
         name=name,
         namespace=ns,
         job_set_name=naming.jobset(name),
-        spec=spec,
+        spec=_resolved(spec),
         trainer=trainer_plan,
         sampler=sampler_plan,
         storage=storage_paths(spec.storage.root, job),
@@ -462,6 +438,22 @@ def resolve(job: RLJob) -> RunConfig:
     )
 
 
+def _resolved(spec: RLJobSpec) -> ResolvedSpec:
+    """The typed resolved spec of a checked, filled working spec. A field left None that the resolved spec
+    requires is a bug of this module (a pydantic ValidationError, not a PlanError)."""
+    data = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+    for key in ("tpu", "mesh", "maxtext"):  # resolved into RunConfig.trainer
+        data["trainer"].pop(key, None)
+    data["sampler"].pop("tpu", None)  # resolved into RunConfig.sampler
+    return ResolvedSpec.model_validate(data)
+
+
+def _version(spec: RLJobSpec) -> str:
+    """spec.trainer.maxtextVersion (set by DEFAULTS)."""
+    assert spec.trainer is not None and spec.trainer.maxtext_version is not None
+    return spec.trainer.maxtext_version
+
+
 def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, devices: int) -> list[str]:
     """What the trainer's fused log-prob head needs (rljob.trainer.model / logprobs), checked here so the
     trainer never refuses at start: MaxText's hidden states in training, MaxText's vocabulary tiling at
@@ -469,7 +461,7 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
     tokens of one micro-batch over all ``devices``). Fills spec.trainer.logprobs.tokenTile."""
     assert spec.trainer is not None and spec.trainer.logprobs is not None and spec.model is not None
     out: list[str] = []
-    version = spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION
+    version = _version(spec)
     try:
         keyset = maxtext_keys.load(version)
     except KeyError:
@@ -545,7 +537,7 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     block = None
     if keys is not None:
         try:
-            keyset = maxtext_keys.load(spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION)
+            keyset = maxtext_keys.load(_version(spec))
         except KeyError:
             return []  # reported by _maxtext
         model = keyset.models.get(str(spec.model.maxtext_model))
@@ -598,7 +590,7 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
     whole key blocks of both Splash kernels (the tile model the trainer's packer scores)."""
     assert spec.packing and spec.packing.token_budget and spec.trainer
     try:
-        keyset = maxtext_keys.load(spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION)
+        keyset = maxtext_keys.load(_version(spec))
     except KeyError:
         return []  # the unknown version is reported by _maxtext
     model = maxtext_keys.attention_tile_model(keys, keyset, context)
@@ -644,7 +636,7 @@ def _maxtext(
 ) -> tuple[dict[str, Any], dict[str, str]]:
     """The final MaxText key dict and each key's source; problems appended."""
     assert spec.trainer is not None
-    version = spec.trainer.maxtext_version or maxtext_keys.DEFAULT_VERSION
+    version = _version(spec)
     try:
         keyset = maxtext_keys.load(version)
     except KeyError:

@@ -133,7 +133,6 @@ def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
 
 def _template(run: RunConfig, role: str) -> PodTemplate | None:
     spec = run.spec
-    assert spec.trainer and spec.sampler
     return spec.trainer.template if role == naming.TRAINER else spec.sampler.template
 
 
@@ -171,7 +170,6 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
                 ports.append({"name": "coordinator", "containerPort": COORDINATOR_PORT, "protocol": "TCP"})
             svc = run.spec.service
             if svc is not None and i == 0:
-                assert svc.port is not None
                 ports.append({"name": API_PORT_NAME, "containerPort": svc.port, "protocol": "TCP"})
                 if svc.api_key_secret:
                     ref = {"name": svc.api_key_secret, "key": API_KEYS_SECRET_KEY}
@@ -202,7 +200,6 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
 
 def _role(run: RunConfig, role: str) -> dict[str, Any]:
     spec = run.spec
-    assert spec.trainer and spec.sampler
     if role == naming.TRAINER:
         tpu, replicas, image, command = (
             run.trainer.tpu,
@@ -245,7 +242,6 @@ def jobset(run: RunConfig) -> dict[str, Any]:
     from rljob.recipes.schema import validate_jobset
 
     spec = run.spec
-    assert spec.failure_policy and spec.failure_policy.max_restarts is not None
     job_labels = labels(run)
     if spec.queue_name:
         job_labels["kueue.x-k8s.io/queue-name"] = spec.queue_name
@@ -255,7 +251,7 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         name=run.job_set_name,
         namespace=run.namespace,
         labels=job_labels,
-        suspend=bool(spec.suspend),
+        suspend=spec.suspend,
         subdomain=naming.subdomain(run.name),
         coordinator_role=naming.TRAINER,
         failure_policy=failure.jobset_failure_policy(spec.failure_policy.max_restarts),
@@ -345,7 +341,7 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
 def api_url(run: RunConfig) -> str | None:
     """The in-cluster URL of the run's API (status.url), or None without spec.service."""
     svc = run.spec.service
-    if svc is None or svc.port is None:
+    if svc is None:
         return None
     return naming.api_url(run.name, run.namespace, svc.port)
 

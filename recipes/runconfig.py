@@ -9,10 +9,10 @@ local ports and a gs:// root on the GCS emulator.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from rljob.recipes.api import ApiModel, RLJobSpec
+from pydantic import ConfigDict, Field
+from rljob.recipes.api import ApiModel, PodTemplate
 
 CONFIG_KEY = "run.json"
 CONFIG_DIR = "/etc/rljob"
@@ -112,16 +112,12 @@ class SamplerPlan(ApiModel):
     tpu: TpuPlan = Field(description="One sampler slice.")
     replicas: int = Field(description="Sampler slices (one vLLM server each).")
     tensor_parallel: int = Field(description="Tensor parallelism (tpu-inference tensor_parallelism).")
-    expert_parallel: int = Field(
-        default=1, description="Expert parallelism (tpu-inference expert_parallelism)."
-    )
-    data_parallel: int = Field(default=1, description="vLLM --data-parallel-size.")
+    expert_parallel: int = Field(description="Expert parallelism (tpu-inference expert_parallelism).")
+    data_parallel: int = Field(description="vLLM --data-parallel-size.")
     max_model_len: int = Field(description="vLLM --max-model-len.")
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")
-    max_num_seqs: int = Field(
-        default=256, description="vLLM --max-num-seqs (sequences in flight per replica)."
-    )
+    max_num_seqs: int = Field(description="vLLM --max-num-seqs (sequences in flight per replica).")
 
 
 class StoragePaths(ApiModel):
@@ -134,8 +130,7 @@ class StoragePaths(ApiModel):
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")
     cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
-    tensorboard: str | None = Field(
-        default=None,
+    tensorboard: str = Field(
         description="TensorBoard event files of the trainer's step metrics (reward, loss, KL, policy lag, "
         "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
         "TensorBoard read them.",
@@ -159,6 +154,156 @@ class ProgressTarget(ApiModel):
     )
 
 
+# ------------------------------------------------------------------------------------- resolved spec
+# The spec as the plan resolved it: recipe < profile < manifest over the one defaults table
+# (rljob.recipes.defaults), every derived value computed (rljob.recipes.plan.resolve builds it; nothing
+# else does). Field names are the API's (recipes/api.py), so `rljob plan` reads like the manifest. Only a
+# field whose absence means something is optional (no recipe, no base checkpoint, no pod template, no
+# dataset file for the successor task, no service, any API key, no queue, no priority class); the parts
+# the plan resolves into the role plans (spec.trainer.tpu, .mesh and .maxtext; spec.sampler.tpu) are read
+# from RunConfig.trainer / RunConfig.sampler instead.
+
+_Count = Annotated[int, Field(ge=1)]
+
+
+class _Resolved(ApiModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class ResolvedModel(_Resolved):
+    """spec.model, resolved."""
+
+    name: str = Field(description="Hugging Face model id.")
+    maxtext_model: str = Field(description="MaxText model_name (default: the id's last part, lowercased).")
+    checkpoint: str | None = Field(
+        default=None, description="Base weights (MaxText checkpoint); None: randomly initialized."
+    )
+
+
+class ResolvedLogprobs(_Resolved):
+    """spec.trainer.logprobs, resolved."""
+
+    token_tile: _Count = Field(description="Tokens per tile of the fused log-prob head.")
+    vocab_chunk: _Count = Field(description="Vocabulary columns per chunk.")
+
+
+class ResolvedTrainer(_Resolved):
+    """spec.trainer, resolved (its TPU, mesh and MaxText keys: RunConfig.trainer)."""
+
+    slices: _Count = Field(description="Number of slices.")
+    maxtext_version: str = Field(description="MaxText version whose key set was checked.")
+    profile: str | None = Field(default=None, description="The recipe's profile; None: none.")
+    image: str = Field(description="Trainer container image.")
+    containers_per_host: _Count = Field(description="TPU containers per pod.")
+    micro_batch_size: _Count = Field(description="Packed rows per micro-step over all devices.")
+    logprobs: ResolvedLogprobs = Field(description="Block sizes of the fused log-prob head.")
+    template: PodTemplate | None = Field(default=None, description="Pod overrides; None: none.")
+
+
+class ResolvedSampler(_Resolved):
+    """spec.sampler, resolved (its TPU: RunConfig.sampler)."""
+
+    replicas: _Count = Field(description="Sampler slices.")
+    tensor_parallel: _Count = Field(description="Tensor parallelism of one replica.")
+    expert_parallel: _Count = Field(description="Expert parallelism of one replica.")
+    data_parallel: _Count = Field(description="Data parallelism of one replica.")
+    max_model_len: _Count = Field(description="vLLM --max-model-len.")
+    max_loras: _Count = Field(description="vLLM --max-loras.")
+    max_num_seqs: _Count = Field(description="vLLM --max-num-seqs.")
+    image: str = Field(description="Sampler container image.")
+    template: PodTemplate | None = Field(default=None, description="Pod overrides; None: none.")
+
+
+class ResolvedLora(_Resolved):
+    """spec.lora, resolved."""
+
+    rank: int = Field(ge=1, le=512, description="LoRA rank.")
+    alpha: float = Field(gt=0, description="LoRA alpha (default 2 x rank).")
+    targets: tuple[str, ...] = Field(min_length=1, description="Module names the adapter wraps.")
+
+
+class ResolvedAlgorithm(_Resolved):
+    """spec.algorithm, resolved."""
+
+    loss: Literal["importance_sampling", "ppo"] = Field(description="Policy loss.")
+    group_size: _Count = Field(description="Completions per prompt.")
+    groups_per_batch: _Count = Field(description="Prompts per optimizer step.")
+    max_tokens: _Count = Field(description="Completion token limit.")
+    max_prompt_tokens: _Count = Field(description="Prompt token limit.")
+    learning_rate: float = Field(gt=0, description="Adam learning rate.")
+    steps: _Count = Field(description="Optimizer steps.")
+    kl_penalty_coef: float = Field(ge=0, description="Weight of the KL penalty (0: none).")
+    advantage_normalization: Literal["mean", "std"] = Field(description="GRPO advantage normalization.")
+
+
+class ResolvedPacking(_Resolved):
+    """spec.packing, resolved."""
+
+    token_budget: _Count = Field(description="Tokens per packed row.")
+    segment_align: _Count = Field(description="Segment start alignment.")
+    pad_position: Literal["end", "start", "balanced"] = Field(description="Where a row's padding goes.")
+    pad_align: _Count = Field(description="Shift alignment of padPosition start.")
+
+
+class ResolvedDataset(_Resolved):
+    """spec.dataset, resolved."""
+
+    task: str = Field(description="The task's name in the entry-point group rljob.tasks.")
+    options: dict[str, str] = Field(default_factory=dict, description="The task's options (none: empty).")
+    path: str | None = Field(
+        default=None, description="The task's data; None for successor, which reads none."
+    )
+    eval_size: _Count = Field(description="Problems held out for evaluation.")
+    prompt_template: str = Field(description="Format string of each prompt (task math).")
+    reward_url: str | None = Field(
+        default=None, description="The reward service grading completions; None: the task's own reward."
+    )
+
+
+class ResolvedService(_Resolved):
+    """spec.service, resolved (present only in service mode)."""
+
+    api: Literal["tinker"] = Field(description="The API served.")
+    port: int = Field(ge=1, le=65535, description="Port of the API.")
+    max_training_clients: _Count = Field(description="Training clients at once.")
+    checkpoint_every: int = Field(ge=0, description="Steps between automatic checkpoints (0: none).")
+    api_key_secret: str | None = Field(
+        default=None, description="Secret of the accepted API keys; None: any tml- key."
+    )
+
+
+class ResolvedStorage(_Resolved):
+    """spec.storage, resolved (the run's own paths: RunConfig.storage)."""
+
+    root: str = Field(description="gs:// storage root.")
+
+
+class ResolvedFailurePolicy(_Resolved):
+    """spec.failurePolicy, resolved."""
+
+    max_restarts: int = Field(ge=0, description="Counted restarts before the job fails.")
+    max_non_finite_steps: _Count = Field(description="Consecutive non-finite updates before exit 2.")
+
+
+class ResolvedSpec(_Resolved):
+    """The RLJob spec as the plan resolved it (see the comment above)."""
+
+    recipe: str | None = Field(default=None, description="The catalog recipe; None: none.")
+    model: ResolvedModel = Field(description="The base model.")
+    trainer: ResolvedTrainer = Field(description="The trainer role.")
+    sampler: ResolvedSampler = Field(description="The sampler role.")
+    lora: ResolvedLora = Field(description="The LoRA adapter.")
+    algorithm: ResolvedAlgorithm = Field(description="The RL algorithm.")
+    packing: ResolvedPacking = Field(description="Sequence packing.")
+    dataset: ResolvedDataset = Field(description="Training prompts and their grading.")
+    service: ResolvedService | None = Field(default=None, description="Service mode; None: the RL loop.")
+    storage: ResolvedStorage = Field(description="Run storage.")
+    failure_policy: ResolvedFailurePolicy = Field(description="Retry policy.")
+    suspend: bool = Field(description="Suspend the run.")
+    queue_name: str | None = Field(default=None, description="Kueue LocalQueue; None: none.")
+    priority_class_name: str | None = Field(default=None, description="PriorityClass; None: none.")
+
+
 class RunConfig(ApiModel):
     """Everything a trainer or sampler process needs to run, resolved by rljob.recipes.plan."""
 
@@ -166,8 +311,8 @@ class RunConfig(ApiModel):
     name: str = Field(description="RLJob name.")
     namespace: str = Field(description="RLJob namespace.")
     job_set_name: str = Field(description="Name of the JobSet.")
-    spec: RLJobSpec = Field(
-        description="The fully resolved spec (recipe < profile < manifest, defaults filled)."
+    spec: ResolvedSpec = Field(
+        description="The resolved spec (recipe < profile < manifest over the defaults, every value filled)."
     )
     trainer: TrainerPlan = Field(description="Trainer plan.")
     sampler: SamplerPlan = Field(description="Sampler plan.")
@@ -203,6 +348,18 @@ __all__ = [
     "Endpoints",
     "MeshPlan",
     "ProgressTarget",
+    "ResolvedAlgorithm",
+    "ResolvedDataset",
+    "ResolvedFailurePolicy",
+    "ResolvedLogprobs",
+    "ResolvedLora",
+    "ResolvedModel",
+    "ResolvedPacking",
+    "ResolvedSampler",
+    "ResolvedService",
+    "ResolvedSpec",
+    "ResolvedStorage",
+    "ResolvedTrainer",
     "RunConfig",
     "SamplerPlan",
     "StoragePaths",

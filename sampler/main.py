@@ -207,14 +207,13 @@ def cpu_policy(rc: RunConfig, model: str = "tiny") -> Any:
     from rljob.trainer.model import Policy
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
 
-    lora = rc.spec.lora
-    rank = lora.rank if lora and lora.rank else 8
-    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
-    checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
+    lora, checkpoint = rc.spec.lora, rc.spec.model.checkpoint
     if model == "miniature":  # rljob drill: the trainer's miniature model (one process: its default mesh)
         return Policy(miniature_spec(rc, mesh=False, checkpoint=checkpoint))
     vocab, max_len = cpu_shape(rc)
-    return Policy(cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len))
+    return Policy(
+        cpu_model_spec(lora.rank, lora.alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len)
+    )
 
 
 def run_cpu(

@@ -55,9 +55,7 @@ def pow2_at_least(n: int) -> int:
 def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str | None = None) -> VllmCommand:
     """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field."""
     spec = rc.spec
-    model = spec.model.name if spec.model else None
-    if not model:
-        raise SamplerConfigError("spec.model.name: the Hugging Face model id vLLM serves is required")
+    model = spec.model.name
     if not syntax.matches(syntax.HF_MODEL_ID, model):
         # The plan refuses it too; here it would become an argument of `vllm serve` (one starting with "-"
         # parses as a flag, e.g. --trust-remote-code).
@@ -108,8 +106,7 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         "--served-model-name",
         model,
     ]
-    maxtext_model = spec.model.maxtext_model if spec.model else None
-    if needs_pow2_batched_tokens([model, maxtext_model or ""]):
+    if needs_pow2_batched_tokens([model, spec.model.maxtext_model]):
         tokens = pow2_at_least(max(POW2_BATCHED_TOKENS_MIN, plan.max_model_len))
         argv += ["--max-num-batched-tokens", str(tokens)]
     if download_dir:

@@ -596,11 +596,9 @@ def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
     """Where a chat prompt's template comes from: the Hugging Face tokenizer of spec.model.name (what the
     samplers serve) for the run's own model; none for the tiny and miniature CPU models (the CPU sampler's
     tokenizer is UTF-8 bytes, without a chat template)."""
-    name = rc.spec.model.name if rc.spec.model else None
-    if model != "config" or not name:
+    if model != "config":
         return None
-    d = rc.spec.dataset
-    return hf_tokenizer(name, d.task if d and d.task else "math")
+    return hf_tokenizer(rc.spec.model.name, rc.spec.dataset.task)
 
 
 def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
@@ -617,11 +615,8 @@ def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
         rows=4,
         micro_batches=8,
         segment_align=1,
-        learning_rate=alg.learning_rate if alg and alg.learning_rate else 1e-5,
-        loss=LossConfig(
-            kind=alg.loss if alg and alg.loss else "importance_sampling",
-            kl_coef=alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0,
-        ),
+        learning_rate=alg.learning_rate,
+        loss=LossConfig(kind=alg.loss, kl_coef=alg.kl_penalty_coef),
         **head_blocks(rc),
     )
 
@@ -676,10 +671,10 @@ def main(argv: list[str] | None = None) -> int:
     from rljob.trainer.train_step import Trainer
 
     spec, alg = rc.spec, rc.spec.algorithm
-    lora = spec.lora
-    rank = lora.rank if lora and lora.rank else 8
-    alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
-    steps = args.steps or (alg.steps if alg and alg.steps else 100)
+    steps = args.steps if args.steps is not None else alg.steps
+    if steps <= 0:
+        print(f"--steps: must be > 0, got {steps}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
         caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
@@ -693,16 +688,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         elif args.model == "miniature":
-            model_spec = miniature_spec(
-                rc, mesh=True, checkpoint=spec.model.checkpoint if spec.model else None
-            )
+            model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
             step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]))
         else:
             vocab, max_len = cpu_shape(rc)
             model_spec = cpu_model_spec(
-                rank,
-                alpha,
-                checkpoint=spec.model.checkpoint if spec.model else None,
+                spec.lora.rank,
+                spec.lora.alpha,
+                checkpoint=spec.model.checkpoint,
                 vocab_size=vocab,
                 max_len=max_len,
             )
@@ -716,17 +709,15 @@ def main(argv: list[str] | None = None) -> int:
             client,
             task,
             steps=steps,
-            group_size=alg.group_size if alg and alg.group_size else 8,
-            groups_per_batch=alg.groups_per_batch if alg and alg.groups_per_batch else 16,
+            group_size=alg.group_size,
+            groups_per_batch=alg.groups_per_batch,
             logprobs=lambda lora, t, p, s: scored(policy.base, lora, t, p, s),
             pack=step_cfg.pack_config(),
             parity_rows=int(policy.mesh.size),
             parity_len=int(policy.cfg.max_target_length),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,
-            advantage_normalization=(
-                alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
-            ),
+            advantage_normalization=alg.advantage_normalization,
         )
     except DatasetError as e:  # every problem, one line each (rljob.trainer.tasks)
         print(str(e), file=sys.stderr)

@@ -180,30 +180,26 @@ def load_config(path: str) -> RunConfig:
 
 
 def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
-    spec = rc.spec
-    alg, lora, pack = spec.algorithm, spec.lora, spec.packing
-    steps = steps_override or (alg.steps if alg and alg.steps else 100)
+    """The step settings of the resolved spec (``steps_override``: --steps)."""
+    alg, lora, pack = rc.spec.algorithm, rc.spec.lora, rc.spec.packing
+    steps = steps_override if steps_override is not None else alg.steps
     if steps <= 0:
         raise BadConfig(f"--steps: must be > 0, got {steps}")
     return {
         "steps": steps,
-        "lr": (alg.learning_rate if alg and alg.learning_rate else 1e-5),
-        "loss": (alg.loss if alg and alg.loss else "importance_sampling"),
-        "kl": (alg.kl_penalty_coef if alg and alg.kl_penalty_coef else 0.0),
-        "advantage_normalization": (
-            alg.advantage_normalization if alg and alg.advantage_normalization else "mean"
-        ),
-        "group_size": (alg.group_size if alg and alg.group_size else 8),
-        "groups": (alg.groups_per_batch if alg and alg.groups_per_batch else 16),
-        "rank": (lora.rank if lora and lora.rank else 16),
-        "alpha": (lora.alpha if lora and lora.alpha else None),
-        "targets": (tuple(lora.targets) if lora and lora.targets else None),
-        "budget": (
-            pack.token_budget if pack and pack.token_budget else rc.trainer.maxtext.get("max_target_length")
-        ),
-        "pad_position": (pack.pad_position if pack and pack.pad_position else "end"),
-        "segment_align": (pack.segment_align if pack and pack.segment_align else None),
-        "pad_align": (pack.pad_align if pack and pack.pad_align else None),
+        "lr": alg.learning_rate,
+        "loss": alg.loss,
+        "kl": alg.kl_penalty_coef,
+        "advantage_normalization": alg.advantage_normalization,
+        "group_size": alg.group_size,
+        "groups": alg.groups_per_batch,
+        "rank": lora.rank,
+        "alpha": lora.alpha,
+        "targets": lora.targets,
+        "budget": pack.token_budget,
+        "pad_position": pack.pad_position,
+        "segment_align": pack.segment_align,
+        "pad_align": pack.pad_align,
     }
 
 
@@ -225,21 +221,19 @@ def tile_model(rc: RunConfig, budget: int, tiny: bool = False) -> dict[str, Any]
 def head_blocks(rc: RunConfig) -> dict[str, Any]:
     """spec.trainer.logprobs (the fused log-prob head's tile and chunk, filled by the plan) as StepConfig's
     ``token_tile`` / ``vocab_chunk``; the head clamps them to the shapes it meets (the tiny model's)."""
-    lp = rc.spec.trainer.logprobs if rc.spec.trainer else None
-    if lp is None:
-        return {}
-    return {k: int(v) for k, v in (("token_tile", lp.token_tile), ("vocab_chunk", lp.vocab_chunk)) if v}
+    lp = rc.spec.trainer.logprobs
+    return {"token_tile": lp.token_tile, "vocab_chunk": lp.vocab_chunk}
 
 
 def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
     """(ModelSpec, StepConfig, settings) of the run config (``model`` "config") or of the tiny CPU model
     with the config's other settings; raises BadConfig naming the field."""
     from rljob.trainer.losses import LossConfig
-    from rljob.trainer.model import DEFAULT_TARGETS, ModelSpec, tiny_keys
+    from rljob.trainer.model import ModelSpec, tiny_keys
     from rljob.trainer.train_step import StepConfig
 
     st = _settings(rc, steps)
-    checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
+    checkpoint = rc.spec.model.checkpoint
     if model == "tiny":
         keys = tiny_keys()
         budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
@@ -247,25 +241,19 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     else:
         keys = dict(rc.trainer.maxtext)
         budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
-        base_model = (
-            rc.spec.model.name if rc.spec.model and rc.spec.model.name else keys.get("model_name", "")
-        )
-    align: dict[str, Any] = {}
-    if st["segment_align"] is not None:
-        align["segment_align"] = int(st["segment_align"])
-    if st["pad_align"] is not None:
-        align["pad_align"] = int(st["pad_align"])
-        if model == "tiny" and align["pad_align"] >= budget:  # the tiny model's rows are 128 tokens
-            align["pad_align"] = budget // 2
+        base_model = rc.spec.model.name
+    align: dict[str, Any] = {"segment_align": st["segment_align"], "pad_align": st["pad_align"]}
+    if model == "tiny" and align["pad_align"] >= budget:  # the tiny model's rows are 128 tokens
+        align["pad_align"] = budget // 2
     if st["pad_position"] == "balanced":
         align.update(tile_model(rc, budget, tiny=model == "tiny"))
     try:
         spec = ModelSpec(
             maxtext=keys,
             lora_rank=st["rank"],
-            lora_alpha=st["alpha"] or 2.0 * st["rank"],
-            lora_targets=st["targets"] or DEFAULT_TARGETS,
-            base_model=str(base_model),
+            lora_alpha=st["alpha"],
+            lora_targets=st["targets"],
+            base_model=base_model,
             checkpoint=checkpoint,
         )
         step_cfg = StepConfig(
@@ -285,9 +273,8 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
 
 
 def max_non_finite_steps(rc: RunConfig) -> int:
-    """spec.failurePolicy.maxNonFiniteSteps (the plan fills it; 10 for a run config written without it)."""
-    fp = rc.spec.failure_policy
-    return fp.max_non_finite_steps if fp and fp.max_non_finite_steps else 10
+    """spec.failurePolicy.maxNonFiniteSteps."""
+    return rc.spec.failure_policy.max_non_finite_steps
 
 
 def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:

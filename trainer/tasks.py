@@ -37,7 +37,6 @@ from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask, Ta
 log = logging.getLogger("rljob.trainer.tasks")
 
 ENTRY_POINT_GROUP = "rljob.tasks"
-DEFAULT_TASK = "math"
 # The task protocol's members a loaded task must have.
 TASK_MEMBERS = ("name", "max_tokens", "train_prompts", "eval_prompts", "reward")
 # Problems of a malformed dataset reported at once (one line each).
@@ -335,16 +334,14 @@ def registered() -> dict[str, list[EntryPoint]]:
 
 
 def context_of(rc: RunConfig, seed: int = 0) -> TaskContext:
-    from rljob.recipes.plan import DEFAULT_PROMPT_TEMPLATE
-
     d, alg = rc.spec.dataset, rc.spec.algorithm
     return TaskContext(
-        name=(d.task if d and d.task else DEFAULT_TASK),
-        path=d.path if d else None,
-        options=dict(d.options or {}) if d else {},
-        eval_size=d.eval_size if d and d.eval_size else 64,
-        max_tokens=alg.max_tokens if alg and alg.max_tokens else 1024,
-        prompt_template=d.prompt_template if d and d.prompt_template else DEFAULT_PROMPT_TEMPLATE,
+        name=d.task,
+        path=d.path,
+        options=dict(d.options),
+        eval_size=d.eval_size,
+        max_tokens=alg.max_tokens,
+        prompt_template=d.prompt_template,
         seed=seed,
     )
 

@@ -37,11 +37,11 @@ def cpu_shape(rc: RunConfig) -> tuple[int, int]:
     enough for maxPromptTokens + maxTokens (rounded up to 32, at most MAX_BYTE_LEN) for a text task. A
     service (spec.service, text from its clients) without a toy dataset: byte tokens, MAX_BYTE_LEN long."""
     d, alg = rc.spec.dataset, rc.spec.algorithm
-    if getattr(rc.spec, "service", None) is not None and (d is None or d.task != "successor"):
+    if rc.spec.service is not None and d.task != "successor":
         return BYTE_VOCAB, MAX_BYTE_LEN
-    if d is None or d.task == "successor" or alg is None:
+    if d.task == "successor":
         return TOY_VOCAB, TOY_MAX_LEN
-    seq = (alg.max_prompt_tokens or 0) + (alg.max_tokens or 0)
+    seq = alg.max_prompt_tokens + alg.max_tokens
     return BYTE_VOCAB, min(MAX_BYTE_LEN, max(TOY_MAX_LEN, -(-seq // 32) * 32))
 
 
@@ -113,12 +113,11 @@ def miniature_spec(rc: RunConfig, *, mesh: bool, checkpoint: str | None = None) 
     resolved them (same seed everywhere, so the trainer's processes and the CPU sampler build the same base
     weights)."""
     lora = rc.spec.lora
-    assert lora is not None and lora.rank and lora.alpha and lora.targets, "spec.lora: resolved by the plan"
     return ModelSpec(
         maxtext=miniature_keys(rc, mesh=mesh),
         lora_rank=lora.rank,
         lora_alpha=lora.alpha,
-        lora_targets=tuple(lora.targets),
+        lora_targets=lora.targets,
         checkpoint=checkpoint,
     )
 

@@ -106,6 +106,19 @@ def test_describe() -> None:
     assert "Reward by step: no events yet" in jobs.describe(OBJ, [], "no events yet")
 
 
+def test_describe_counts_the_steps_the_plan_resolves() -> None:
+    """Without spec.algorithm.steps the total is the recipe's, or the defaults table's."""
+    from rljob.recipes import defaults, recipe_catalog
+
+    bare = {**OBJ, "spec": {}}
+    assert f"Step:        12 of {defaults.value('algorithm.steps')}\n" in jobs.describe(bare, [])
+    recipe = recipe_catalog.load("qwen3-8b-v5p").spec.algorithm
+    assert recipe is not None and recipe.steps is not None
+    with_recipe = {**OBJ, "spec": {"recipe": "qwen3-8b-v5p"}}
+    assert f"Step:        12 of {recipe.steps}\n" in jobs.describe(with_recipe, [])
+    assert "Step:        12 of ?\n" in jobs.describe({**OBJ, "spec": {"algorithm": {"steps": "x"}}}, [])
+
+
 def _run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(RLJOB), *args], capture_output=True, text=True, input=stdin, timeout=60)
 

@@ -622,7 +622,7 @@ def test_the_cross_slice_gradient_figure_is_the_recipes() -> None:
     [m] = [m for m in MANIFESTS if m["spec"].get("recipe") == "qwen3-8b-v5p"]
     run = resolve(parse_manifest(yaml.safe_dump(m)))
     assert run.trainer.dcn.data == run.trainer.slices > 1  # the default cross-slice mesh of the claim
-    model = maxtext_keys.load(run.trainer.maxtext_version).models[run.spec.model.maxtext_model]  # type: ignore[union-attr]
+    model = maxtext_keys.load(run.trainer.maxtext_version).models[run.spec.model.maxtext_model]
     d, f, hd = model["base_emb_dim"], model["base_mlp_dim"], model["head_dim"]
     q, kv = model["base_num_query_heads"] * hd, model["base_num_kv_heads"] * hd
     shapes = {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d),
@@ -690,7 +690,7 @@ def _conversion_matches_a_manifest(text: str, args: dict[str, str]) -> list[str]
         if checkpoint.replace(root, bucket) != f"{args.get('base_output_directory')}/0/items":
             continue
         run = resolve(parse_manifest(yaml.safe_dump(m)))
-        name, model = m["metadata"]["name"], run.spec.model.maxtext_model  # type: ignore[union-attr]
+        name, model = m["metadata"]["name"], run.spec.model.maxtext_model
         if args.get("model_name") != model:
             out.append(f"model_name={args.get('model_name')}: {name} runs {model}")
         scan = run.trainer.maxtext.get("scan_layers")

@@ -105,7 +105,7 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
     (
         "lora.targets one",
         {"lora": {"targets": ["q_proj"]}},
-        ("spec.lora.targets", ["q_proj"]),
+        ("spec.lora.targets", ("q_proj",)),
         {"lora": {"targets": []}},
         "spec.lora.targets: List should have at least 1 item after validation, not 0",
     ),

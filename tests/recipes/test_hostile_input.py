@@ -330,9 +330,8 @@ def test_a_run_configmap_over_a_mebibyte_is_a_plan_error() -> None:
     that could never start. (The input bounds keep every admitted manifest far below it: the largest run.json
     bench/webhook_worst_case.py renders is reported there.)"""
     run = plan.resolve(manifest.parse_object(BASE))
-    assert run.spec.dataset is not None
-    huge = run.model_copy(deep=True)
-    huge.spec.dataset.prompt_template = "{question}" + "z" * (1 << 20)  # type: ignore[union-attr]
+    dataset = run.spec.dataset.model_copy(update={"prompt_template": "{question}" + "z" * (1 << 20)})
+    huge = run.model_copy(update={"spec": run.spec.model_copy(update={"dataset": dataset})})
     assert len(render.configmap(run)["data"]["run.json"]) < 1 << 20
     with pytest.raises(PlanError) as err:
         render.configmap(huge)

@@ -127,13 +127,14 @@ def test_null_keeps_the_recipe_value_and_removes_a_recipe_maxtext_key() -> None:
     recipe = resolve(base)
     run = resolve(_with({"trainer": {"tpu": None, "maxtext": {"num_vocab_tiling": None}}}, base))
     assert run.trainer.tpu == recipe.trainer.tpu
-    assert recipe.spec.trainer and recipe.spec.trainer.maxtext
-    assert recipe.spec.trainer.maxtext["num_vocab_tiling"] == 16
-    # removed from the resolved spec (run.json) as from the MaxText keys
-    assert run.spec.trainer and run.spec.trainer.maxtext is not None
-    assert "num_vocab_tiling" not in run.spec.trainer.maxtext
+    assert recipe.trainer.maxtext["num_vocab_tiling"] == 16
+    assert recipe.trainer.maxtext_sources["num_vocab_tiling"] == "recipe"
+    # removed from the MaxText keys (run.json); the recipe's other keys stay
     assert "num_vocab_tiling" not in run.trainer.maxtext
-    assert set(run.spec.trainer.maxtext) == set(recipe.spec.trainer.maxtext) - {"num_vocab_tiling"}
+    from_recipe = {k for k, source in run.trainer.maxtext_sources.items() if source == "recipe"}
+    assert from_recipe == {k for k, s in recipe.trainer.maxtext_sources.items() if s == "recipe"} - {
+        "num_vocab_tiling"
+    }
 
 
 # ------------------------------------------------------------------ a job edited after parsing
@@ -214,7 +215,7 @@ def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) 
     spec.trainer.profile = "long-context"
     monkeypatch.setattr(recipe_catalog, "load", lambda name: real.model_copy(update={"spec": spec}))
     run = resolve(recipe_manifest("qwen3-8b-v5p"))
-    assert run.spec.packing and run.spec.packing.token_budget == 20480
+    assert run.spec.packing.token_budget == 20480
     assert (run.trainer.maxtext["num_vocab_tiling"], run.trainer.maxtext_sources["num_vocab_tiling"]) == (
         4,
         "profile",

@@ -32,7 +32,7 @@ ARGS = json.loads((Path(__file__).parent / "data" / "vllm-tpu-0.32.0-serve-args.
 def _rc(tmp_path: Path, **spec_model: str) -> RunConfig:
     rc = local_run_config("gs://bkt", 8000, tmp_path / "p.json")
     if spec_model:
-        model = rc.spec.model.model_copy(update=spec_model)  # type: ignore[union-attr]
+        model = rc.spec.model.model_copy(update=spec_model)
         rc = rc.model_copy(update={"spec": rc.spec.model_copy(update={"model": model})})
     return rc
 
@@ -106,7 +106,7 @@ def test_every_catalog_recipe_serves_with_options_of_the_pinned_vllm(
     assert not _option_problems(cmd.argv), f"{recipe}: {_option_problems(cmd.argv)}"
     flags = _flags(cmd.argv)
     assert int(flags["--max-lora-rank"] or 0) in ARGS["max_lora_ranks"]
-    assert flags["--served-model-name"] == cmd.argv[2] == rc.spec.model.name  # type: ignore[union-attr]
+    assert flags["--served-model-name"] == cmd.argv[2] == rc.spec.model.name
 
 
 def _option_problems(argv: list[str]) -> list[str]:

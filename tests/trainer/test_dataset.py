@@ -120,7 +120,7 @@ def test_missing_dataset_is_bad_configuration(gcs_bucket: str, tmp_path: Path) -
 
 def _with_dataset(rc: RunConfig, **dataset: Any) -> RunConfig:
     doc = rc.model_dump(by_alias=True)
-    doc["spec"]["dataset"] = {"task": "math", "evalSize": 64, **dataset}
+    doc["spec"]["dataset"] = {**doc["spec"]["dataset"], "task": "math", "evalSize": 64, **dataset}
     return RunConfig.model_validate(doc)
 
 

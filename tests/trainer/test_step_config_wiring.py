@@ -49,7 +49,7 @@ def test_balanced_packing_reaches_the_step_with_the_plans_tile_model() -> None:
 
     text = (Path(__file__).resolve().parents[2] / "examples" / "qwen3.5-397b-tpu7x-256chips.yaml").read_text()
     rc = resolve(parse_manifest(text))
-    assert rc.spec.packing and rc.spec.packing.pad_position == "balanced"
+    assert rc.spec.packing.pad_position == "balanced"
     cfg = model_setup(rc, "config", None)[1]
     assert (cfg.pad_position, cfg.context_ranks, cfg.dual_chunk_swap) == ("balanced", 8, False)
     assert cfg.kernel_blocks == ((1024, 4096), (2048, 2048))

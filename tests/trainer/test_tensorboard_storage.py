@@ -20,8 +20,9 @@ TAGS = ("reward_mean", "loss", "kl", "tokens_per_s", "padding_fraction", "update
 
 def test_synthetic_run_writes_events_under_storage(tmp_path: Path) -> None:
     rc = local_run_config(str(tmp_path / "s"), tmp_path)
-    assert rc.spec.algorithm is not None
-    rc.spec.algorithm.kl_penalty_coef = 0.05  # the KL term is computed (and logged) only with a penalty
+    # The KL term is computed (and logged) only with a penalty.
+    algorithm = rc.spec.algorithm.model_copy(update={"kl_penalty_coef": 0.05})
+    rc = rc.model_copy(update={"spec": rc.spec.model_copy(update={"algorithm": algorithm})})
     cfg = write_run_config(rc, tmp_path)
     proc = subprocess.run(
         [sys.executable, "-m", "rljob.trainer.main", "--config", str(cfg), "--model", "tiny", *SYNTHETIC],

@@ -22,18 +22,20 @@ import sys
 from typing import Any
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.plan import SERVICE_DEFAULTS
-from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, RunConfig
+from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, ResolvedService, RunConfig
 
 __all__ = ["build", "main", "parser", "serve"]
 
 log = logging.getLogger("rljob.trainer.tinker")
 
 
-def _service_field(rc: RunConfig, name: str, default: Any) -> Any:
-    svc = getattr(rc.spec, "service", None)
-    value = getattr(svc, name, None) if svc is not None else None
-    return default if value is None else value
+def _service(rc: RunConfig) -> ResolvedService:
+    """spec.service of a service-mode run config; BadConfig without one."""
+    from rljob.trainer.main import BadConfig
+
+    if rc.spec.service is None:
+        raise BadConfig("spec.service: not set; this run config runs the RL loop, not an API service")
+    return rc.spec.service
 
 
 def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -> Any:
@@ -46,14 +48,13 @@ def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from rljob.trainer.train_step import StepConfig
 
-    max_clients = int(_service_field(rc, "max_training_clients", SERVICE_DEFAULTS["maxTrainingClients"]))
+    svc = _service(rc)
     if model == "tiny":
         lora = rc.spec.lora
-        rank = lora.rank if lora and lora.rank else 8
-        alpha = lora.alpha if lora and lora.alpha else 2.0 * rank
         vocab, max_len = cpu_shape(rc)
-        checkpoint = rc.spec.model.checkpoint if rc.spec.model else None
-        spec = cpu_model_spec(rank, alpha, checkpoint=checkpoint, vocab_size=vocab, max_len=max_len)
+        spec = cpu_model_spec(
+            lora.rank, lora.alpha, checkpoint=rc.spec.model.checkpoint, vocab_size=vocab, max_len=max_len
+        )
         step_cfg = StepConfig(
             budget=max_len, rows=4, micro_batches=4, segment_align=1, token_tile=32, vocab_chunk=64
         )
@@ -65,20 +66,20 @@ def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -
         policy = policy or Policy(spec)
     except CheckpointError as e:
         raise BadConfig(str(e)) from e
-    base_model = rc.spec.model.name if rc.spec.model and rc.spec.model.name else spec.base_model
+    base_model = rc.spec.model.name
     keys = os.environ.get(API_KEYS_ENV, "")
     cfg = ServiceConfig(
-        base_model=str(base_model),
+        base_model=base_model,
         checkpoints=rc.storage.checkpoints,
         adapters=rc.storage.adapters,
         samplers=list(rc.endpoints.samplers),
         max_context=min(int(step_cfg.budget), int(rc.sampler.max_model_len)),
         arch=arch,
-        tokenizer_id=None if model == "tiny" else str(base_model),
-        checkpoint_every=int(_service_field(rc, "checkpoint_every", 1)),
+        tokenizer_id=None if model == "tiny" else base_model,
+        checkpoint_every=svc.checkpoint_every,
         api_keys=frozenset(k.strip() for k in keys.split(",") if k.strip()),
     )
-    service = Service(Engine(policy, step_cfg, max_models=max_clients), cfg, reporter)
+    service = Service(Engine(policy, step_cfg, max_models=svc.max_training_clients), cfg, reporter)
     restored = service.restore()
     return service, restored
 
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except BadConfig as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-    port = args.port if args.port is not None else int(_service_field(rc, "port", SERVICE_DEFAULTS["port"]))
+    port = args.port if args.port is not None else _service(rc).port
 
     def ready(url: str) -> None:
         line = {"event": "serving", "url": url, "base_model": service.cfg.base_model, "restored": restored}
