@@ -12,7 +12,8 @@ For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P
    (``python -m rljob.trainer.meshcheck``).
 3. A scaled run: the same manifest with the counts shrunk to fit a small machine (the generation, the
    containers per host, the number of slices and the mesh's axes kept; hosts per slice at most 2, each
-   kept axis at most 2 but fsdp, one single-host sampler replica; a few rollouts of the toy task), rendered
+   kept axis at most 2 but fsdp, one sampler replica of 1 host, or of 2 where the real one is multi-host;
+   a few rollouts of the toy task), rendered
    again, and the real ``rljob-trainer`` and ``rljob-sampler`` entrypoints (the render's commands) started
    as local processes, one per container of every pod of every slice, each with exactly the environment
    its container gets in that render, except the addresses (the coordinator and the samplers on
@@ -20,7 +21,10 @@ For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P
    (``JAX_PLATFORMS=cpu``, one host device per TPU device of the container, gloo collectives). The model is
    the miniature of the recipe's model (``--model miniature``, rljob.trainer.tinypolicy.miniature_spec).
    It must take ``--steps`` GRPO steps (>= 2), export adapters v0..vK, the sampler must load vK, and the
-   trainer's step-0 parity gate must pass.
+   trainer's step-0 parity gate must pass. A multi-host sampler replica's pods run the replica's Ray
+   bootstrap (rljob.sampler.ray_replica) as in a pod, the head serving the CPU backend from a stand-in for
+   `vllm serve` once it saw every node; afterwards a killed worker pod must fail the replica with a
+   counted restart (contract 3).
 
 The last stdout line is JSON: ``{"drill": NAME, "ok": true, "processes": N, "steps": K,
 "adapter_versions": [...], "parity_nats": X, "seconds": S, ...}``. Exit 0 only when all of it held; 2 on a

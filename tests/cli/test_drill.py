@@ -191,6 +191,7 @@ def test_the_qwen3_5_sampler_replica_is_rehearsed_with_2_of_its_4_hosts() -> Non
 
 
 @pytest.mark.slow
+@pytest.mark.jax
 def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_worker_fails_it(
     tmp_path: Path,
 ) -> None:
@@ -210,3 +211,22 @@ def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_wor
     assert loss["head_exit"] == ray_replica.EXIT_REPLICA_LOST != 2
     head_log = (tmp_path / f"{naming.SAMPLER}-0-0.{naming.SAMPLER}.log").read_text(errors="replace")
     assert "a worker of this replica is gone" in head_log, head_log[-3000:]
+
+
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+def test_a_drill_with_a_multi_host_sampler_replica(tmp_path: Path) -> None:
+    """The whole scaled run with a 2-host sampler replica (the qwen3-8b recipe on a v5p-16 sampler): the
+    trainer's rollouts and adapters go through the Ray head's stand-in for `vllm serve`; then the lost
+    worker."""
+    doc = drill.recipe_doc("qwen3-8b-v5p")
+    doc["spec"]["sampler"] = {"tpu": "v5p-16"}
+    out = drill.drill(drill.Case("multi-host-sampler", doc), 2, tmp_path, timeout=600)
+    assert out.ok, out.error
+    assert out.report["steps"] == 2 and out.report["adapter_versions"] == [0, 1, 2]
+    assert out.report["sampler_loaded"] == [2] and 0 <= out.report["parity_nats"] < 1e-3
+    assert out.report["processes"] == 3 and out.report["sampler_processes"] == 2
+    sampler = out.report["sampler"]
+    assert (sampler["replicas"], sampler["hosts"], sampler["ray"][0]["ray_nodes"]) == (1, 2, 2)
+    assert sampler["worker_loss"]["head_exit"] == ray_replica.EXIT_REPLICA_LOST
