@@ -328,9 +328,17 @@ def _serve_cpu_sampler(ray: Any, expect: int, argv: list[str]) -> int:
     return 1 if lost.is_set() else code
 
 
-# Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray.
+# Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray, and
+# Ray's worker processes on ports below 15000 (Ray's default range, 10002-19999, would overlap the range a
+# local run draws its processes' ports from: rljob.trainer.ports, 15000-32000).
 LOCAL_NODE_CPUS = 1
-LOCAL_RAY_ARGS = [f"--num-cpus={LOCAL_NODE_CPUS}", "--disable-usage-stats", "--dashboard-agent-listen-port=0"]
+LOCAL_RAY_ARGS = [
+    f"--num-cpus={LOCAL_NODE_CPUS}",
+    "--disable-usage-stats",
+    "--dashboard-agent-listen-port=0",
+    "--min-worker-port=10002",
+    "--max-worker-port=14999",
+]
 LOCAL_HEAD_RAY_ARGS = ["--include-dashboard=false"]
 
 
