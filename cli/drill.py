@@ -12,7 +12,8 @@ For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P
    (``python -m rljob.trainer.meshcheck``).
 3. A scaled run: the same manifest with the counts shrunk to fit a small machine (the generation, the
    containers per host, the number of slices and the mesh's axes kept; hosts per slice at most 2, each
-   kept axis at most 2 but fsdp, one single-host sampler replica; a few rollouts of the toy task), rendered
+   kept axis at most 2 but fsdp, one sampler replica of 1 host, or of 2 where the real one is multi-host;
+   a few rollouts of the toy task), rendered
    again, and the real ``rljob-trainer`` and ``rljob-sampler`` entrypoints (the render's commands) started
    as local processes, one per container of every pod of every slice, each with exactly the environment
    its container gets in that render, except the addresses (the coordinator and the samplers on
@@ -20,7 +21,10 @@ For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P
    (``JAX_PLATFORMS=cpu``, one host device per TPU device of the container, gloo collectives). The model is
    the miniature of the recipe's model (``--model miniature``, rljob.trainer.tinypolicy.miniature_spec).
    It must take ``--steps`` GRPO steps (>= 2), export adapters v0..vK, the sampler must load vK, and the
-   trainer's step-0 parity gate must pass.
+   trainer's step-0 parity gate must pass. A multi-host sampler replica's pods run the replica's Ray
+   bootstrap (rljob.sampler.ray_replica) as in a pod, the head serving the CPU backend from a stand-in for
+   `vllm serve` once it saw every node; afterwards a killed worker pod must fail the replica with a
+   counted restart (contract 3).
 
 The last stdout line is JSON: ``{"drill": NAME, "ok": true, "processes": N, "steps": K,
 "adapter_versions": [...], "parity_nats": X, "seconds": S, ...}``. Exit 0 only when all of it held; 2 on a
@@ -35,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -54,6 +60,12 @@ REPO = Path(__file__).resolve().parents[1]
 STORAGE = "gs://rljob-drill"
 SCALED_MESH_AXIS_MAX = 2  # each kept mesh axis but fsdp at most this in the scaled run
 MAX_HOSTS = 2
+# A multi-host sampler replica is rehearsed with this many hosts (Ray nodes) at most; a single-host one
+# keeps its one.
+MAX_SAMPLER_HOSTS = 2
+# The head's timings in the rehearsal (rljob-sampler --ray-*): a lost worker fails the replica after this
+# grace (30 s in a pod), the nodes counted every second.
+SAMPLER_LOST_GRACE_S = 1.0
 
 
 class DrillBadInput(Exception):
@@ -251,6 +263,23 @@ def sampler_layout(model: str | None, devices: int) -> tuple[int, int]:
     return tp, ep
 
 
+def scaled_sampler_hosts(rc: Any) -> int:
+    """Hosts of the scaled run's sampler replica: 1 for a single-host replica, else the full-size
+    replica's hosts, at most MAX_SAMPLER_HOSTS (and so at least 2)."""
+    hosts = int(rc.sampler.tpu.hosts)
+    return 1 if hosts <= 1 else min(MAX_SAMPLER_HOSTS, hosts)
+
+
+def _small_tpu_of(type_name: str, hosts: int) -> str:
+    """The slice of the generation of ``type_name`` with ``hosts`` 4-chip hosts (xpk names count 2
+    TensorCores a chip)."""
+    return f"{type_name.split('-')[0]}-{2 * 4 * hosts}"
+
+
+def _hosts(n: int) -> str:
+    return f"{n} host" + ("s" if n != 1 else "")
+
+
 def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """The manifest with its counts shrunk (see the module docstring) and what was scaled."""
     import copy
@@ -262,14 +291,15 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     devices_per_slice = 4 * hosts * rc.trainer.tpu.devices_per_chip
     full = _mesh_axes(rc)
     mesh = scaled_mesh({a: getattr(rc.trainer.ici, a) for a in full}, devices_per_slice)
-    sampler_tpu = f"{rc.sampler.tpu.type_name.split('-')[0]}-8"
+    sampler_hosts = scaled_sampler_hosts(rc)
+    sampler_tpu = _small_tpu_of(rc.sampler.tpu.type_name, sampler_hosts)
     out = copy.deepcopy(doc)
     spec = out.setdefault("spec", {})
     trainer = spec.setdefault("trainer", {})
     trainer.update(tpu=tpu, slices=slices, containersPerHost=containers, mesh=dict(mesh))
     sampler = spec.setdefault("sampler", {})
-    # One host's devices, laid out as the plan requires (the CPU sampler ignores the layout).
-    tp, ep = sampler_layout(rc.spec.model.maxtext_model, 4 * rc.sampler.tpu.devices_per_chip)
+    # The replica's devices, laid out as the plan requires (the CPU sampler ignores the layout).
+    tp, ep = sampler_layout(rc.spec.model.maxtext_model, 4 * sampler_hosts * rc.sampler.tpu.devices_per_chip)
     sampler.update(tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep)
     sampler.pop("dataParallel", None)
     spec["storage"] = {**spec.get("storage", {}), "root": STORAGE}
@@ -284,7 +314,9 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
         "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
         f"({hosts} hosts x {containers} containers per slice)",
         "mesh": f"{_fmt(full)} -> {_fmt(mesh)}",
-        "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} -> {sampler_tpu} x 1",
+        "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} ({_hosts(rc.sampler.tpu.hosts)} per "
+        f"replica) -> {sampler_tpu} x 1 ({_hosts(sampler_hosts)}"
+        + (": a Ray head and its workers)" if sampler_hosts > 1 else ")"),
         "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
         "base_weights": "random (the miniature)" + (", not spec.model.checkpoint" if had_checkpoint else ""),
     }
@@ -318,6 +350,9 @@ class Proc:
     label: str
     popen: subprocess.Popen[bytes]
     log: Path
+    job: int = 0  # the Job index (a sampler's replica) and the pod index within it
+    pod: int = 0
+    group: bool = False  # a pod of a multi-host sampler replica: its own process group, as a pod's processes
 
     def tail(self, lines: int = 25) -> str:
         try:
@@ -397,12 +432,13 @@ def _launch(
     storage_env: dict[str, str],
     trainer_args: list[str],
     model: str,
+    roles: tuple[str, ...] | None = None,
 ) -> tuple[list[Proc], list[Proc], list[Proc]]:
-    """The render's commands, one local process per container of every pod of every slice, each with the
-    environment its container gets (the config path and the coordinator local): (all, trainers, samplers).
-    """
+    """The render's commands, one local process per container of every pod of every slice (of ``roles``),
+    each with the environment its container gets (the config path, the coordinator and a multi-host sampler
+    replica's Ray head local): (all, trainers, samplers)."""
     from rljob.recipes import naming, topology
-    from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH
+    from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RAY_HEAD_ENV, RAY_PORT_ENV, SAMPLER_HOSTS_ENV
 
     commands = {
         rj["name"]: rj["template"]["spec"]["template"]["spec"]["containers"]
@@ -412,8 +448,13 @@ def _launch(
     trainers: list[Proc] = []
     samplers: list[Proc] = []
     overrides = {CONFIG_ENV: str(cfg), topology.COORDINATOR_ENV: f"127.0.0.1:{coord_port}"}
+    ray_ports: dict[int, int] = {}
     try:
         for c in topology.container_envs(js):
+            if roles is not None and c.role not in roles:
+                continue
+            pod_env: dict[str, str] = {}
+            group = False
             spec_c = commands[c.role][c.container_index]
             command = [str(cfg) if a == CONFIG_PATH else a for a in _bin(spec_c["command"])]
             label = f"{c.role}-{c.job_index}-{c.pod_index}/{c.container}"
@@ -427,14 +468,29 @@ def _launch(
                 devices = 1
                 command += ["--backend", "cpu", "--host", "127.0.0.1", "--model", model]
                 command += ["--adapter-dir", str(workdir / f"adapters-{c.job_index}-{c.pod_index}")]
-            env = {**base_env(devices), **storage_env, **c.env, **overrides}
+                if int(c.env.get(SAMPLER_HOSTS_ENV) or "1") > 1:
+                    # A pod of a multi-host replica: rljob-sampler runs the replica's Ray bootstrap (the head
+                    # in pod 0, a worker in the others), each replica's Ray head on its own local port.
+                    group = True
+                    port = ray_ports.setdefault(c.job_index, free_port())
+                    pod_env = {RAY_HEAD_ENV: "127.0.0.1", RAY_PORT_ENV: str(port)}
+                    command += [f"--ray-lost-grace-s={SAMPLER_LOST_GRACE_S:g}", "--ray-poll-s=1"]
+            env = {**base_env(devices), **storage_env, **c.env, **overrides, **pod_env}
             out = workdir / f"{label.replace('/', '.')}.log"
             p = Proc(
                 label,
                 subprocess.Popen(
-                    command, env=env, stdout=out.open("wb"), stderr=subprocess.STDOUT, cwd=workdir
+                    command,
+                    env=env,
+                    stdout=out.open("wb"),
+                    stderr=subprocess.STDOUT,
+                    cwd=workdir,
+                    start_new_session=group,
                 ),
                 out,
+                c.job_index,
+                c.pod_index,
+                group,
             )
             procs.append(p)
             (trainers if c.role == naming.TRAINER else samplers).append(p)
@@ -444,15 +500,150 @@ def _launch(
     return procs, trainers, samplers
 
 
+def _signal(p: Proc, sig: int) -> None:
+    """``sig`` to the process, or to every process of its group (a sampler pod's, its Ray node's among
+    them)."""
+    try:
+        if p.group:
+            os.killpg(p.popen.pid, sig)
+        elif p.popen.poll() is None:
+            p.popen.send_signal(sig)
+    except ProcessLookupError:
+        pass
+
+
 def _stop(procs: list[Proc]) -> None:
     for p in procs:
-        if p.popen.poll() is None:
-            p.popen.terminate()
+        _signal(p, signal.SIGTERM)
     for p in procs:
         try:
             p.popen.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            p.popen.kill()
+            _signal(p, signal.SIGKILL)
+            p.popen.wait(timeout=20)
+    for p in procs:  # what is left of a pod's group (a Ray process that outlived its parent)
+        if p.group:
+            _signal(p, signal.SIGKILL)
+
+
+# --- the sampler replicas ------------------------------------------------------------------------------
+
+STANDIN_SEES = re.compile(r"standin-serve: sees (\d+) Ray nodes, a task ran on each \((\S+) CPUs\)")
+
+
+def sampler_replicas(rc: Any, samplers: list[Proc]) -> dict[str, Any]:
+    """What the run brought up of the sampler: replicas and hosts (pods) and, for a multi-host replica,
+    the Ray nodes and CPUs its head's stand-in for `vllm serve` saw before it served (its log), which must
+    be the replica's hosts."""
+    replicas = sorted({p.job for p in samplers})
+    out: dict[str, Any] = {
+        "replicas": len(replicas),
+        "hosts": len(samplers),
+        "hosts_per_replica": int(rc.sampler.tpu.hosts),
+    }
+    seen = []
+    for j in replicas:
+        pods = [p for p in samplers if p.job == j]
+        if len(pods) < 2:
+            continue
+        head = min(pods, key=lambda p: p.pod)
+        m = STANDIN_SEES.search(head.log.read_text(encoding="utf-8", errors="replace"))
+        if m is None or int(m.group(1)) != len(pods):
+            raise DrillFailed(
+                f"sampler replica {j}: its head did not report {len(pods)} Ray nodes before serving:\n"
+                + head.tail()
+            )
+        seen.append({"replica": j, "ray_nodes": int(m.group(1)), "cpus": float(m.group(2))})
+    if seen:
+        out["ray"] = seen
+    return out
+
+
+def worker_loss(samplers: list[Proc], timeout: float) -> dict[str, Any] | None:
+    """A multi-host replica's lost host: the last worker pod of replica 0 killed (SIGKILL to its process
+    group: the pod's processes, its Ray node's among them); the replica's head must then exit on its own
+    with a counted restart (contract 3: non-zero, not 2) within ``timeout``. None for a single-host
+    replica."""
+    from rljob.recipes.failure import EXIT_BAD_CONFIG
+
+    pods = sorted((p for p in samplers if p.job == 0), key=lambda p: p.pod)
+    if len(pods) < 2:
+        return None
+    head, worker = pods[0], pods[-1]
+    if head.popen.poll() is not None:
+        raise DrillFailed(
+            f"{head.label} exited {head.popen.returncode} before a worker was lost:\n{head.tail()}"
+        )
+    t0 = time.monotonic()
+    _signal(worker, signal.SIGKILL)
+    try:
+        code = head.popen.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DrillFailed(
+            f"{worker.label} killed: its replica's head {head.label} still runs after {timeout:.0f} s:\n"
+            + head.tail()
+        ) from None
+    if code <= 0 or code == EXIT_BAD_CONFIG:
+        raise DrillFailed(
+            f"{worker.label} killed: {head.label} exited {code}, not a counted restart (contract 3: "
+            f"non-zero, not {EXIT_BAD_CONFIG}):\n{head.tail()}"
+        )
+    return {"killed": worker.label, "head_exit": code, "seconds": round(time.monotonic() - t0, 1)}
+
+
+def _completion(port: int) -> list[int]:
+    """One sampling request to the replica on ``port`` (the base model, a token-id prompt): its tokens."""
+    body = json.dumps(
+        {"prompt": [1, 2, 3], "n": 2, "max_tokens": 2, "temperature": 1.0, "return_token_ids": True}
+    ).encode()
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        choices = json.loads(r.read())["choices"]
+    return [len(c["token_ids"]) for c in choices]
+
+
+def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") -> dict[str, Any]:
+    """The scaled run's sampler replicas alone, no trainer: the render's sampler commands started as in
+    run_scaled, each replica healthy on its port (a multi-host one once its head saw every node), one
+    sampling request served by each; then a multi-host replica's worker killed (worker_loss)."""
+    from rljob.recipes import naming
+
+    js = jobset_of(rc)
+    ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
+    local = local_run_config(rc, workdir, ports, free_port())
+    cfg = workdir / "run.json"
+    cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
+    gcs, storage_env = start_storage(workdir)
+    t0 = time.monotonic()
+    procs: list[Proc] = []
+    try:
+        procs, _, samplers = _launch(
+            rc, js, cfg, workdir, free_port(), storage_env, [], model, roles=(naming.SAMPLER,)
+        )
+        tokens = []
+        for port in ports:
+            while True:
+                for p in samplers:
+                    if p.popen.poll() is not None:
+                        raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
+                if time.monotonic() - t0 > timeout:
+                    raise DrillFailed(f"the sampler on port {port} not healthy in {timeout:.0f} s")
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
+                        break
+                except OSError:
+                    time.sleep(0.5)
+            tokens.append(_completion(port))
+        out = {**sampler_replicas(rc, samplers), "completion_tokens": tokens}
+        out["healthy_seconds"] = round(time.monotonic() - t0, 1)
+        out["worker_loss"] = worker_loss(samplers, timeout=max(30.0, timeout - (time.monotonic() - t0)))
+    finally:
+        _stop(procs)
+        gcs.terminate()
+        gcs.wait(timeout=20)
+    return out
 
 
 def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
@@ -558,6 +749,10 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
         for p in samplers:
             if p.popen.poll() is not None:
                 raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
+        sampler = sampler_replicas(rc, samplers)
+        loss = worker_loss(samplers, timeout=max(60.0, deadline - time.monotonic()))
+        if loss is not None:
+            sampler["worker_loss"] = loss
     finally:
         _stop(procs)
         gcs.terminate()
@@ -583,6 +778,7 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
         "processes": len(procs),
         "trainer_processes": len(trainers),
         "sampler_processes": len(samplers),
+        "sampler": sampler,
         "steps": len(steps_done),
         "adapter_versions": versions,
         "sampler_loaded": loaded,

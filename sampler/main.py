@@ -5,7 +5,9 @@ Backends:
   the reason if it cannot), run `vllm serve` built from the sampler plan, and hot-swap adapters into it;
 - `cpu` (laptop, tests, `make rl-cpu`): the same HTTP API served by rljob.sampler.cpu_server over the
   trainer's tiny policy, with the trainer's base weights (spec.model.checkpoint when the run config names
-  one; exit 2 naming the field if it is missing or does not fit).
+  one; exit 2 naming the field if it is missing or does not fit). A pod of a multi-host replica
+  (RLJOB_SAMPLER_HOSTS > 1: `rljob drill`) runs the replica's Ray bootstrap as on TPU, the head serving
+  this backend from a stand-in for `vllm serve` that first checks every node (rljob.sampler.ray_replica).
 
 Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
 (`<rljob>-v<N>`), then unloads the previous one. On the sampler's port + 1 the adapter agent loads named
@@ -273,6 +275,30 @@ def run_cpu(
     return 0
 
 
+def run_cpu_replica(layout: ray_replica.ReplicaLayout, argv: list[str], args: argparse.Namespace) -> int:
+    """cpu backend, one pod of a multi-host replica (``rljob drill``): the pods' own Ray bootstrap
+    (rljob.sampler.ray_replica.bootstrap: a worker runs its Ray node, the head the Ray head, waits for every
+    worker, then the server, and exits EXIT_REPLICA_LOST once a worker is gone), the Ray nodes sized for
+    one machine. The head's server is the stand-in for `vllm serve` (``ray_replica standin-serve
+    --cpu-sampler``): it checks that the replica's every node is alive, with its CPU, and takes work,
+    and only then serves this cpu backend (with ``argv``) in vLLM's place."""
+    serve = [
+        sys.executable, "-m", "rljob.sampler.ray_replica", "standin-serve", "--expect", str(layout.hosts),
+        "--cpus-per-node", str(ray_replica.LOCAL_NODE_CPUS), "--cpu-sampler", "--", *argv,
+    ]  # fmt: skip
+    if not layout.is_head:
+        log.warning("ray worker of %s (pod %d of %d)", layout.address, layout.pod_index, layout.hosts)
+        return ray_replica.bootstrap(os.environ, serve, ray_args=list(ray_replica.LOCAL_RAY_ARGS))
+    return ray_replica.bootstrap(
+        os.environ,
+        serve,
+        ray_args=[*ray_replica.LOCAL_RAY_ARGS, *ray_replica.local_head_args()],
+        join_timeout_s=args.ray_join_timeout_s,
+        lost_grace_s=args.ray_lost_grace_s,
+        poll_s=args.ray_poll_s,
+    )
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rljob-sampler", description=__doc__.splitlines()[0])
     p.add_argument(
@@ -307,11 +333,28 @@ def parser() -> argparse.ArgumentParser:
         default="tiny",
         help="cpu backend: the CPU loop's tiny model, or the miniature of the run's model (rljob drill)",
     )
+    ray = "cpu backend, a pod of a multi-host replica (RLJOB_SAMPLER_HOSTS > 1): "
+    p.add_argument(
+        "--ray-join-timeout-s",
+        type=float,
+        default=1800.0,
+        help=ray + "seconds the head waits for every worker to join",
+    )
+    p.add_argument(
+        "--ray-lost-grace-s",
+        type=float,
+        default=30.0,
+        help=ray + "seconds the head waits, once a worker is gone, before it exits 1",
+    )
+    p.add_argument("--ray-poll-s", type=float, default=2.0, help=ray + "how often the head counts the nodes")
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, replica: bool = True) -> int:
+    """rljob-sampler. ``replica`` False: serve here even where the environment describes a pod of a
+    multi-host replica (the cpu backend's server on the replica's head, rljob.sampler.ray_replica)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser().parse_args(argv)
     if not args.config:
         print("--config: no run config (pass --config or set RLJOB_CONFIG)", file=sys.stderr)
@@ -324,17 +367,24 @@ def main(argv: list[str] | None = None) -> int:
     from google.auth.exceptions import DefaultCredentialsError
 
     try:
-        return _run(args, rc)
+        return _run(args, rc, argv, replica)
     except DefaultCredentialsError:
         print(f"rljob-sampler: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
         return 1
 
 
-def _run(args: argparse.Namespace, rc: RunConfig) -> int:
+def _run(args: argparse.Namespace, rc: RunConfig, argv: list[str], replica: bool) -> int:
     port = args.port or _port_for(rc, args.replica)
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s)
     if args.backend == "cpu":
+        try:
+            layout = ray_replica.layout_from_env(os.environ) if replica else None
+        except ray_replica.BootstrapError as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_BAD_CONFIG
+        if layout is not None:
+            return run_cpu_replica(layout, argv, args)
         return run_cpu(
             rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed, model=args.model
         )

@@ -22,9 +22,12 @@ are workers. The head
   rljob.recipes.failure).
 A worker runs `ray start --block` and exits with it: non-zero when its node dies or the head goes.
 
-`bootstrap(env, serve_argv)` is the whole pod-side logic (rljob-sampler calls it; `rljob drill` calls it
-with a stand-in for `vllm serve`: `python -m rljob.sampler.ray_replica standin-serve`, which checks that
-it sees every node of the replica before it serves).
+`bootstrap(env, serve_argv)` is the whole pod-side logic. `rljob-sampler --backend cpu` (what `rljob drill`
+runs for every pod of a multi-host replica, with the render's environment) calls it with a stand-in for
+`vllm serve`: `python -m rljob.sampler.ray_replica standin-serve --cpu-sampler -- ARGS`, which checks that it
+sees every node of the replica (and its CPUs) and runs a task on each before it serves, then serves
+`rljob-sampler --backend cpu ARGS` in vLLM's place (start_local_replica: the same with the fixed-answer
+stand-in, rljob.sampler.standin).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -241,18 +245,28 @@ def bootstrap(
         replica.stop()
 
 
-def standin_serve(expect: int, port: int, prefix: str) -> int:
-    """A stand-in for `vllm serve` on the head: checks that the Ray cluster has ``expect`` alive nodes and
-    runs a task on each (proof that every worker takes work), then serves as rljob.sampler.standin until
-    terminated. Exit 1 if a node is missing."""
+def standin_serve(
+    expect: int,
+    port: int,
+    prefix: str,
+    cpus_per_node: float | None = None,
+    sampler_argv: list[str] | None = None,
+) -> int:
+    """A stand-in for `vllm serve` on the head: checks that the Ray cluster has ``expect`` alive nodes (each
+    with ``cpus_per_node`` CPUs, where given) and runs a task on each (proof that every worker takes
+    work), then serves until terminated: as rljob.sampler.standin, or, given ``sampler_argv``, as
+    `rljob-sampler ARGV` (the cpu backend) in this process. Exit 1 if a node is missing or leaves."""
     import ray
-    from rljob.sampler.standin import StandinReplica
 
     address = os.environ.get("RAY_ADDRESS", "")
     ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
     nodes = _alive(ray)
     if len(nodes) != expect:
         print(f"standin-serve: {len(nodes)} Ray nodes alive, expected {expect}", file=sys.stderr, flush=True)
+        return 1
+    cpus = [float(n.get("Resources", {}).get("CPU", 0)) for n in nodes]
+    if cpus_per_node is not None and any(c != cpus_per_node for c in cpus):
+        print(f"standin-serve: the nodes' CPUs are {cpus}, expected {cpus_per_node} each", file=sys.stderr)
         return 1
 
     @ray.remote(num_cpus=0)
@@ -273,7 +287,11 @@ def standin_serve(expect: int, port: int, prefix: str) -> int:
     if sorted(ids) != sorted(n["NodeID"] for n in nodes):
         print(f"standin-serve: tasks ran on {ids}", file=sys.stderr, flush=True)
         return 1
-    print(f"standin-serve: sees {len(nodes)} Ray nodes, a task ran on each", flush=True)
+    print(f"standin-serve: sees {len(nodes)} Ray nodes, a task ran on each ({sum(cpus):g} CPUs)", flush=True)
+    if sampler_argv is not None:
+        return _serve_cpu_sampler(ray, expect, sampler_argv)
+    from rljob.sampler.standin import StandinReplica
+
     replica = StandinReplica(prefix, port=port).start()
     try:
         while True:
@@ -285,9 +303,52 @@ def standin_serve(expect: int, port: int, prefix: str) -> int:
         replica.stop()
 
 
-# Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray.
-LOCAL_RAY_ARGS = ["--num-cpus=1", "--disable-usage-stats", "--dashboard-agent-listen-port=0"]
+def _serve_cpu_sampler(ray: Any, expect: int, argv: list[str]) -> int:
+    """`rljob-sampler ARGV` (the cpu backend) in this process, ended (SIGTERM, as the server's own stop)
+    once a Ray node of the replica leaves; then exit 1."""
+    lost = threading.Event()
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                alive = len(_alive(ray))
+            except Exception:
+                alive = 0
+            if alive < expect:
+                print("standin-serve: a Ray node left", file=sys.stderr, flush=True)
+                lost.set()
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    threading.Thread(target=watch, daemon=True, name="standin-watch").start()
+    from rljob.sampler import main as sampler_main
+
+    code = sampler_main.main(argv, replica=False)
+    return 1 if lost.is_set() else code
+
+
+# Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray, and
+# Ray's worker processes on ports below 15000 (Ray's default range, 10002-19999, would overlap the range a
+# local run draws its processes' ports from: rljob.trainer.ports, 15000-32000).
+LOCAL_NODE_CPUS = 1
+LOCAL_RAY_ARGS = [
+    f"--num-cpus={LOCAL_NODE_CPUS}",
+    "--disable-usage-stats",
+    "--dashboard-agent-listen-port=0",
+    "--min-worker-port=10002",
+    "--max-worker-port=14999",
+]
 LOCAL_HEAD_RAY_ARGS = ["--include-dashboard=false"]
+
+
+def local_head_args() -> list[str]:
+    """A local head's `ray start` arguments: LOCAL_HEAD_RAY_ARGS and a free port for its Ray client server
+    (its default, 10001, would be shared by every head on the machine)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    return [*LOCAL_HEAD_RAY_ARGS, f"--ray-client-server-port={port}"]
 
 
 @dataclass
@@ -350,7 +411,7 @@ def start_local_replica(
         argv = [sys.executable, "-m", "rljob.sampler.ray_replica", "bootstrap"]
         argv += [f"--ray-arg={a}" for a in LOCAL_RAY_ARGS]
         if layout.is_head:
-            argv += [f"--head-ray-arg={a}" for a in LOCAL_HEAD_RAY_ARGS]
+            argv += [f"--head-ray-arg={a}" for a in local_head_args()]
             argv += [*(head_args or []), "--", *serve]
         logs.append(log_dir / f"pod-{i}.log")
         with logs[-1].open("wb") as out:
@@ -376,9 +437,17 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--expect", type=int, required=True, help="Ray nodes the replica must have")
     s.add_argument("--port", type=int, default=8000)
     s.add_argument("--prefix", default="rljob")
+    s.add_argument("--cpus-per-node", type=float, default=None, help="CPUs each Ray node must have")
+    s.add_argument(
+        "--cpu-sampler",
+        action="store_true",
+        help="serve `rljob-sampler ARGS` (after --) in this process instead of the fixed-answer stand-in",
+    )
+    s.add_argument("sampler_argv", nargs=argparse.REMAINDER, help="-- rljob-sampler arguments")
     args, _rest = p.parse_known_args(argv)  # a stand-in ignores the vllm serve arguments it is given
     if args.cmd == "standin-serve":
-        return standin_serve(args.expect, args.port, args.prefix)
+        rest = args.sampler_argv[args.sampler_argv[:1] == ["--"] :] if args.cpu_sampler else None
+        return standin_serve(args.expect, args.port, args.prefix, args.cpus_per_node, rest)
     serve = [a for a in args.serve if a != "--"]
     layout = layout_from_env(os.environ)
     head = layout is not None and layout.is_head

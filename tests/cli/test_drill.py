@@ -16,6 +16,7 @@ import pytest
 from rljob.cli import drill
 from rljob.cli.main import main
 from rljob.recipes import naming, recipe_catalog, topology
+from rljob.sampler import ray_replica
 
 CASES = drill.all_cases()
 RECIPES = [(c.name, c.doc) for c in CASES if not c.name.startswith("example/")]
@@ -76,6 +77,9 @@ def test_the_scaled_manifest_resolves_with_the_same_generation(name: str, doc: d
     assert small.trainer.tpu.containers_per_host == rc.trainer.tpu.containers_per_host
     assert small.trainer.tpu.hosts == min(2, rc.trainer.tpu.hosts)
     assert small.sampler.replicas == 1 and "->" in scaled["mesh"]
+    # a single-host sampler replica keeps its one host, a multi-host one 2 (a Ray head and a worker)
+    assert small.sampler.tpu.hosts == (1 if rc.sampler.tpu.hosts == 1 else 2)
+    assert small.sampler.tpu.accelerator == rc.sampler.tpu.accelerator
     assert drill.full_topology(small)["devices"] == small.trainer.devices
 
 
@@ -144,7 +148,9 @@ def test_drill(recipe: str, profile: str | None) -> None:
     trainers = small.trainer.slices * small.trainer.tpu.hosts * small.trainer.tpu.containers_per_host
     assert last["drill"] == recipe + (f"/{profile}" if profile else "") and last["ok"] is True
     assert last["steps"] == 2 and last["adapter_versions"] == [0, 1, 2] and last["sampler_loaded"] == [2]
-    assert last["trainer_processes"] == trainers and last["processes"] == trainers + 1
+    samplers = small.sampler.replicas * small.sampler.tpu.hosts
+    assert last["trainer_processes"] == trainers and last["processes"] == trainers + samplers
+    assert (last["sampler"]["replicas"], last["sampler"]["hosts"]) == (small.sampler.replicas, samplers)
     assert 0 <= last["parity_nats"] < 1e-3
     assert (
         last["full"]["processes"]
@@ -166,3 +172,61 @@ def test_a_service_mode_job_is_drilled_until_its_api_answers(tmp_path: Path) -> 
     assert out.report["service"]["api"] == "tinker"
     # the example names an API key Secret: the service refuses a request without a key
     assert out.report["service"]["capabilities"] == {"X-API-Key": "required (spec.service.apiKeySecret)"}
+
+
+def test_the_qwen3_5_sampler_replica_is_rehearsed_with_2_of_its_4_hosts() -> None:
+    doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x")
+    rc = drill.resolve_doc(doc)
+    small_doc, scaled = drill.scaled_doc(doc, rc, 2)
+    small = drill.resolve_doc(small_doc)
+    assert (rc.sampler.tpu.hosts, rc.sampler.replicas) == (4, 4)
+    assert (small.sampler.tpu.type_name, small.sampler.tpu.hosts, small.sampler.replicas) == (
+        "tpu7x-16",
+        2,
+        1,
+    )
+    assert scaled["sampler"] == (
+        "tpu7x-32 x 4 (4 hosts per replica) -> tpu7x-16 x 1 (2 hosts: a Ray head and its workers)"
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.jax
+def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_worker_fails_it(
+    tmp_path: Path,
+) -> None:
+    """The scaled run's sampler replica of the Qwen3.5 recipe (tpu7x-32, 4 hosts: rehearsed with 2), its
+    sampler part alone: the render's rljob-sampler in each pod with that pod's environment, the Ray head
+    and worker started by the pods' bootstrap (rljob.sampler.ray_replica), the head's stand-in for
+    `vllm serve` serving the cpu backend once it saw both nodes; then a killed worker pod fails the replica
+    with a counted restart (contract 3)."""
+    doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x")
+    small = drill.resolve_doc(drill.scaled_doc(doc, drill.resolve_doc(doc), 2)[0])
+    out = drill.run_samplers(small, tmp_path, timeout=150)
+    assert (out["replicas"], out["hosts"], out["hosts_per_replica"]) == (1, 2, 2)
+    assert out["ray"] == [{"replica": 0, "ray_nodes": 2, "cpus": 2.0}]
+    assert out["completion_tokens"] == [[2, 2]]  # the request's n = 2 completions of max_tokens = 2
+    loss = out["worker_loss"]
+    assert loss["killed"] == f"{naming.SAMPLER}-0-1/{naming.SAMPLER}"
+    assert loss["head_exit"] == ray_replica.EXIT_REPLICA_LOST != 2
+    head_log = (tmp_path / f"{naming.SAMPLER}-0-0.{naming.SAMPLER}.log").read_text(errors="replace")
+    assert "a worker of this replica is gone" in head_log, head_log[-3000:]
+
+
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+def test_a_drill_with_a_multi_host_sampler_replica(tmp_path: Path) -> None:
+    """The whole scaled run with a 2-host sampler replica (the qwen3-8b recipe on a v5p-16 sampler): the
+    trainer's rollouts and adapters go through the Ray head's stand-in for `vllm serve`; then the lost
+    worker."""
+    doc = drill.recipe_doc("qwen3-8b-v5p")
+    doc["spec"]["sampler"] = {"tpu": "v5p-16"}
+    out = drill.drill(drill.Case("multi-host-sampler", doc), 2, tmp_path, timeout=600)
+    assert out.ok, out.error
+    assert out.report["steps"] == 2 and out.report["adapter_versions"] == [0, 1, 2]
+    assert out.report["sampler_loaded"] == [2] and 0 <= out.report["parity_nats"] < 1e-3
+    assert out.report["processes"] == 3 and out.report["sampler_processes"] == 2
+    sampler = out.report["sampler"]
+    assert (sampler["replicas"], sampler["hosts"], sampler["ray"][0]["ray_nodes"]) == (1, 2, 2)
+    assert sampler["worker_loss"]["head_exit"] == ray_replica.EXIT_REPLICA_LOST

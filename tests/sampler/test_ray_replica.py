@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.recipes import manifest, objects
+from fixtures.recipes import manifest, objects, resolve
 from rljob.recipes import naming
 from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, SAMPLER_HOSTS_ENV
+from rljob.sampler import main as sampler_main
 from rljob.sampler import ray_replica
 from rljob.trainer.ports import free_port
 
@@ -64,6 +65,36 @@ def test_the_render_gives_every_pod_of_a_multi_host_replica_its_part() -> None:
 def test_a_broken_environment_is_named(env: dict[str, str], message: str) -> None:
     with pytest.raises(ray_replica.BootstrapError, match=message):
         ray_replica.layout_from_env(env)
+
+
+def test_the_cpu_backend_refuses_a_broken_replica_environment_naming_the_variable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rljob-sampler --backend cpu in a pod of a multi-host replica (rljob drill) reads the same variables
+    as on TPU: one that is missing is bad configuration (exit 2, contract 3), named, before any Ray node."""
+    cfg = tmp_path / "run.json"
+    cfg.write_text(
+        resolve(manifest({"sampler": {"tpu": "v5p-16"}}, name="rj")).model_dump_json(by_alias=True)
+    )
+    monkeypatch.setenv(SAMPLER_HOSTS_ENV, "2")
+    monkeypatch.setenv("POD_INDEX", "1")
+    monkeypatch.delenv(RAY_HEAD_ENV, raising=False)
+    started: list[tuple[Any, list[str]]] = []
+
+    def bootstrap(env: Any, serve: list[str], **_: object) -> int:
+        started.append((dict(env), serve))
+        return 0
+
+    monkeypatch.setattr(ray_replica, "bootstrap", bootstrap)
+    assert sampler_main.main(["--config", str(cfg), "--backend", "cpu"]) == 2
+    assert capsys.readouterr().err.startswith(f"{RAY_HEAD_ENV}: the head's address is not set")
+    assert started == []
+    monkeypatch.setenv(RAY_HEAD_ENV, "127.0.0.1")  # a worker pod: its Ray node, through the bootstrap
+    assert sampler_main.main(["--config", str(cfg), "--backend", "cpu", "--model", "tiny"]) == 0
+    ((env, serve),) = started
+    assert env[SAMPLER_HOSTS_ENV] == "2" and env["POD_INDEX"] == "1"
+    assert serve[serve.index("--") + 1 :] == ["--config", str(cfg), "--backend", "cpu", "--model", "tiny"]
+    assert serve[serve.index("--expect") + 1] == "2" and "--cpu-sampler" in serve
 
 
 @pytest.mark.slow
