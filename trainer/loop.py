@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
         chat.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
-        reward_url = spec.dataset.reward_url if spec.dataset else None
+        reward_url = spec.dataset.reward_url
         task: Task = RemoteReward(chat, reward_url) if reward_url else chat
         client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
         if args.model == "config":
