@@ -110,7 +110,7 @@ def sampler_command(cfg: Path) -> list[str]:
 
 def trainer_command(cfg: Path, metrics: Path, *extra: str) -> list[str]:
     """The trainer loop of a local run on the tiny CPU model, its JSON lines appended to ``metrics``."""
-    module = ["-m", "rljob.trainer.loop", "--config", str(cfg)]
+    module = ["-m", "rljob.trainer.main", "--config", str(cfg)]
     return [sys.executable, *module, "--model", "tiny", "--log-jsonl", str(metrics), *extra]
 
 

@@ -16,16 +16,14 @@ the sampler's on the same weights (adapter v0): the mean absolute difference is 
 refused (exit 2) above `--parity-threshold`. The samplers come from RunConfig.endpoints.samplers (JobSet
 DNS names in a cluster, local ports here); an unreachable or restarting sampler is waited for.
 
-`rljob-trainer --config run.json` (the pods' command; rljob.trainer.main, default `--rollouts sampler`)
-initializes jax.distributed and calls :func:`main` here; `python -m rljob.trainer.loop` is the same loop
-without that step (one process):
+`rljob-trainer --config run.json` (the pods' command, rljob.trainer.main, the one entrance; default
+`--rollouts sampler`) initializes jax.distributed and calls :func:`run_loop` here; on a laptop:
 
-    python -m rljob.trainer.loop --config run.json --model tiny
+    rljob-trainer --config run.json --model tiny
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import io
 import json
@@ -45,10 +43,9 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from pydantic import ValidationError
 from rljob.recipes import startup
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.runconfig import CONFIG_ENV, RunConfig
+from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.data import DatasetError, Prompt, Task
 from rljob.trainer.losses import AdvantageNormalization, group_advantages
 from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
@@ -621,47 +618,22 @@ def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
     )
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m rljob.trainer.loop", description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--config", default=os.environ.get(CONFIG_ENV), help="RunConfig JSON (default $RLJOB_CONFIG)"
-    )
-    p.add_argument(
-        "--model",
-        choices=["tiny", "miniature", "config"],
-        default="tiny",
-        help="tiny: the CPU loop's tiny MaxText model (rljob.trainer.tinypolicy.cpu_model_spec); "
-        "miniature: the miniature of the run's model on the run config's mesh (rljob drill; "
-        "rljob.trainer.tinypolicy.miniature_spec); "
-        "config: the run config's MaxText model and packed shape (rljob.trainer.main.model_setup)",
-    )
-    p.add_argument("--seed", type=int, default=0, help="seed of the task's prompts (e.g. math sampling)")
-    p.add_argument("--tensorboard-dir", default=None)
-    p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
-    p.add_argument(
-        "--eval-every", type=int, default=10, help="evaluate held-out prompts every N steps (0: never)"
-    )
-    p.add_argument("--parity-threshold", type=float, default=DEFAULT_PARITY_THRESHOLD)
-    p.add_argument("--log-jsonl", default=None, help="also append the JSON lines to this file")
-    p.add_argument("--checkpoint-every", type=int, default=1)
-    return p
+@dataclass(frozen=True)
+class LoopOptions:
+    """What rljob-trainer's command line sets for the loop (rljob.trainer.main)."""
+
+    model: str = "config"  # config | tiny | miniature (rljob.trainer.main's --model)
+    steps: int | None = None  # override spec.algorithm.steps
+    seed: int = 0  # seed of the task's prompts (e.g. math sampling)
+    checkpoint_every: int = 1
+    eval_every: int = 10  # evaluate held-out prompts every N steps (0: never)
+    parity_threshold: float = DEFAULT_PARITY_THRESHOLD
+    tensorboard_dir: str | None = None  # default: storage.root's tensorboard/ (outlives the pod)
+    log_jsonl: str | None = None  # also append the JSON lines to this file
 
 
-def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        args = parser().parse_args(argv)
-    except SystemExit as e:  # usage errors are bad configuration
-        return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
-    if not args.config:
-        print("--config: no run config (pass --config or set RLJOB_CONFIG)", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    try:
-        rc = RunConfig.load(args.config)
-    except (OSError, ValidationError) as e:
-        print(f"--config {args.config}: {str(e).splitlines()[0]}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-
+def run_loop(rc: RunConfig, args: LoopOptions) -> int:
+    """The RL loop of one trainer process (jax.distributed already initialized by rljob.trainer.main)."""
     from rljob.trainer import caches
     from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
@@ -761,8 +733,11 @@ def main(argv: list[str] | None = None) -> int:
     return EXIT_OK
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
-__all__ = ["DEFAULT_PARITY_THRESHOLD", "ParityError", "SamplerClient", "SamplerSource", "main"]
+__all__ = [
+    "DEFAULT_PARITY_THRESHOLD",
+    "LoopOptions",
+    "ParityError",
+    "SamplerClient",
+    "SamplerSource",
+    "run_loop",
+]

@@ -16,8 +16,8 @@ the packed shape for a small one, keeping everything else of the run config. Eit
 weights come from spec.model.checkpoint when the run config names one (a converted MaxText checkpoint,
 which must fit the model built; rljob.trainer.base_checkpoint), else from a random initialization.
 ``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
-RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and hands over to
-:func:`rljob.trainer.loop.main` (arguments this parser does not know, e.g. ``--eval-every``, go to it).
+RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and runs
+:func:`rljob.trainer.loop.run_loop` with the parsed options.
 With ``spec.service`` (service mode) it runs no loop but serves the API (rljob.trainer.tinker.main).
 ``--rollouts synthetic`` trains on fixed synthetic rollouts (a function of seed and step), for tests and
 resume checks.
@@ -153,10 +153,24 @@ def _parser() -> argparse.ArgumentParser:
         help="sampler: the RL loop against RunConfig.endpoints.samplers; synthetic: fixed synthetic rollouts",
     )
     p.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
-    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic rollouts")
+    p.add_argument(
+        "--seed", type=int, default=0, help="seed of the task's prompts, or of the synthetic rollouts"
+    )
     p.add_argument("--checkpoint-every", type=int, default=1)
     p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
     p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
+    p.add_argument(
+        "--eval-every",
+        type=int,
+        default=10,
+        help="sampler loop: evaluate held-out prompts every N steps (0: never)",
+    )
+    p.add_argument(
+        "--parity-threshold",
+        type=float,
+        default=None,
+        help="sampler loop: the step-0 parity gate's bound on the mean |logprob difference| (nats)",
+    )
     p.add_argument(
         "--distributed-check",
         action="store_true",
@@ -277,25 +291,11 @@ def max_non_finite_steps(rc: RunConfig) -> int:
     return rc.spec.failure_policy.max_non_finite_steps
 
 
-def _loop_argv(args: argparse.Namespace, extra: list[str]) -> list[str]:
-    argv = ["--config", args.config, "--model", args.model, "--checkpoint-every", str(args.checkpoint_every)]
-    argv += ["--seed", str(args.seed)]
-    if args.steps is not None:
-        argv += ["--steps", str(args.steps)]
-    if args.log_jsonl:
-        argv += ["--log-jsonl", args.log_jsonl]
-    if args.tensorboard_dir:
-        argv += ["--tensorboard-dir", args.tensorboard_dir]
-    return argv + extra
-
-
-def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
+def run_main(args: argparse.Namespace) -> int:
     rc = load_config(args.config)
     denv = distributed_env(rc)
     if args.model == "miniature" and args.rollouts != "sampler":
         raise BadConfig("--model miniature: only with --rollouts sampler (the loop rljob drill runs)")
-    if extra and (args.rollouts != "sampler" or args.distributed_check):
-        raise BadConfig(f"{extra[0]}: unrecognized argument (only the sampler loop takes it)")
     if rc.spec.service is not None and not args.distributed_check:
         # Service mode: no loop of its own; the trainer serves the API (one host: the plan refuses more).
         from rljob.trainer.tinker import main as service_main
@@ -307,7 +307,23 @@ def run_main(args: argparse.Namespace, extra: Sequence[str] = ()) -> int:
     if args.rollouts == "sampler" and not args.distributed_check:
         from rljob.trainer import loop
 
-        return loop.main(_loop_argv(args, list(extra)))
+        return loop.run_loop(
+            rc,
+            loop.LoopOptions(
+                model=args.model,
+                steps=args.steps,
+                seed=args.seed,
+                checkpoint_every=args.checkpoint_every,
+                eval_every=args.eval_every,
+                parity_threshold=(
+                    args.parity_threshold
+                    if args.parity_threshold is not None
+                    else loop.DEFAULT_PARITY_THRESHOLD
+                ),
+                tensorboard_dir=args.tensorboard_dir,
+                log_jsonl=args.log_jsonl,
+            ),
+        )
 
     if args.distributed_check:
         print(
@@ -384,14 +400,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
     try:
-        args, extra = _parser().parse_known_args(argv)
+        args = _parser().parse_args(argv)
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     from google.auth.exceptions import DefaultCredentialsError
     from rljob.trainer.runtime import Diverged
 
     try:
-        return run_main(args, extra)
+        return run_main(args)
     except (BadConfig, Diverged) as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG

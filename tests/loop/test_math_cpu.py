@@ -81,7 +81,7 @@ def test_missing_dataset_fails_at_once(gcs_emulator: Any, tmp_path: Path) -> Non
     bucket = gcs_emulator.new_bucket()
     cfg = _config(bucket, tmp_path, free_port(span=2))
     proc = subprocess.run(
-        [sys.executable, "-m", "rljob.trainer.loop", "--config", str(cfg), "--model", "tiny"],
+        [sys.executable, "-m", "rljob.trainer.main", "--config", str(cfg), "--model", "tiny"],
         env=_env(),
         capture_output=True,
         text=True,

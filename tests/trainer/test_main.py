@@ -66,10 +66,8 @@ def test_usage_error_is_bad_config(tmp_path: Path) -> None:
 
 def test_zero_steps_is_bad_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--steps overrides spec.algorithm.steps; 0 is refused (it is no fallback to the spec's steps)."""
-    from rljob.trainer import loop
-
     cfg = write_run_config(local_run_config(str(tmp_path / "s"), tmp_path), tmp_path)
-    assert loop.main(["--config", str(cfg), "--steps", "0"]) == EXIT_BAD_CONFIG
+    assert main(["--config", str(cfg), "--model", "tiny", "--steps", "0"]) == EXIT_BAD_CONFIG
     assert capsys.readouterr().err.strip() == "--steps: must be > 0, got 0"
 
 
