@@ -2,7 +2,7 @@
 
 ``--replicas`` stand-in samplers (rljob.sampler.standin: local HTTP servers, no model, every completion
 request takes ``--delay-s`` as a replica's batch under its --max-num-seqs does) serve the loop's client
-(rljob.trainer.loop.SamplerClient, as the trainer runs it: requests of at most ``--max-num-seqs``
+(rljob.trainer.sampler_client.SamplerClient, as the trainer runs it: requests of at most ``--max-num-seqs``
 sequences, one in flight per replica). One step is ``--prompts`` prompts x ``--n`` completions. For each N
 the median over ``--repeats`` steps is compared with one replica's; the client fans out well when
 ``ratio`` (N replicas' step time / one replica's) is close to ``ideal`` (1/N).
@@ -36,7 +36,7 @@ def main() -> None:
 
     from rljob.sampler.standin import StandinReplica
     from rljob.trainer.data import Prompt
-    from rljob.trainer.loop import SamplerClient
+    from rljob.trainer.sampler_client import SamplerClient
 
     prompts = [Prompt(tokens=[i % 250, 1 + i % 250], text=None, answer="") for i in range(args.prompts)]
 

@@ -305,7 +305,7 @@ def run_main(args: argparse.Namespace) -> int:
     import jax
 
     if args.rollouts == "sampler" and not args.distributed_check:
-        from rljob.trainer import loop
+        from rljob.trainer import loop, rollouts
 
         return loop.run_loop(
             rc,
@@ -318,7 +318,7 @@ def run_main(args: argparse.Namespace) -> int:
                 parity_threshold=(
                     args.parity_threshold
                     if args.parity_threshold is not None
-                    else loop.DEFAULT_PARITY_THRESHOLD
+                    else rollouts.DEFAULT_PARITY_THRESHOLD
                 ),
                 tensorboard_dir=args.tensorboard_dir,
                 log_jsonl=args.log_jsonl,

@@ -11,8 +11,8 @@ from contextlib import ExitStack
 import pytest
 from rljob.sampler.standin import StandinReplica
 from rljob.trainer.data import Prompt
-from rljob.trainer.loop import SamplerClient, SamplerClosed, SamplerRejected
 from rljob.trainer.ports import free_port
+from rljob.trainer.sampler_client import SamplerClient, SamplerClosed, SamplerRejected
 
 pytestmark = pytest.mark.jax  # rljob.trainer.loop imports jax
 

@@ -12,16 +12,9 @@ import pytest
 from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
 from rljob.trainer.data import Prompt, SuccessorTask
 from rljob.trainer.export import publish_adapter
-from rljob.trainer.loop import (
-    Batch,
-    Completion,
-    ParityError,
-    SamplerClient,
-    SamplerClosed,
-    SamplerSource,
-    grpo_rollouts,
-)
 from rljob.trainer.packing import PackConfig
+from rljob.trainer.rollouts import Batch, ParityError, SamplerSource, grpo_rollouts
+from rljob.trainer.sampler_client import Completion, SamplerClient, SamplerClosed
 
 pytestmark = pytest.mark.jax
 

@@ -156,7 +156,8 @@ def test_cpu_sampler_serves_the_checkpoint_weights(
     from rljob.sampler.main import cpu_policy as sampler_policy
     from rljob.trainer.data import SuccessorTask
     from rljob.trainer.export import publish_adapter
-    from rljob.trainer.loop import ParityError, SamplerClient, SamplerSource
+    from rljob.trainer.rollouts import ParityError, SamplerSource
+    from rljob.trainer.sampler_client import SamplerClient
 
     path, values = converted
     bucket = f"gs://{gcs_emulator.new_bucket()}"

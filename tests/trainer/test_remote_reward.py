@@ -126,7 +126,8 @@ def test_nothing_listening_is_retried_then_stops() -> None:
 
 @pytest.mark.jax
 def test_the_loop_grades_a_batch_through_the_service(service: Any) -> None:
-    from rljob.trainer.loop import Batch, Completion, SamplerClient, SamplerSource
+    from rljob.trainer.rollouts import Batch, SamplerSource
+    from rljob.trainer.sampler_client import Completion, SamplerClient
 
     svc = service(_prefix)
     task = RemoteReward(SuccessorTask(), svc.url)

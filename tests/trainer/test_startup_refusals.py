@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import pytest
 import yaml
 from rljob.cli.main import main as rljob
-from rljob.trainer.loop import SamplerSource
 from rljob.trainer.losses import LossConfig, group_advantages
 from rljob.trainer.model import ModelSpec
 from rljob.trainer.packing import PackConfig
+from rljob.trainer.rollouts import SamplerSource
 
 pytestmark = pytest.mark.jax
 
