@@ -22,11 +22,13 @@ from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
     Endpoints,
+    MeshPlan,
     ProgressTarget,
     ResolvedSpec,
     RunConfig,
     SamplerPlan,
     StoragePaths,
+    TpuPlan,
     TrainerPlan,
 )
 from rljob.recipes.syntax import key_path
@@ -222,7 +224,31 @@ def _round_up(n: int, k: int) -> int:
 
 
 def resolve(job: RLJob) -> RunConfig:
-    """The resolved run config of a job, or PlanError with every problem."""
+    """The resolved run config of a job, or PlanError with every problem.
+
+    Each section below fills what it resolves into the working spec and appends its problems; a section
+    whose input an earlier one could not resolve (a TPU shape) checks what it can and plans nothing. The
+    problems of every section are raised together at the end."""
+    spec, layers, problems = _working_spec(job)
+    _dataset(spec, problems)
+    _model(spec)
+    seq = _algorithm_and_packing(spec, problems)  # before the trainer: max_target_length
+    trainer_tpu = _trainer_tpu(spec, problems)
+    sampler_tpu = _sampler_tpu(spec, problems)
+    _service(spec, trainer_tpu, problems)
+    _lora(spec, problems)
+    sampler_plan = _sampler(spec, sampler_tpu, seq, problems)
+    trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
+    _pod_overrides(spec, problems)
+    _names(spec, trainer_tpu, sampler_tpu, job, problems)
+    if problems or trainer_plan is None or sampler_plan is None:
+        raise PlanError(problems or ["spec: could not be resolved"])
+    return _run_config(spec, trainer_plan, sampler_plan, job)
+
+
+def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
+    """The merged spec (merged_spec) as a model the sections fill in, its layers and the problems found so
+    far; PlanError at once when the merge is not a valid spec or lacks a required field."""
     merged, layers, problems = merged_spec(job)
     try:
         spec = RLJobSpec.model_validate(merged)
@@ -233,14 +259,17 @@ def resolve(job: RLJob) -> RunConfig:
     if _require(spec, problems) or layers.unknown_recipe:
         raise PlanError(problems)
     assert spec.model and spec.trainer and spec.sampler and spec.storage and spec.algorithm
-    assert spec.lora and spec.packing and spec.failure_policy
+    assert spec.lora and spec.packing and spec.failure_policy and spec.dataset
     assert spec.model.name and spec.trainer.tpu and spec.sampler.tpu and spec.storage.root
     # Set by DEFAULTS (a null in a layer is no value: _merge keeps the lower layer's).
     assert spec.trainer.slices and spec.trainer.maxtext_version and spec.sampler.max_num_seqs
     assert spec.sampler.expert_parallel and spec.sampler.data_parallel
+    return spec, layers, problems
 
-    # ---- dataset
-    assert spec.dataset
+
+def _dataset(spec: RLJobSpec, problems: list[str]) -> None:
+    """spec.dataset: fills path (the default object under the storage root) for a task that reads one."""
+    assert spec.dataset and spec.storage and spec.storage.root
     # The task is any name the trainer image registers (docs/tasks.md); the trainer refuses an unknown one.
     if spec.dataset.task != "successor" and spec.dataset.path is None:
         spec.dataset.path = f"{spec.storage.root.rstrip('/')}/{DEFAULT_DATASET_OBJECT}"
@@ -249,18 +278,25 @@ def resolve(job: RLJob) -> RunConfig:
             "spec.dataset.path: task successor generates its prompts and reads no file (remove path, or "
             "set task: math)"
         )
-    # ---- model
+
+
+def _model(spec: RLJobSpec) -> None:
+    """spec.model: fills maxtextModel from the model name."""
+    assert spec.model and spec.model.name
     if spec.model.maxtext_model is None:
         spec.model.maxtext_model = spec.model.name.rsplit("/", 1)[-1].lower()
-    # ---- algorithm and packing (before the trainer: max_target_length)
-    alg = spec.algorithm
-    assert alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
+
+
+def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
+    """spec.algorithm and spec.packing: fills tokenBudget; the longest sequence (maxPromptTokens +
+    maxTokens)."""
+    alg, pack = spec.algorithm, spec.packing
+    assert alg and alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
+    assert pack and pack.pad_align and pack.segment_align and pack.pad_position
     seq = alg.max_prompt_tokens + alg.max_tokens
     group_problem = startup.group_size_problem(alg.group_size)
     if group_problem:
         problems.append(group_problem)
-    pack = spec.packing
-    assert pack.pad_align and pack.segment_align and pack.pad_position
     if pack.token_budget is None:
         pack.token_budget = _round_up(seq, math.lcm(pack.segment_align, 128))
     if pack.token_budget < seq:
@@ -286,141 +322,194 @@ def resolve(job: RLJob) -> RunConfig:
             f"spec.packing.padAlign: {pack.pad_align} is not below the token budget {pack.token_budget}: "
             f"padPosition {pack.pad_position} would never move a row"
         )
+    return seq
 
-    # ---- TPUs
-    trainer_tpu = sampler_tpu = None
+
+def _trainer_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
+    """spec.trainer.tpu: one slice's TPU plan; fills containersPerHost. None: not a TPU shape."""
+    assert spec.trainer and spec.trainer.tpu
     containers = spec.trainer.containers_per_host
     try:
         if containers is None:
             containers = tpu.default_containers(spec.trainer.tpu, "trainer")
         trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
-        spec.trainer.containers_per_host = containers
     except tpu.TpuError as e:
         problems.append(f"spec.trainer.tpu: {e}")
+        return None
+    spec.trainer.containers_per_host = containers
+    return trainer_tpu
+
+
+def _sampler_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
+    """spec.sampler.tpu: one replica's TPU plan. None: not a TPU shape."""
+    assert spec.sampler and spec.sampler.tpu
     try:
-        sampler_tpu = tpu.plan(spec.sampler.tpu)
+        return tpu.plan(spec.sampler.tpu)
     except tpu.TpuError as e:
         problems.append(f"spec.sampler.tpu: {e}")
+        return None
 
-    # ---- service mode
+
+def _service(spec: RLJobSpec, trainer_tpu: TpuPlan | None, problems: list[str]) -> None:
+    """spec.service (service mode): one trainer host, and an adapter slot per training client."""
     svc = spec.service
-    if svc is not None and trainer_tpu is not None and trainer_tpu.hosts * spec.trainer.slices > 1:
+    if svc is None:
+        return
+    assert spec.trainer and spec.trainer.slices and spec.sampler
+    if trainer_tpu is not None and trainer_tpu.hosts * spec.trainer.slices > 1:
         problems.append(
             f"spec.service: the API service trains on one trainer host; spec.trainer.tpu "
             f"{trainer_tpu.type_name} x {spec.trainer.slices} slice(s) has "
             f"{trainer_tpu.hosts * spec.trainer.slices} hosts"
         )
-    if svc is not None:
-        assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
-        if spec.sampler.max_loras < svc.max_training_clients:
-            problems.append(
-                f"spec.sampler.maxLoras: {spec.sampler.max_loras} is below spec.service.maxTrainingClients "
-                f"{svc.max_training_clients}: the samplers must hold every training client's adapter at once"
-            )
-    # ---- LoRA
+    assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
+    if spec.sampler.max_loras < svc.max_training_clients:
+        problems.append(
+            f"spec.sampler.maxLoras: {spec.sampler.max_loras} is below spec.service.maxTrainingClients "
+            f"{svc.max_training_clients}: the samplers must hold every training client's adapter at once"
+        )
+
+
+def _lora(spec: RLJobSpec, problems: list[str]) -> None:
+    """spec.lora: a rank vLLM serves; fills alpha (2 x rank). The targets are checked with the trainer's
+    MaxText keys (_lora_problems)."""
+    assert spec.lora
     if spec.lora.rank is not None and spec.lora.rank not in VLLM_LORA_RANKS:
         problems.append(
             f"spec.lora.rank: {spec.lora.rank} is not a vLLM LoRA rank "
             f"({', '.join(map(str, VLLM_LORA_RANKS))})"
         )
-
-    # ---- sampler
-    sampler_plan = None
-    if sampler_tpu is not None:
-        devices = sampler_tpu.devices
-        ep, dp = spec.sampler.expert_parallel, spec.sampler.data_parallel
-        tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
-        spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
-        problems += _sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name)
-        if spec.sampler.max_model_len is None:
-            spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
-        if spec.sampler.max_model_len < seq:
-            problems.append(
-                f"spec.sampler.maxModelLen: {spec.sampler.max_model_len} is below "
-                f"maxPromptTokens + maxTokens = {seq}"
-            )
-        assert spec.lora.rank and spec.sampler.replicas and spec.sampler.max_loras
-        sampler_plan = SamplerPlan(
-            tpu=sampler_tpu,
-            replicas=spec.sampler.replicas,
-            tensor_parallel=tp,
-            expert_parallel=ep,
-            data_parallel=dp,
-            max_model_len=spec.sampler.max_model_len,
-            lora_max_rank=spec.lora.rank,
-            max_loras=spec.sampler.max_loras,
-            max_num_seqs=spec.sampler.max_num_seqs,
-        )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
 
-    # ---- trainer mesh, batch and MaxText keys
-    trainer_plan = None
-    if trainer_tpu is not None:
-        assert spec.trainer.slices
-        slices = spec.trainer.slices
-        resolved = mesh.resolve(spec.trainer.mesh, trainer_tpu.devices, slices)
-        if isinstance(resolved, list):
-            problems += resolved
-            _maxtext(spec, layers, job, {}, problems, rules=False)
-            problems += _lora_problems(spec, None)
-        else:
-            ici, dcn = resolved
-            devices = trainer_tpu.devices * slices
-            shards = mesh.total(ici, dcn, "data") * mesh.total(ici, dcn, "fsdp")
-            micro = spec.trainer.micro_batch_size or shards
-            spec.trainer.micro_batch_size = micro
-            if micro % shards:
-                problems.append(
-                    f"spec.trainer.microBatchSize: {micro} rows do not split evenly over "
-                    f"data x fsdp = {shards} shards"
-                )
-            derived: dict[str, Any] = {
-                "model_name": spec.model.maxtext_model,
-                "run_name": job.metadata.name,
-                "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
-                "max_target_length": pack.token_budget,
-                "per_device_batch_size": micro / devices,
-                "learning_rate": alg.learning_rate,
-                "steps": alg.steps,
-                "packing": True,
-                **mesh.maxtext_keys(ici, dcn),
-            }
-            if spec.model.checkpoint:
-                derived["load_parameters_path"] = spec.model.checkpoint
-            keys, sources = _maxtext(spec, layers, job, derived, problems)
-            problems += _head_problems(spec, keys, micro * pack.token_budget, devices)
-            if pack.pad_position == "balanced":
-                problems += _balanced_problems(spec, keys, mesh.total(ici, dcn, "context"))
-            problems += _lora_problems(spec, keys)
-            trainer_plan = TrainerPlan(
-                tpu=trainer_tpu,
-                slices=slices,
-                hosts=trainer_tpu.hosts * slices,
-                chips=trainer_tpu.chips * slices,
-                devices=devices,
-                ici=ici,
-                dcn=dcn,
-                micro_batch_size=micro,
-                maxtext_version=spec.trainer.maxtext_version,
-                maxtext=keys,
-                maxtext_sources=sources,
-            )
 
-    # ---- pod overrides
-    problems += overrides.problems("spec.trainer.template", spec.trainer.template)
-    problems += overrides.problems("spec.sampler.template", spec.sampler.template)
+def _sampler(
+    spec: RLJobSpec, sampler_tpu: TpuPlan | None, seq: int, problems: list[str]
+) -> SamplerPlan | None:
+    """spec.sampler: fills the layout (tensorParallel) and maxModelLen; None without a TPU plan."""
+    if sampler_tpu is None:
+        return None
+    assert spec.sampler and spec.sampler.expert_parallel and spec.sampler.data_parallel
+    assert spec.sampler.max_num_seqs and spec.lora
+    devices = sampler_tpu.devices
+    ep, dp = spec.sampler.expert_parallel, spec.sampler.data_parallel
+    tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
+    spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
+    problems.extend(_sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name))
+    if spec.sampler.max_model_len is None:
+        spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
+    if spec.sampler.max_model_len < seq:
+        problems.append(
+            f"spec.sampler.maxModelLen: {spec.sampler.max_model_len} is below "
+            f"maxPromptTokens + maxTokens = {seq}"
+        )
+    assert spec.lora.rank and spec.sampler.replicas and spec.sampler.max_loras
+    return SamplerPlan(
+        tpu=sampler_tpu,
+        replicas=spec.sampler.replicas,
+        tensor_parallel=tp,
+        expert_parallel=ep,
+        data_parallel=dp,
+        max_model_len=spec.sampler.max_model_len,
+        lora_max_rank=spec.lora.rank,
+        max_loras=spec.sampler.max_loras,
+        max_num_seqs=spec.sampler.max_num_seqs,
+    )
 
-    # ---- names
+
+def _trainer(
+    spec: RLJobSpec, trainer_tpu: TpuPlan | None, layers: _Layers, job: RLJob, problems: list[str]
+) -> TrainerPlan | None:
+    """spec.trainer: the meshes, the micro-batch (fills microBatchSize) and the final MaxText keys, with
+    the log-prob head, balanced padding and LoRA targets checked against them; None without a TPU plan
+    or a mesh (the MaxText keys and LoRA target names are still checked)."""
+    if trainer_tpu is None:
+        return None
+    assert spec.trainer and spec.trainer.slices and spec.trainer.maxtext_version
+    assert spec.packing and spec.packing.token_budget
+    slices = spec.trainer.slices
+    resolved = mesh.resolve(spec.trainer.mesh, trainer_tpu.devices, slices)
+    if isinstance(resolved, list):
+        problems.extend(resolved)
+        _maxtext(spec, layers, job, {}, problems, rules=False)
+        problems.extend(_lora_problems(spec, None))
+        return None
+    ici, dcn = resolved
+    devices = trainer_tpu.devices * slices
+    shards = mesh.total(ici, dcn, "data") * mesh.total(ici, dcn, "fsdp")
+    micro = spec.trainer.micro_batch_size or shards
+    spec.trainer.micro_batch_size = micro
+    if micro % shards:
+        problems.append(
+            f"spec.trainer.microBatchSize: {micro} rows do not split evenly over "
+            f"data x fsdp = {shards} shards"
+        )
+    keys, sources = _maxtext(spec, layers, job, _derived_keys(spec, job, ici, dcn, micro / devices), problems)
+    problems.extend(_head_problems(spec, keys, micro * spec.packing.token_budget, devices))
+    if spec.packing.pad_position == "balanced":
+        problems.extend(_balanced_problems(spec, keys, mesh.total(ici, dcn, "context")))
+    problems.extend(_lora_problems(spec, keys))
+    return TrainerPlan(
+        tpu=trainer_tpu,
+        slices=slices,
+        hosts=trainer_tpu.hosts * slices,
+        chips=trainer_tpu.chips * slices,
+        devices=devices,
+        ici=ici,
+        dcn=dcn,
+        micro_batch_size=micro,
+        maxtext_version=spec.trainer.maxtext_version,
+        maxtext=keys,
+        maxtext_sources=sources,
+    )
+
+
+def _derived_keys(
+    spec: RLJobSpec, job: RLJob, ici: MeshPlan, dcn: MeshPlan, per_device_batch: float
+) -> dict[str, Any]:
+    """The MaxText keys rljob sets from the spec (DERIVED_KEYS)."""
+    assert spec.model and spec.storage and spec.storage.root and spec.packing and spec.algorithm
+    derived: dict[str, Any] = {
+        "model_name": spec.model.maxtext_model,
+        "run_name": job.metadata.name,
+        "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
+        "max_target_length": spec.packing.token_budget,
+        "per_device_batch_size": per_device_batch,
+        "learning_rate": spec.algorithm.learning_rate,
+        "steps": spec.algorithm.steps,
+        "packing": True,
+        **mesh.maxtext_keys(ici, dcn),
+    }
+    if spec.model.checkpoint:
+        derived["load_parameters_path"] = spec.model.checkpoint
+    return derived
+
+
+def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
+    """spec.trainer.template and spec.sampler.template."""
+    assert spec.trainer and spec.sampler
+    problems.extend(overrides.problems("spec.trainer.template", spec.trainer.template))
+    problems.extend(overrides.problems("spec.sampler.template", spec.sampler.template))
+
+
+def _names(
+    spec: RLJobSpec, trainer_tpu: TpuPlan | None, sampler_tpu: TpuPlan | None, job: RLJob, problems: list[str]
+) -> None:
+    """metadata.name: the names of every object and pod the job gets are valid."""
+    assert spec.trainer and spec.sampler
     roles: dict[str, tuple[int, int]] = {}
     if trainer_tpu is not None and spec.trainer.slices:
         roles[naming.TRAINER] = (spec.trainer.slices, trainer_tpu.hosts)
     if sampler_tpu is not None and spec.sampler.replicas:
         roles[naming.SAMPLER] = (spec.sampler.replicas, sampler_tpu.hosts)
-    problems += naming.check(job.metadata.name, roles)
+    problems.extend(naming.check(job.metadata.name, roles))
 
-    if problems or trainer_plan is None or sampler_plan is None:
-        raise PlanError(problems or ["spec: could not be resolved"])
+
+def _run_config(
+    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob
+) -> RunConfig:
+    """The RunConfig of a resolved spec without problems."""
+    assert spec.storage and spec.storage.root
     name, ns = job.metadata.name, job.metadata.namespace
     return RunConfig(
         name=name,

@@ -1,7 +1,9 @@
-"""Render an RLJob into Kubernetes objects: the run ConfigMap and the JobSet.
+"""Render an RLJob into Kubernetes objects: the pods' ServiceAccount, Role and RoleBinding, the run
+ConfigMap, the API Service (spec.service) and the JobSet.
 
-Templates (recipes/templates/*.j2) render YAML whose every value goes through `tojson`; the YAML is
-parsed back into data, and the JobSet is validated against JobSet's CRD schema. What `rljob render`
+The small objects are built here as data. The JobSet comes from a template
+(recipes/templates/jobset.yaml.j2) that renders YAML whose every value goes through `tojson`; the YAML
+is parsed back into data, and the JobSet is validated against JobSet's CRD schema. What `rljob render`
 prints is what the operator applies: both call `render`.
 
 How `tojson` works here (`_render`): it sets each value aside as data (a JSON round trip of it: what
@@ -45,6 +47,7 @@ TRAINER_COMMAND = ["rljob-trainer", "--config", CONFIG_PATH]
 SAMPLER_COMMAND = ["rljob-sampler", "--config", CONFIG_PATH]
 JOBSET_LABELS = "jobset.sigs.k8s.io"
 API_PORT_NAME = "api"
+RBAC_API_VERSION = "rbac.authorization.k8s.io/v1"
 
 
 class RenderError(RuntimeError):
@@ -61,7 +64,7 @@ def _env() -> jinja2.Environment:
     @jinja2.pass_context
     def tojson(context: Any, value: Any) -> str:
         refs: list[Any] = context["_refs"]
-        refs.append(json.loads(json.dumps(value, sort_keys=True)))  # as jinja's own tojson: keys sorted
+        refs.append(_value(value))  # as jinja's own tojson: keys sorted
         return f"{_REF}{len(refs) - 1}__"
 
     env = jinja2.Environment(
@@ -99,6 +102,16 @@ def _render(template: str, **context: Any) -> list[Any]:
     refs: list[Any] = []
     text = _env().get_template(template).render(_refs=refs, **context)
     return [_fill(doc, refs) for doc in _skeleton(text)]
+
+
+def _value(value: Any) -> Any:
+    """A value as the templates' `tojson` sets it into an object: a JSON round trip, keys sorted (so
+    each object gets its own copy, and `to_yaml` prints no YAML aliases)."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def _metadata(name: str, namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": namespace, "labels": _value(labels)}
 
 
 def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
@@ -286,16 +299,12 @@ def configmap(run: RunConfig) -> dict[str, Any]:
                 "(shorten spec.dataset.promptTemplate or spec.trainer.maxtext)"
             ]
         )
-    obj: dict[str, Any]
-    (obj,) = _render(
-        "configmap.yaml.j2",
-        name=naming.run_configmap(run.name),
-        namespace=run.namespace,
-        labels=labels(run),
-        key=CONFIG_KEY,
-        run_json=run_json,
-    )
-    return obj
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(naming.run_configmap(run.name), run.namespace, labels(run)),
+        "data": {CONFIG_KEY: run_json},
+    }
 
 
 def access(run: RunConfig) -> list[dict[str, Any]]:
@@ -303,15 +312,36 @@ def access(run: RunConfig) -> list[dict[str, Any]]:
     trainer template's serviceAccountName too, when it names another)."""
     own = naming.service_account(run.name)
     trainer_sa = overrides.service_account(_template(run, naming.TRAINER))
-    return _render(
-        "access.yaml.j2",
-        service_account=own,
-        subjects=[own] + ([trainer_sa] if trainer_sa and trainer_sa != own else []),
-        role=f"{run.name}-progress",
-        progress_configmap=naming.progress_configmap(run.name),
-        namespace=run.namespace,
-        labels=labels(run),
-    )
+    subjects = [own] + ([trainer_sa] if trainer_sa and trainer_sa != own else [])
+    role, ns, own_labels = f"{run.name}-progress", run.namespace, labels(run)
+    # Nothing else is granted to the pods: get and patch of the one progress ConfigMap (contract 4).
+    rule = {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "resourceNames": [naming.progress_configmap(run.name)],
+        "verbs": ["get", "patch"],
+    }
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "ServiceAccount",
+            "metadata": _metadata(own, ns, own_labels),
+            "automountServiceAccountToken": True,
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "Role",
+            "metadata": _metadata(role, ns, own_labels),
+            "rules": [rule],
+        },
+        {
+            "apiVersion": RBAC_API_VERSION,
+            "kind": "RoleBinding",
+            "metadata": _metadata(role, ns, own_labels),
+            "roleRef": {"apiGroup": RBAC_API_VERSION.split("/")[0], "kind": "Role", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns} for sa in subjects],
+        },
+    ]
 
 
 def api_service(run: RunConfig) -> list[dict[str, Any]]:
@@ -327,15 +357,20 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
         f"{JOBSET_LABELS}/job-index": "0",
         "batch.kubernetes.io/job-completion-index": "0",
     }
-    return _render(
-        "service.yaml.j2",
-        name=naming.api_service(run.name),
-        namespace=run.namespace,
-        labels=labels(run, naming.TRAINER),
-        selector=selector,
-        port_name=API_PORT_NAME,
-        port=svc.port,
-    )
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _metadata(naming.api_service(run.name), run.namespace, labels(run, naming.TRAINER)),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": _value(selector),
+                "ports": [
+                    {"name": API_PORT_NAME, "port": svc.port, "targetPort": API_PORT_NAME, "protocol": "TCP"}
+                ],
+            },
+        }
+    ]
 
 
 def api_url(run: RunConfig) -> str | None:
