@@ -178,7 +178,11 @@ def python() -> str:
 
 def base_env(devices: int) -> dict[str, str]:
     """The machine's environment for a local process: PATH, HOME and the venv, the CPU platform with
-    ``devices`` host devices (a container's TPU devices), no repo root on sys.path."""
+    ``devices`` host devices (a container's TPU devices), no repo root on sys.path. XLA:CPU compiles
+    without LLVM's optimizations (``--xla_backend_optimization_level=0``): a drill's time is its
+    compiles (a miniature's random initialization is one program of every parameter's threefry draws,
+    over a minute at the default level with four processes compiling it at once on two cores, seconds
+    at 0), and the miniature's programs run in milliseconds either way."""
     keep = {
         k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "VIRTUAL_ENV", "TMPDIR", "LANG", "TZ")
     }
@@ -187,7 +191,7 @@ def base_env(devices: int) -> dict[str, str]:
         "PYTHONSAFEPATH": "1",
         "PYTHONUNBUFFERED": "1",
         "JAX_PLATFORMS": "cpu",
-        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+        "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices} --xla_backend_optimization_level=0",
         "OMP_NUM_THREADS": "1",
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
@@ -327,7 +331,7 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
         scaled["miniature"] = miniature.describe(model)
     else:
         scaled["miniature"] = f"{model or 'the model'}: not in the catalog; the tiny qwen3 model"
-    if mesh.get("expert", 1) > 1:
+    if miniature.moe_expert_parallelism(mesh, rc.trainer.maxtext.get("custom_mesh_and_rule")) > 1:
         scaled["moe"] = (
             "dense expert dispatch (sparse_matmul, megablox off: XLA:CPU has no ragged-all-to-all)"
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 from rljob.recipes import maxtext_keys
 
-__all__ = ["MODELS", "describe", "miniature_overrides", "scan_block"]
+__all__ = ["MODELS", "describe", "miniature_overrides", "moe_expert_parallelism", "scan_block"]
 
 # Shared sizes: 64-wide, 4 query heads of 8 (32 != 64: the attention output projection's input width
 # differs from the model width), a 256-token vocabulary (the CPU sampler's byte tokens).
@@ -152,3 +152,14 @@ def _vision(key: str) -> bool:
 
 def _copy(v: Any) -> Any:
     return list(v) if isinstance(v, list) else v
+
+
+def moe_expert_parallelism(mesh: dict[str, int], custom_mesh_and_rule: object = None) -> int:
+    """Devices an MoE layer's experts are split over on ``mesh`` (axis name -> size): the expert axis, and
+    with MaxText's ``custom_mesh_and_rule: cp-as-ep`` the context axis too (MaxText 0.2.5 layers/moe.py:
+    the MoE's expert parallelism is then ("context", "expert")). Above 1, the sparse dispatch exchanges
+    tokens between devices with ragged-all-to-all."""
+    n = int(mesh.get("expert", 1))
+    if str(custom_mesh_and_rule or "") == "cp-as-ep":
+        n *= int(mesh.get("context", 1))
+    return n

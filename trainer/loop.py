@@ -105,7 +105,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
-    from rljob.trainer.train_step import Trainer
+    from rljob.trainer.train_step import Trainer, for_model
 
     spec, alg = rc.spec, rc.spec.algorithm
     steps = args.steps if args.steps is not None else alg.steps
@@ -137,6 +137,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
                 max_len=max_len,
             )
             step_cfg = cpu_step_config(rc, max_len)
+        step_cfg = for_model(step_cfg, model_spec.decoder_block)  # the train step's packing, also here
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
         # The base weights as a jit argument, not a constant: with several processes they span devices

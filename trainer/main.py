@@ -244,7 +244,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     with the config's other settings; raises BadConfig naming the field."""
     from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, tiny_keys
-    from rljob.trainer.train_step import StepConfig
+    from rljob.trainer.train_step import StepConfig, for_model
 
     st = _settings(rc, steps)
     checkpoint = rc.spec.model.checkpoint
@@ -280,6 +280,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             **align,
             **head_blocks(rc),
         )
+        step_cfg = for_model(step_cfg, spec.decoder_block)
         step_cfg.pack_config()
     except ValueError as e:
         raise BadConfig(str(e).splitlines()[0]) from e

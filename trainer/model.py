@@ -318,11 +318,14 @@ class Policy:
             alpha=spec.lora_alpha,
         )
         toks, pos, seg = _sample_inputs()
-        # Every LoRA factor exists before qwix's first call (add_lora_params), so that call only wraps the
-        # projections: MaxText 0.2.5's Gemma 4 block runs its global layer inside a jax.lax.scan whose
-        # carry is that layer's state (Gemma4ScannableBlock._scan_global_layer), where a parameter created
-        # during the call changes the carry's structure, and its local-layer scan returns the shared
-        # qwix_rngs stacked, which qwix then cannot draw from.
+        # Every LoRA factor exists before qwix wraps the model (add_lora_params), so qwix's first call, whose
+        # only work is to create them, is skipped (skip_nnx_init): that call runs the model eagerly, op by
+        # op (MaxText's layer scan, then one jnp.moveaxis per scanned variable), each a program of its own
+        # over the whole mesh, hundreds of compiles on every process before the first step. Creating the
+        # factors here also keeps them out of a scan: MaxText 0.2.5's Gemma 4 block runs its global layer
+        # inside a jax.lax.scan whose carry is that layer's state (Gemma4ScannableBlock._scan_global_layer),
+        # where a parameter created during the call changes the carry's structure, and its local-layer scan
+        # returns the shared qwix_rngs stacked, which qwix then cannot draw from.
         add_lora_params(model, module_path, spec.lora_rank, spec.seed + 1000, self.cfg)
         lora_model = qwix.apply_lora_to_model(
             model,
@@ -332,6 +335,7 @@ class Policy:
             decoder_segment_ids=seg,
             enable_dropout=False,
             rngs=nnx.Rngs(spec.seed + 1000),
+            skip_nnx_init=True,
         )
         nnx.pop(lora_model, nnx.Intermediate)
         parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
@@ -339,8 +343,8 @@ class Policy:
         # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (build_model's
         # come so; put_global returns them as they are).
         self.mesh: Any = model.mesh
-        # qwix's first call traced and compiled a forward pass on each process, which takes each its own
-        # time: meet before the first cross-process transfer (rljob.trainer.sync).
+        # Each process compiled the initialization in its own time: meet before the first cross-process
+        # transfer (rljob.trainer.sync).
         align("rljob-policy-base")
         self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]

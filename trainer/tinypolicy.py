@@ -97,9 +97,11 @@ def miniature_keys(rc: RunConfig, *, mesh: bool) -> dict[str, Any]:
                 keys[k] = int(v) * int(src.get("dcn_" + k[4:], 1))
             elif k.startswith("dcn_"):
                 keys[k] = 1
-        if int(keys.get("ici_expert_parallelism", 1)) > 1:
+        ici = {k[4:].removesuffix("_parallelism"): int(v) for k, v in keys.items() if k.startswith("ici_")}
+        if miniature.moe_expert_parallelism(ici, keys.get("custom_mesh_and_rule")) > 1:
             # Expert parallelism's sparse (megablox) dispatch exchanges tokens with ragged-all-to-all, which
             # XLA:CPU does not implement; the dense dispatch keeps the expert axis and its collectives.
+            # (With cp-as-ep the context axis is an expert axis of the MoE too.)
             keys.update(CPU_EXPERT_PARALLEL_KEYS)
     return keys
 

@@ -78,6 +78,8 @@ class StepConfig:
     context_ranks: int = 1
     kernel_blocks: tuple[tuple[int, int], ...] = DEFAULT_KERNEL_BLOCKS
     dual_chunk_swap: bool = True
+    # rollouts per packed row (None: as many as fit); 1 for a recurrent decoder (for_model)
+    max_segments: int | None = None
 
     def pack_config(self) -> PackConfig:
         kw: dict[str, Any] = {}
@@ -94,8 +96,26 @@ class StepConfig:
             rows=self.rows,
             segment_align=self.segment_align,
             pad_position=self.pad_position,  # type: ignore[arg-type]
+            max_segments=self.max_segments,
             **kw,
         )
+
+
+# MaxText decoder blocks with gated delta net layers (MaxText 0.2.5 models/qwen3.py
+# Qwen3NextGatedDeltaNet, also Qwen3.5's): their causal depthwise convolution and their delta-rule
+# recurrence run along the whole row, reading the segment ids only as a padding mask (segment id 0), so
+# a rollout packed after another starts from the other's state, and one after leading padding convolves
+# the padding's projections into its first tokens.
+RECURRENT_DECODER_BLOCKS = frozenset({"qwen3_5", "qwen3_next"})
+
+
+def for_model(cfg: StepConfig, decoder_block: str) -> StepConfig:
+    """``cfg`` for a model of ``decoder_block``: a recurrent one (RECURRENT_DECODER_BLOCKS) trains one
+    rollout per row, starting the row (max_segments 1, padding at the end), so each rollout is scored
+    exactly as the sampler scores it alone; any other keeps ``cfg``."""
+    if decoder_block.lower() not in RECURRENT_DECODER_BLOCKS:
+        return cfg
+    return dataclasses.replace(cfg, max_segments=1, pad_position="end")
 
 
 class TrainState(NamedTuple):
@@ -155,7 +175,8 @@ class Trainer:
 
     def __init__(self, policy: Policy, cfg: StepConfig) -> None:
         self.policy = policy
-        self.cfg = cfg
+        self.cfg = for_model(cfg, policy.spec.decoder_block)
+        cfg = self.cfg
         self.with_ref = cfg.loss.kl_coef > 0
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(cfg.max_grad_norm),

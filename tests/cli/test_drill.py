@@ -112,19 +112,11 @@ def test_bad_arguments_exit_2_naming_them(
     assert capsys.readouterr().err.startswith(field)
 
 
-# Recipes whose scaled run does not pass yet, with what stops it (docs/drill.md, "Known gaps").
-KNOWN_GAPS = {
-    "qwen3.5-397b-a17b-tpu7x": "the 4-process trainer of the Qwen3.5 miniature (gated delta net, 16 experts, "
-    "fsdp x context x expert) stalls after its first compiles without an error on this machine",
-}
-
-
 def _drill_cases() -> list[Any]:
     out = []
     for name in recipe_catalog.names():
         for profile in [None, *recipe_catalog.load(name).profiles]:
-            marks = [pytest.mark.skip(reason=KNOWN_GAPS[name])] if name in KNOWN_GAPS else []
-            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else ""), marks=marks))
+            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else "")))
     return out
 
 

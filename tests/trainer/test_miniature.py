@@ -80,3 +80,29 @@ def test_unknown_model_is_named() -> None:
         miniature.miniature_overrides("llama3-8b")
     with pytest.raises(ValueError, match="'llama3-8b'"):
         miniature.describe("llama3-8b")
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize("profile", [None, "256-chips-ep2", "256-chips-ep1"])
+def test_the_qwen35_drill_dispatches_experts_densely_where_the_moe_is_split(profile: str | None) -> None:
+    """Qwen3.5's recipe maps its MoE's experts over context x expert (cp-as-ep): the ep1 profile (no expert
+    axis) still splits them over the context axis, whose sparse dispatch needs ragged-all-to-all, which
+    XLA:CPU lacks. The trainer's miniature takes the dense dispatch there; the one-device sampler keeps
+    the model's own."""
+    from rljob.cli import drill
+    from rljob.trainer.tinypolicy import CPU_EXPERT_PARALLEL_KEYS, miniature_keys
+
+    doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x", profile)
+    small = drill.resolve_doc(drill.scaled_doc(doc, drill.resolve_doc(doc), 2)[0])
+    trainer = miniature_keys(small, mesh=True)
+    assert trainer["custom_mesh_and_rule"] == "cp-as-ep" and trainer["ici_context_parallelism"] == 2
+    assert all(trainer.get(k) == v for k, v in CPU_EXPERT_PARALLEL_KEYS.items())
+    assert not set(CPU_EXPERT_PARALLEL_KEYS) & set(miniature_keys(small, mesh=False))
+
+
+def test_moe_expert_parallelism_counts_the_context_axis_only_under_cp_as_ep() -> None:
+    mesh = {"fsdp": 8, "context": 2, "expert": 1}
+    assert miniature.moe_expert_parallelism(mesh) == 1
+    assert miniature.moe_expert_parallelism(mesh, "cp-as-ep") == 2
+    assert miniature.moe_expert_parallelism({**mesh, "expert": 2}, "cp-as-ep") == 4
+    assert miniature.moe_expert_parallelism({"fsdp": 4, "expert": 2}) == 2

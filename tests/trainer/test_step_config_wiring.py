@@ -6,6 +6,7 @@ against the base policy (the CPU loop used to drop it) and the log-prob head's t
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 import pytest
@@ -51,10 +52,44 @@ def test_balanced_packing_reaches_the_step_with_the_plans_tile_model() -> None:
     rc = resolve(parse_manifest(text))
     assert rc.spec.packing.pad_position == "balanced"
     cfg = model_setup(rc, "config", None)[1]
-    assert (cfg.pad_position, cfg.context_ranks, cfg.dual_chunk_swap) == ("balanced", 8, False)
+    assert (cfg.context_ranks, cfg.dual_chunk_swap) == (8, False)
     assert cfg.kernel_blocks == ((1024, 4096), (2048, 2048))
+    # Qwen3.5's gated delta nets run along the whole row: one rollout per row, at its start
+    # (rljob.trainer.train_step.for_model), whatever the packing asks.
+    assert (cfg.pad_position, cfg.max_segments) == ("end", 1)
     pack = cfg.pack_config()
-    assert (pack.pad_position, pack.context_ranks, pack.kernel_blocks) == ("balanced", 8, cfg.kernel_blocks)
+    assert (pack.pad_position, pack.max_segments) == ("end", 1)
+    balanced = dataclasses.replace(cfg, pad_position="balanced", max_segments=None).pack_config()
+    assert (balanced.pad_position, balanced.context_ranks, balanced.kernel_blocks) == (
+        "balanced",
+        8,
+        cfg.kernel_blocks,
+    )
     tiny = model_setup(rc, "tiny", None)[1]
     assert (tiny.context_ranks, tiny.kernel_blocks) == (1, ((64, 64), (64, 64)))
     tiny.pack_config()
+
+
+@pytest.mark.parametrize(
+    ("block", "recurrent"), [("qwen3_5", True), ("qwen3_next", True), ("qwen3", False), ("gemma4", False)]
+)
+def test_a_recurrent_decoder_trains_one_rollout_per_row_at_its_start(block: str, recurrent: bool) -> None:
+    """Gated delta nets carry their state along the row (MaxText reads segment ids as a padding mask
+    only): two rollouts packed in one row, or one after leading padding, would be scored differently
+    from the sampler, which scores each alone. Other decoders keep the packing as configured."""
+    import numpy as np
+    from rljob.trainer.packing import Rollout, pack_rollouts
+    from rljob.trainer.train_step import StepConfig, for_model
+
+    cfg = for_model(StepConfig(budget=64, rows=2, segment_align=1, pad_position="start", pad_align=8), block)
+    rollouts = [Rollout(prompt_ids=np.arange(1, 4), completion_ids=np.arange(4, 9)) for _ in range(3)]
+    mbs = pack_rollouts(rollouts, cfg.pack_config())
+    seg = np.concatenate([mb.segment_ids for mb in mbs])
+    if recurrent:
+        assert (cfg.max_segments, cfg.pad_position) == (1, "end")
+        assert len(mbs) == 2 and seg.max() == 1  # three rows of one rollout each, in two micro-batches
+        assert [int((row > 0).sum()) for row in seg[:3]] == [8, 8, 8]
+        assert (seg[:3, :8] == 1).all()  # each starts its row
+    else:
+        assert cfg.max_segments is None and cfg.pad_position == "start"
+        assert len(mbs) == 1 and seg.max() == 3  # all three share one row
