@@ -12,26 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from fixtures.recipes import objects, recipe_manifest
-from rljob.recipes import recipe_catalog, render
+from fixtures.recipes import catalog_cases, objects
+from rljob.recipes import render
 
-REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 
 
-def _cases() -> list[tuple[str, dict[str, Any]]]:
-    cases = []
-    for name in recipe_catalog.names():
-        cases.append((f"recipe-{name}", recipe_manifest(name)))
-        for profile in recipe_catalog.load(name).profiles:
-            cases.append((f"recipe-{name}-{profile}", recipe_manifest(name, profile)))
-    for path in sorted((REPO / "examples").glob("*.yaml")):
-        cases.append((f"example-{path.stem}", yaml.safe_load(path.read_text(encoding="utf-8"))))
-    return cases
-
-
-CASES = _cases()
+CASES = catalog_cases()
 
 
 @pytest.mark.parametrize(("name", "doc"), CASES, ids=[c[0] for c in CASES])

@@ -8,18 +8,14 @@ from __future__ import annotations
 
 import re
 import typing
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
-from fixtures.recipes import MINIMAL, manifest, recipe_manifest, resolve
+from fixtures.recipes import MINIMAL, catalog_cases, manifest, resolve
 from pydantic import BaseModel, ValidationError
-from rljob.recipes import defaults, recipe_catalog
+from rljob.recipes import defaults
 from rljob.recipes.api import RLJobSpec
 from rljob.recipes.runconfig import ResolvedSpec, RunConfig
-
-REPO = Path(__file__).resolve().parents[2]
 
 # The fields of a resolved spec that may be None, each because the absence means something.
 OPTIONAL = {
@@ -37,18 +33,7 @@ OPTIONAL = {
 }
 
 
-def _cases() -> list[tuple[str, dict[str, Any]]]:
-    cases = []
-    for name in recipe_catalog.names():
-        cases.append((f"recipe-{name}", recipe_manifest(name)))
-        for profile in recipe_catalog.load(name).profiles:
-            cases.append((f"recipe-{name}-{profile}", recipe_manifest(name, profile)))
-    for path in sorted((REPO / "examples").glob("*.yaml")):
-        cases.append((f"example-{path.stem}", yaml.safe_load(path.read_text(encoding="utf-8"))))
-    return cases
-
-
-CASES = _cases()
+CASES = catalog_cases()
 
 
 def _model_of(annotation: Any) -> type[BaseModel] | None:
