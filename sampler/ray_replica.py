@@ -37,7 +37,6 @@ import contextlib
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -49,6 +48,7 @@ from typing import Any
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG
 from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, RAY_PORT_ENV, SAMPLER_HOSTS_ENV
+from rljob.trainer.ports import free_port
 
 log = logging.getLogger("rljob.sampler.ray")
 
@@ -345,10 +345,7 @@ LOCAL_HEAD_RAY_ARGS = ["--include-dashboard=false"]
 def local_head_args() -> list[str]:
     """A local head's `ray start` arguments: LOCAL_HEAD_RAY_ARGS and a free port for its Ray client server
     (its default, 10001, would be shared by every head on the machine)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
-    return [*LOCAL_HEAD_RAY_ARGS, f"--ray-client-server-port={port}"]
+    return [*LOCAL_HEAD_RAY_ARGS, f"--ray-client-server-port={free_port()}"]
 
 
 @dataclass

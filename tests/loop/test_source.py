@@ -13,6 +13,7 @@ from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
 from rljob.trainer.data import Prompt, SuccessorTask
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.packing import PackConfig
+from rljob.trainer.ports import free_port
 from rljob.trainer.rollouts import Batch, ParityError, SamplerSource, grpo_rollouts
 from rljob.trainer.sampler_client import Completion, SamplerClient, SamplerClosed
 
@@ -104,12 +105,9 @@ def test_parity_gate_refuses_different_weights(
 
 def test_close_ends_a_wait_for_an_unreachable_sampler() -> None:
     """No sampler listens on the port: the client waits (never fatal) until close(), then raises."""
-    import socket
     import threading
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     client = SamplerClient([f"http://127.0.0.1:{port}"], "job", timeout=1.0, retry_s=0.05)
     errors: list[BaseException] = []
 

@@ -45,3 +45,24 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> Non
 
         monkeypatch.setattr(ports.random, "SystemRandom", lambda: R())
         assert free_port() != used
+
+
+def test_no_module_draws_a_local_port_from_the_ephemeral_range() -> None:
+    """``bind(("127.0.0.1", 0))`` hands out an ephemeral port that an outgoing connection can take before
+    the child binds it (a sampler, or a local Ray head, then dies on EADDRINUSE): every module that picks
+    a port for another process takes it from rljob.trainer.ports. The only ``bind(.., 0)`` left are in
+    tests that hold the socket they bind."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    pattern = re.compile(r"\.bind\(\(\s*['\"][^'\"]*['\"]\s*,\s*0\s*\)\)")
+    dirs = ["cli", "operator", "recipes", "sampler", "trainer", "hack", "bench", "tests/fixtures"]
+    offenders = [
+        f"{path.relative_to(root)}:{n}"
+        for d in dirs
+        for path in sorted((root / d).rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if pattern.search(line)
+    ]
+    assert offenders == [], offenders
