@@ -35,6 +35,7 @@ COPY recipes/ recipes/
 COPY operator/ operator/
 COPY trainer/ trainer/
 COPY sampler/ sampler/
+COPY common/ common/
 
 FROM build AS build-operator
 RUN --mount=type=cache,target=/root/.cache/uv \

@@ -25,7 +25,7 @@ STAMP := $(VENV)/.installed-$(DEPS_HASH)
 # A view of the package as installed (rljob/<folder> -> <folder>) for tools that do not follow
 # setuptools' editable import hook (mypy, import-linter).
 PKGVIEW := build/pkgview
-PKGS := cli recipes operator trainer sampler
+PKGS := cli recipes operator trainer sampler common
 
 .PHONY: help venv lock pkgview lint fmt-check typecheck test test-fast demo demo-down bench clean mutation
 

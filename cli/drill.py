@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rljob.trainer.ports import free_port
+from rljob.common.ports import free_port
 
 EXIT_OK, EXIT_FAIL, EXIT_BAD = 0, 1, 2
 REPO = Path(__file__).resolve().parents[1]

@@ -46,9 +46,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rljob.common.ports import free_port
 from rljob.recipes.failure import EXIT_BAD_CONFIG
 from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, RAY_PORT_ENV, SAMPLER_HOSTS_ENV
-from rljob.trainer.ports import free_port
 
 log = logging.getLogger("rljob.sampler.ray")
 
@@ -330,7 +330,7 @@ def _serve_cpu_sampler(ray: Any, expect: int, argv: list[str]) -> int:
 
 # Ray nodes sharing one machine (a rehearsal): no dashboard, one CPU each, agent ports picked by Ray, and
 # Ray's worker processes on ports below 15000 (Ray's default range, 10002-19999, would overlap the range a
-# local run draws its processes' ports from: rljob.trainer.ports, 15000-32000).
+# local run draws its processes' ports from: rljob.common.ports, 15000-32000).
 LOCAL_NODE_CPUS = 1
 LOCAL_RAY_ARGS = [
     f"--num-cpus={LOCAL_NODE_CPUS}",

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from rljob.common.storage import join, open_store
 from rljob.recipes.runconfig import LOCAL_CACHE_DEFAULT, LOCAL_CACHE_ENV
-from rljob.trainer.storage import join, open_store
 
 log = logging.getLogger("rljob.caches")
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-from rljob.trainer.storage import open_store
+from rljob.common.storage import open_store
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 

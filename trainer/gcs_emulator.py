@@ -18,7 +18,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from rljob.trainer.ports import free_port
+from rljob.common.ports import free_port
 
 __all__ = ["BUILD_SCRIPT", "create_bucket", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
 

@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rljob.common.ports import free_port
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.gcs_emulator import emulator_env, fake_gcs_server_binary, start_fake_gcs_server
-from rljob.trainer.ports import free_port
 
 LOCAL_MANIFEST: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1",

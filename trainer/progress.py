@@ -26,9 +26,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
 
+from rljob.common.storage import LocalStore, Store, open_store
 from rljob.recipes.api import ProgressReport
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.storage import LocalStore, Store, open_store
 
 __all__ = ["ConfigMapSink", "FileSink", "ProgressSink", "Reporter", "StepLog", "sink_for"]
 

@@ -29,12 +29,12 @@ from typing import Any
 
 import jax
 import numpy as np
+from rljob.common.storage import open_store
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import AdapterPublisher
 from rljob.trainer.losses import NAN_SENTINEL, AdvantageNormalization, group_advantages
 from rljob.trainer.packing import Rollout
 from rljob.trainer.progress import Reporter, StepLog
-from rljob.trainer.storage import open_store
 from rljob.trainer.train_step import Trainer, TrainState
 
 __all__ = [

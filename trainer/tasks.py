@@ -85,7 +85,7 @@ class TaskContext:
         if not self.path:
             raise DatasetError(f"spec.dataset.path: task {self.name} reads a file; set the path")
         from google.api_core import exceptions as gexc
-        from rljob.trainer.storage import open_store
+        from rljob.common.storage import open_store
 
         parent, _, name = self.path.rpartition("/")
         try:

@@ -9,9 +9,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 import pytest
+from rljob.common.ports import free_port
 from rljob.sampler.standin import StandinReplica
 from rljob.trainer.data import Prompt
-from rljob.trainer.ports import free_port
 from rljob.trainer.sampler_client import SamplerClient, SamplerClosed, SamplerRejected
 
 pytestmark = pytest.mark.jax  # rljob.trainer.loop imports jax

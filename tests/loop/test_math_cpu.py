@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob.common.ports import free_port
+from rljob.common.storage import open_store
 from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
-from rljob.trainer.ports import free_port
-from rljob.trainer.storage import open_store
 
 pytestmark = [pytest.mark.jax]
 

@@ -9,11 +9,11 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from rljob.common.ports import free_port
 from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
 from rljob.trainer.data import Prompt, SuccessorTask
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.packing import PackConfig
-from rljob.trainer.ports import free_port
 from rljob.trainer.rollouts import Batch, ParityError, SamplerSource, grpo_rollouts
 from rljob.trainer.sampler_client import Completion, SamplerClient, SamplerClosed
 

@@ -14,10 +14,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from rljob.common.storage import open_store
 from rljob.recipes.runconfig import LOCAL_CACHE_ENV
 from rljob.trainer import caches
 from rljob.trainer.localrun import local_run_config
-from rljob.trainer.storage import open_store
 
 
 def test_restore_and_save_copy_only_what_is_missing(tmp_path: Path) -> None:

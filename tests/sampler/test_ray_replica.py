@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 from fixtures.recipes import manifest, objects, resolve
+from rljob.common.ports import free_port
 from rljob.recipes import naming
 from rljob.recipes.runconfig import RAY_HEAD_ENV, RAY_PORT, SAMPLER_HOSTS_ENV
 from rljob.sampler import main as sampler_main
 from rljob.sampler import ray_replica
-from rljob.trainer.ports import free_port
 
 
 def _sampler_env(doc: dict[str, Any], job_index: int, pod_index: int) -> dict[str, str]:

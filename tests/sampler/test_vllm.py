@@ -250,8 +250,8 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     """The `--backend vllm` path end to end, with a stand-in `vllm` on PATH and vLLM sources that pass
     the preflight: the built argv and env reach the server, the watcher loads the published adapter
     into it over HTTP and reports the version on the status port, SIGTERM is forwarded."""
+    from rljob.common.ports import free_port
     from rljob.trainer.export import publish_adapter
-    from rljob.trainer.ports import free_port
 
     site = _site(tmp_path / "site")
     bindir = tmp_path / "bin"

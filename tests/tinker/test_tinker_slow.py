@@ -107,7 +107,7 @@ def _start(cfg: Path, port: int, log: Path) -> tuple[subprocess.Popen[str], dict
 
 
 def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: Path) -> None:
-    from rljob.trainer.ports import free_port
+    from rljob.common.ports import free_port
     from rljob.trainer.tinker.local import local_service_config
 
     root = f"gs://{gcs_emulator.new_bucket('tinker-restart')}"

@@ -12,11 +12,11 @@ import pytest
 from fixtures.trainer_run import local_run_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from rljob.common.storage import open_store
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.data import DatasetError, MathTask, SuccessorTask
 from rljob.trainer.loop import task_of
 from rljob.trainer.rewards import math_reward
-from rljob.trainer.storage import open_store
 
 SRC = "gs://b/train.jsonl"
 

@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+from rljob.common.storage import open_store
 from rljob.recipes.api import ProgressReport
 from rljob.trainer.export import (
     ADAPTER_CONFIG,
@@ -22,7 +23,6 @@ from rljob.trainer.export import (
     read_adapter,
 )
 from rljob.trainer.progress import ConfigMapSink, FileSink, Reporter, StepLog
-from rljob.trainer.storage import open_store
 from safetensors.numpy import load as st_load
 
 

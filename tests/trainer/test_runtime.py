@@ -10,10 +10,10 @@ from typing import Any
 import jax
 import numpy as np
 import pytest
+from rljob.common.storage import open_store
 from rljob.trainer.export import latest_version, read_adapter
 from rljob.trainer.progress import Reporter, StepLog
 from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
-from rljob.trainer.storage import open_store
 from rljob.trainer.train_step import StepConfig, Trainer
 
 pytestmark = pytest.mark.jax

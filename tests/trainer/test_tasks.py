@@ -366,8 +366,8 @@ def test_trainer_refuses_a_task_at_start(
 
 @pytest.mark.jax
 def test_a_task_from_outside_rljob_trains_in_the_cpu_loop(gcs_emulator: Any, tmp_path: Path) -> None:
+    from rljob.common.storage import open_store
     from rljob.trainer.localrun import free_port, sampler_command
-    from rljob.trainer.storage import open_store
 
     site = task_package(tmp_path)
     data = tmp_path / "echo.jsonl"

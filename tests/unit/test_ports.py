@@ -1,11 +1,11 @@
-"""rljob.trainer.ports: ports below the ephemeral range, each span free, never handed out twice."""
+"""rljob.common.ports: ports below the ephemeral range, each span free, never handed out twice."""
 
 from __future__ import annotations
 
 import socket
 
 import pytest
-from rljob.trainer.ports import free_port
+from rljob.common.ports import free_port
 
 
 def _ephemeral_low() -> int:
@@ -28,7 +28,7 @@ def test_spans_are_free_distinct_and_below_the_ephemeral_range(span: int) -> Non
 
 
 def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> None:
-    import rljob.trainer.ports as ports
+    import rljob.common.ports as ports
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -50,7 +50,7 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_no_module_draws_a_local_port_from_the_ephemeral_range() -> None:
     """``bind(("127.0.0.1", 0))`` hands out an ephemeral port that an outgoing connection can take before
     the child binds it (a sampler, or a local Ray head, then dies on EADDRINUSE): every module that picks
-    a port for another process takes it from rljob.trainer.ports. The only ``bind(.., 0)`` left are in
+    a port for another process takes it from rljob.common.ports. The only ``bind(.., 0)`` left are in
     tests that hold the socket they bind."""
     import re
     from pathlib import Path

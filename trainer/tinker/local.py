@@ -70,8 +70,8 @@ def service_command(cfg: Path, port: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rljob.common.ports import free_port
     from rljob.trainer.localrun import local_storage, sampler_command
-    from rljob.trainer.ports import free_port
 
     p = argparse.ArgumentParser(prog="tinker-cpu", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0, help="service port (default: a free one)")

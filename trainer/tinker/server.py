@@ -38,10 +38,10 @@ from typing import Any
 import jax
 import numpy as np
 from aiohttp import web
+from rljob.common.storage import join, open_store
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rljob.trainer.progress import Reporter
-from rljob.trainer.storage import join, open_store
 from rljob.trainer.tinker import wire
 from rljob.trainer.tinker.engine import (
     LOSS_INPUTS,
