@@ -99,7 +99,7 @@ class LoopOptions:
 
 def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     """The RL loop of one trainer process (jax.distributed already initialized by rljob.trainer.main)."""
-    from rljob.trainer import caches
+    from rljob.common import caches
     from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
@@ -114,7 +114,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         return EXIT_BAD_CONFIG
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
-        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
+        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), jax.config.update, rc.trainer.maxtext
     )
     try:
         chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))

@@ -405,6 +405,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     from google.auth.exceptions import DefaultCredentialsError
+    from rljob.common.storage import NoCredentials
     from rljob.trainer.runtime import Diverged
 
     try:
@@ -412,7 +413,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BadConfig, Diverged) as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-    except DefaultCredentialsError:
+    except (DefaultCredentialsError, NoCredentials):  # google-auth's own: orbax and gcsfs paths
         print(f"rljob-trainer: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
         return 1
 

@@ -27,6 +27,7 @@ import pytest
 from fixtures.cpu_sampler import serve_cpu_sampler
 from fixtures.trainer_run import local_run_config, write_run_config
 from flax import nnx
+from rljob.common.storage import open_store
 from rljob.recipes.failure import EXIT_BAD_CONFIG
 from rljob.recipes.runconfig import RunConfig
 
@@ -108,7 +109,7 @@ def test_checkpoint_has_the_converted_layout(
 
     path, values = converted
     bucket, _, prefix = path[len("gs://") :].partition("/")
-    names = {b.name for b in gcs_emulator.client().list_blobs(bucket)}
+    names = set(open_store(f"gs://{bucket}").list())
     step = prefix.removesuffix("/items")
     assert {f"{step}/_CHECKPOINT_METADATA", f"{prefix}/_METADATA", f"{prefix}/commit_success.txt"} <= names
     tree = ocp.metadata(f"gs://{bucket}/{step}", checkpointable_name="items").metadata
