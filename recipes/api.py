@@ -585,6 +585,12 @@ class StorageSpec(ApiModel):
                 "must be gs://BUCKET or gs://BUCKET/PREFIX "
                 "(bucket: 3-63 lowercase letters, digits, '-', '_', '.')"
             )
+        # Cloud Storage takes object names literally, while orbax's paths (etils epath) collapse `//` and
+        # `/./`: with such a prefix the checkpoints and the rest of the run (adapters, rollouts, written
+        # through google-cloud-storage) would land under two different prefixes; `..` would read as a
+        # parent it is not.
+        if value is not None and {"", ".", ".."} & set(value[len("gs://") :].rstrip("/").split("/")[1:]):
+            raise ValueError("the PREFIX of gs://BUCKET/PREFIX may hold no empty, '.' or '..' segment")
         return value
 
 
