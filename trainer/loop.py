@@ -185,8 +185,8 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             source,
             steplog=steplog,
             reporter=reporter,
-            to_peft=policy.to_peft,
-            peft_config=policy.peft_config(),
+            to_peft=policy.peft.to_peft,
+            peft_config=policy.peft.config(),
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)

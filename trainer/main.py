@@ -393,8 +393,8 @@ def run_main(args: argparse.Namespace) -> int:
         source,
         steplog=steplog,
         reporter=reporter,
-        to_peft=policy.to_peft,
-        peft_config=policy.peft_config(),
+        to_peft=policy.peft.to_peft,
+        peft_config=policy.peft.config(),
     )
     steplog.event("done", step=st["steps"])
     steplog.close()
