@@ -33,7 +33,8 @@ The head computes what MaxText's output head computes (:func:`head_transform`): 
 
 The adapter's PEFT layout (the Hugging Face tensor names vLLM and peft load, adapter_config.json, the
 files) is :mod:`rljob.trainer.peft`'s :class:`~rljob.trainer.peft.PeftAdapter`, built with the policy
-(``policy.peft``).
+(``policy.peft``); the LoRA factors are created by :mod:`rljob.trainer.lora`, and arrays are put on the
+mesh by :func:`rljob.trainer.placement.put_global`.
 
 The frozen base weights come from ``spec.checkpoint`` (the RLJob's ``spec.model.checkpoint``, a converted
 MaxText checkpoint, restored by :mod:`rljob.trainer.base_checkpoint` before qwix adds LoRA) or, without
@@ -47,8 +48,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import zlib
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -63,7 +62,6 @@ import numpy as np
 import qwix
 from flax import nnx
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from rljob.recipes import lora_targets, maxtext_keys
 from rljob.recipes.maxtext_keys import TRAINER_MIN_VOCAB_TILING
 from rljob.trainer import logprobs as lp_head
@@ -73,7 +71,9 @@ from rljob.trainer.base_checkpoint import (
     logical_shardings,
     restore_base_params,
 )
+from rljob.trainer.lora import add_lora_params, lora_sharding_meta
 from rljob.trainer.peft import HF_PROJ, PeftAdapter, decoder_block
+from rljob.trainer.placement import put_global
 from rljob.trainer.sync import align
 
 __all__ = [
@@ -86,7 +86,6 @@ __all__ = [
     "build_model",
     "head_transform",
     "maxtext_config",
-    "put_global",
     "tiny_keys",
 ]
 
@@ -343,7 +342,7 @@ class Policy:
         self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
         self._lora_template = jax.tree.map(
-            _lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
+            lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
         )
         # The trainable state is a plain nested dict of arrays (optax and orbax see ordinary pytrees).
         self.lora_sharding: dict[str, Any] = nnx.to_pure_dict(
@@ -519,108 +518,3 @@ class Policy:
         h = self.hidden_states(lora, tokens, positions, segment_ids)
         raw = jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
         return self.logit_transform(raw)
-
-
-def put_global(x: Any, sharding: NamedSharding) -> Any:
-    """``x``, an array with the same value on every process (local, or global and replicated), as a global
-    array laid out by ``sharding`` (on several processes ``jax.device_put`` cannot place a local array
-    on other processes' devices: each process supplies its own devices' shards). An array already laid
-    out so is returned as is."""
-    if not isinstance(x, jax.Array):
-        x = jnp.asarray(x)
-    if x.sharding == sharding:  # the very sharding: jit's cache keys on it (an equivalent one recompiles)
-        return x
-    if x.is_fully_addressable and sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
-    if not x.is_fully_addressable and not x.sharding.is_fully_replicated:
-        # A global array laid out otherwise (build_model's come sharded): no process holds it whole,
-        # reshard it on the devices (an identity under jit).
-        return jax.jit(lambda a: a, out_shardings=sharding)(x)
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: place their key data
-        data = jax.random.key_data(x)
-        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
-        return jax.random.wrap_key_data(
-            put_global(data, NamedSharding(sharding.mesh, P(*spec))),  # type: ignore[no-untyped-call]
-            impl=jax.random.key_impl(x),
-        )
-    host = np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
-
-
-def _lora_sharding_meta(var: Any) -> Any:
-    """qwix copies the base kernel's logical axis names onto its LoRA factors, whose rank differs
-    (a [embed, layers, heads, head_dim] kernel gives a [embed, layers, r] lora_a): MaxText's scan then
-    refuses the metadata. LoRA factors are small: keep only the scan axis name, replicate the rest."""
-    if not isinstance(var, nnx.Variable):
-        return var
-    meta = var.get_metadata()
-    axis_name = meta.get(nnx.PARTITION_NAME, "layers")
-    scan_axis = meta.get("param_scan_axis", 1)
-    names = tuple(axis_name if i == scan_axis else None for i in range(var.get_value().ndim))
-    updates = {k: names for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k) is not None}
-    return var.replace(**updates) if updates else var
-
-
-def add_lora_params(model: Any, module_path: str, rank: int, seed: int, cfg: Any) -> None:
-    """Create the LoRA factors of every projection of ``model`` whose module path matches
-    ``module_path`` (a qwix rule's regex, matched as qwix matches it: re.fullmatch on the '/'-joined
-    path), as qwix's LoraProvider would create them in its first call (qwix 0.1.8 providers/lora.py):
-    ``kernel_lora_a`` [prod(in), r] drawn he_uniform (bound sqrt(6 / prod(in))) per layer,
-    ``kernel_lora_b`` [r, prod(out)] zero, in the kernel's dtype, stacked on the kernel's scan axes.
-    qwix then finds them (flax_util.get_or_create_param) and creates none during a scan."""
-    from maxtext.layers.linears import DenseGeneral
-
-    pattern = re.compile(module_path)
-    key = jax.random.key(seed)
-    axis = int(cfg.param_scan_axis)
-    for path, module in nnx.iter_modules(model):
-        name = "/".join(map(str, path))
-        if (
-            not isinstance(module, DenseGeneral)
-            or not pattern.fullmatch(name)
-            or hasattr(module, "kernel_lora_a")
-        ):
-            continue
-        kernel = module.kernel
-        value = kernel.get_value()
-        n_in, n_out = len(module.in_features_shape), len(module.out_features_shape)
-        k = value.ndim - n_in - n_out
-        at = axis if k else 0
-        scan = tuple(value.shape[at : at + k])
-        per = tuple(value.shape[:at]) + tuple(value.shape[at + k :])
-        fan_in, fan_out = int(np.prod(per[:n_in])), int(np.prod(per[n_in:]))
-        # Metadata as the kernel's: the scan axes keep their names (MaxText's scans move and strip them),
-        # the matrix axes are replicated (LoRA factors are small; _lora_sharding_meta says the same).
-        kmeta = kernel.get_metadata()
-        meta = {k2: kmeta[k2] for k2 in ("param_scan_axis", "partition_name") if k2 in kmeta}
-        names = tuple(kmeta.get("sharding_names") or ())
-        if len(names) == value.ndim:
-            sharding = (None,) * at + names[at : at + k] + (None,) * (2 - at)
-            meta |= {"sharding_names": sharding, "out_sharding": sharding}
-        a_shape = (fan_in, rank)[:at] + scan + (fan_in, rank)[at:]
-        b_shape = (rank, fan_out)[:at] + scan + (rank, fan_out)[at:]
-        sharding_in = getattr(value, "sharding", None)
-        out = NamedSharding(sharding_in.mesh, P()) if isinstance(sharding_in, NamedSharding) else None  # type: ignore[no-untyped-call]
-        a_key = jax.random.fold_in(key, zlib.crc32(name.encode()))
-        a, b = _draw_lora(a_key, a_shape, b_shape, str(value.dtype), float(np.sqrt(6.0 / fan_in)), out)
-        module.kernel_lora_a = nnx.LoRAParam(a, **meta)
-        module.kernel_lora_b = nnx.LoRAParam(b, **meta)
-
-
-def _draw_lora(
-    key: jax.Array,
-    a_shape: tuple[int, ...],
-    b_shape: tuple[int, ...],
-    dtype: str,
-    bound: float,
-    sharding: NamedSharding | None,
-) -> tuple[jax.Array, jax.Array]:
-    """(lora_a, lora_b) drawn inside a jit, created replicated on ``sharding``'s mesh (on every process
-    of a multi-process run, as the base weights are: never one process's local array)."""
-
-    def draw(k: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return jax.random.uniform(k, a_shape, dtype, -bound, bound), jnp.zeros(b_shape, dtype)
-
-    if sharding is None:
-        return jax.jit(draw)(key)  # type: ignore[no-any-return]
-    return jax.jit(draw, out_shardings=(sharding, sharding))(key)  # type: ignore[no-any-return]

@@ -43,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 from rljob.recipes import models
 from rljob.trainer.logprobs import DEFAULT_TOKEN_TILE, DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
-from rljob.trainer.model import LoraState, Policy, put_global
+from rljob.trainer.model import LoraState, Policy
 from rljob.trainer.packing import (
     DEFAULT_KERNEL_BLOCKS,
     PackConfig,
@@ -52,6 +52,7 @@ from rljob.trainer.packing import (
     pack_rollouts,
     padding_fraction,
 )
+from rljob.trainer.placement import put_global
 
 __all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
 

@@ -44,9 +44,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
-from rljob.trainer.model import Policy, put_global
+from rljob.trainer.model import Policy
 from rljob.trainer.packing import PackedBatch, PackingError, Rollout, pack_rollouts
 from rljob.trainer.peft import HF_PROJ
+from rljob.trainer.placement import put_global
 from rljob.trainer.train_step import StepConfig, Trainer, stack_micro_batches
 
 __all__ = [
