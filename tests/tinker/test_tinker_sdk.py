@@ -369,7 +369,7 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
     eng = served.service.engine
     mb = eng.models[b.model_id]
     for leaf, (module, which) in zip(
-        jax.tree.leaves(jax.device_get(mb.lora)), eng.policy.lora_paths(), strict=True
+        jax.tree.leaves(jax.device_get(mb.lora)), eng.policy.peft.lora_paths(), strict=True
     ):
         arr = np.asarray(leaf)
         if module in ("wi_0", "wi_1", "wo"):

@@ -575,7 +575,7 @@ class Service:
             store = open_store(uri)
             tensors = self.engine.peft(m.lora)
             store.write(ADAPTER_WEIGHTS, st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
-            cfg = {**self.engine.policy.peft_config(), "base_model_name_or_path": m.base_model}
+            cfg = {**self.engine.policy.peft.config(), "base_model_name_or_path": m.base_model}
             store.write(ADAPTER_CONFIG, json.dumps(cfg, indent=1, sort_keys=True).encode())
             adapter = self._adapter_name(path)
             self._cache_lora(adapter, m.lora)
@@ -713,7 +713,9 @@ class Service:
             raw = open_store(s.uri).read(ADAPTER_WEIGHTS)
             if raw is None:
                 raise RequestError(f"model_path: sampler weights {s.model_path} are gone")
-            self._cache_lora(s.adapter, self.engine._put(self.engine.policy.from_peft(dict(st_load(raw)))))
+            self._cache_lora(
+                s.adapter, self.engine._put(self.engine.policy.peft.from_peft(dict(st_load(raw))))
+            )
         return self.lora_cache[s.adapter]
 
     # ================================================================== futures
