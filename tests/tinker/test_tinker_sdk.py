@@ -248,7 +248,7 @@ def test_optim_step_applies_every_adam_parameter_and_load_state_restores(served:
         tc.load_state_with_optimizer(path).result()
     for a, b in zip(probe(tc), at_save, strict=True):
         np.testing.assert_array_equal(a, b)
-    # a restart would restore the loaded state: it replaced the client's automatic checkpoints
+    # a restart would restore the loaded state: it is the client's newest automatic checkpoint
     from rljob.common.storage import join
     from rljob.trainer.tinker.server import _key
 

@@ -493,19 +493,19 @@ class Service:
             raise RequestError(f"path: no checkpoint at {directory}")
         return restored
 
-    def _auto_checkpoint(self, m: TrainingModel, force: bool = False, replace: bool = False) -> None:
-        """Save ``m``'s automatic checkpoint when its step is due (``force``: now); ``replace``: delete its
-        earlier automatic checkpoints first."""
+    def _auto_checkpoint(self, m: TrainingModel, force: bool = False) -> None:
+        """Save ``m``'s automatic checkpoint when its step is due (``force``: now). Automatic checkpoints
+        are numbered by save, not by optimizer step (that is in their metadata): a state loaded into a
+        live client is saved as the newest even when its step is older than, or equal to, one already
+        saved, with no window in which the client has no checkpoint; a restart restores the newest."""
         every = self.cfg.checkpoint_every
         if force or (every > 0 and m.step % every == 0):
             directory = join(self.cfg.checkpoints, "tinker", _key(m.model_id), "auto")
             meta = {"config": m.config(), "optim_steps": m.step, "skipped": m.skipped}
             ck = Checkpointer(directory, max_to_keep=2)
             try:
-                if replace:
-                    for step in ck.all_steps():
-                        ck.delete(step)
-                ck.save(m.step, self.engine.state_tree(m), meta)
+                index = max(ck.all_steps(), default=-1) + 1
+                ck.save(index, self.engine.state_tree(m), meta)
             finally:
                 ck.close()
             self.last_checkpoint_step = m.step
@@ -543,10 +543,8 @@ class Service:
                     raise RequestError(f"path: {req.path} has another LoRA shape than model {model_id}")
             self.engine.set_state(m, tree, optimizer=req.optimizer)
             m.step = int(meta.get("optim_steps", 0)) if req.optimizer else 0
-            # A live client's loaded state replaces its automatic history: a restart restores the newest
-            # automatic checkpoint, which would otherwise be a step from before the load (and orbax
-            # refuses a second checkpoint of a step it holds).
-            self._auto_checkpoint(m, force=True, replace=req.session_id is None)
+            # The loaded state becomes the client's newest automatic checkpoint: a restart restores it.
+            self._auto_checkpoint(m, force=True)
             return {"path": req.path, "model_id": model_id, "type": "load_weights"}
 
         return self._training("load_weights", model_id if seq else None, seq, work)
