@@ -87,7 +87,7 @@ def test_kill_during_save_never_loads_wrong(gcs_bucket: str, tmp_path: Path) -> 
     """SIGKILL inside a save (its data written, its commit marker not yet): the checkpoint that loads is
     the previous one, whole, and the partial step is never listed. Each kill is proved to have landed
     mid-save: the saver says it is inside the save, and the partial step's files are in the bucket."""
-    from google.cloud import storage
+    from google.cloud import storage  # type: ignore[import-untyped]
 
     directory = f"{gcs_bucket}/ns/job/checkpoints"
     bucket, _, prefix = directory[5:].partition("/")
