@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -59,7 +60,7 @@ def _final_lora(root: str, tmp: Path) -> dict[str, np.ndarray]:
 
 
 def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: object, tmp_path: Path) -> None:
-    from google.cloud import storage
+    from google.cloud import storage  # type: ignore[import-untyped]
 
     client = storage.Client()
     roots = {}
@@ -75,7 +76,7 @@ def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: object, tmp_path:
     straight = _trainer(cfg["straight"], tmp_path / "straight", "straight")
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     kills = sorted(int(k) for k in rng.choice(np.arange(1, STEPS), size=2, replace=False))
-    events: list[dict[str, object]] = []
+    events: list[dict[str, Any]] = []
     attempt = 0
     for kill_at in [*kills, None]:
         proc = _trainer(cfg["killed"], tmp_path / "killed", f"killed-{attempt}")
