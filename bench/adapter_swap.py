@@ -108,7 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-s", type=float, default=0.2)
     args = p.parse_args(argv)
 
-    from rljob.trainer.localrun import create_bucket, start_gcs
+    from rljob.trainer.gcs_emulator import create_bucket
+    from rljob.trainer.localrun import start_gcs
 
     work = Path(tempfile.mkdtemp(prefix="adapter-swap-"))
     gcs, endpoint = start_gcs(work)
@@ -118,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         from rljob.trainer.export import AdapterPublisher, publish_adapter
 
         bucket = f"bench-{uuid.uuid4().hex[:8]}"
-        create_bucket(bucket)
+        create_bucket(endpoint, bucket)
         uri = f"gs://{bucket}/ns/job/adapters"
         server = LoadServer()
         watcher = AdapterWatcher(

@@ -140,7 +140,8 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
     from flax import nnx
     from maxtext.configs import pyconfig
     from maxtext.integration.tunix.tunix_adapter import TunixMaxTextAdapter
-    from rljob.trainer.model import _RUNTIME_KEYS, _lora_sharding_meta, _sample_inputs, build_model
+    from rljob.trainer.lora import lora_sharding_meta
+    from rljob.trainer.model import _RUNTIME_KEYS, _sample_inputs, build_model
 
     merged = {**keys, **_RUNTIME_KEYS, "num_vocab_tiling": 1}  # tunix reads the logits
     cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)
@@ -152,9 +153,9 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
     )
     nnx.pop(lora, nnx.Intermediate)
     # qwix copies the kernels' logical axis names onto the LoRA factors and MaxText's layer scan then
-    # refuses them; the same metadata fix as rljob's Policy (rljob.trainer.model._lora_sharding_meta).
+    # refuses them; the same metadata fix as rljob's Policy (rljob.trainer.lora.lora_sharding_meta).
     graphdef, lora_state, rest = nnx.split(lora, nnx.LoRAParam, ...)  # type: ignore[misc]  # nnx types the split as variadic
-    lora_state = jax.tree.map(_lora_sharding_meta, lora_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
+    lora_state = jax.tree.map(lora_sharding_meta, lora_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     lora = nnx.merge(graphdef, lora_state, rest)
     try:
         return TunixMaxTextAdapter(lora, use_no_op_mappings=True), "TunixMaxTextAdapter"

@@ -5,15 +5,15 @@ The trainer writes them (tensorboardX, tags `train/<metric>`) under the run's st
 so they outlive the pods; an attempt after a restart adds a file of its own. Event files are TFRecord
 files (https://www.tensorflow.org/tutorials/load_data/tfrecord#tfrecords_format_details: a little-endian
 uint64 length, its masked CRC-32C, the payload, the payload's masked CRC-32C) of `Event` protocol
-buffers, parsed with tensorboardX's generated classes (no TensorBoard install needed). Reading gs:// needs
-google-cloud-storage (it finds credentials as gcloud does; STORAGE_EMULATOR_HOST for the emulator).
+buffers, parsed with tensorboardX's generated classes (no TensorBoard install needed). They are read
+through the run storage layer (rljob.common.storage); gs:// needs google-cloud-storage (it finds
+credentials as gcloud does; STORAGE_EMULATOR_HOST for the emulator).
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 REWARD_TAG = "train/reward_mean"
@@ -59,21 +59,16 @@ def scalars(files: list[bytes]) -> dict[str, dict[int, float]]:
 
 
 def read_event_files(logdir: str) -> list[bytes]:
-    """The event files under `logdir` (gs:// or a local directory), oldest name first."""
-    if logdir.startswith("gs://"):
-        try:
-            from google.cloud import storage  # type: ignore[import-untyped]
-        except ImportError:
-            raise MetricsError(
-                "reading gs:// needs google-cloud-storage (pip install 'rljob[trainer]')"
-            ) from None
-        bucket, _, prefix = logdir[len("gs://") :].partition("/")
-        client = storage.Client()
-        blobs = [
-            b for b in client.list_blobs(bucket, prefix=prefix.rstrip("/") + "/") if EVENT_FILE in b.name
-        ]
-        return [b.download_as_bytes() for b in sorted(blobs, key=lambda b: b.name)]
-    return [p.read_bytes() for p in sorted(Path(logdir).glob(f"{EVENT_FILE}*"))]
+    """The event files directly under `logdir` (gs:// or a local directory), oldest name first."""
+    from rljob.common.storage import open_store
+
+    try:
+        store = open_store(logdir)
+    except ImportError:
+        raise MetricsError(
+            "reading gs:// needs google-cloud-storage (pip install 'rljob[trainer]')"
+        ) from None
+    return [data for key in store.list(EVENT_FILE) if (data := store.read(key)) is not None]
 
 
 def tensorboard_dir(obj: dict[str, Any]) -> str:

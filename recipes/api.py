@@ -563,6 +563,15 @@ class PackingSpec(ApiModel):
         "keep their place relative to the kernel's tiles. Not read with end, where only the default is "
         "accepted. " + _default("packing.padAlign", "the largest Splash block"),
     )
+    max_segments_per_row: int | None = Field(
+        default=None,
+        ge=1,
+        le=1 << 22,
+        description="At most this many rollouts in one packed row. Default: as many as fit, and 1 for a "
+        "model whose decoder has gated delta net layers (MaxText decoder blocks qwen3_5 and qwen3_next): "
+        "their convolution and recurrence run along the whole row, so such a model trains one rollout per "
+        "row with padPosition end, and the plan refuses any other value or padPosition for it.",
+    )
 
 
 class StorageSpec(ApiModel):
@@ -585,6 +594,12 @@ class StorageSpec(ApiModel):
                 "must be gs://BUCKET or gs://BUCKET/PREFIX "
                 "(bucket: 3-63 lowercase letters, digits, '-', '_', '.')"
             )
+        # Cloud Storage takes object names literally, while orbax's paths (etils epath) collapse `//` and
+        # `/./`: with such a prefix the checkpoints and the rest of the run (adapters, rollouts, written
+        # through google-cloud-storage) would land under two different prefixes; `..` would read as a
+        # parent it is not.
+        if value is not None and {"", ".", ".."} & set(value[len("gs://") :].rstrip("/").split("/")[1:]):
+            raise ValueError("the PREFIX of gs://BUCKET/PREFIX may hold no empty, '.' or '..' segment")
         return value
 
 

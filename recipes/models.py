@@ -1,8 +1,12 @@
-"""Facts about the catalog's models that the sampler plan checks its parallelism against.
+"""Facts about models that the plan checks a spec against.
 
-``num_kv_heads`` and ``num_experts`` are MaxText 0.2.5's own values (``base_num_kv_heads``,
-``num_experts`` in ``maxtext/configs/models/<maxtextModel>.yml``; tests/recipes/test_models.py reads the
-installed MaxText and compares). A model outside this table is not checked.
+``MODELS``: what the sampler plan checks its parallelism against. ``num_kv_heads`` and ``num_experts``
+are MaxText 0.2.5's own values (``base_num_kv_heads``, ``num_experts`` in
+``maxtext/configs/models/<maxtextModel>.yml``; tests/recipes/test_models.py reads the installed MaxText
+and compares). A model outside this table is not checked.
+
+``RECURRENT_DECODER_BLOCKS``: the decoder blocks whose rollouts the trainer packs one per row (the plan's
+spec.packing, which the trainer follows).
 """
 
 from __future__ import annotations
@@ -30,4 +34,19 @@ def facts(maxtext_model: str | None) -> ModelFacts | None:
     return MODELS.get(maxtext_model or "")
 
 
-__all__ = ["MODELS", "ModelFacts", "facts"]
+# MaxText decoder blocks with gated delta net layers (MaxText 0.2.5 models/qwen3.py
+# Qwen3NextGatedDeltaNet, also Qwen3.5's): their causal depthwise convolution and their delta-rule
+# recurrence run along the whole row, reading the segment ids only as a padding mask (segment id 0), so
+# a rollout packed after another starts from the other's state, and one after leading padding convolves
+# the padding's projections into its first tokens. Such a model trains one rollout per row, starting the
+# row (spec.packing.maxSegmentsPerRow 1, padPosition end), so each rollout is scored exactly as the
+# sampler scores it alone.
+RECURRENT_DECODER_BLOCKS = frozenset({"qwen3_5", "qwen3_next"})
+
+
+def recurrent(decoder_block: str | None) -> bool:
+    """Whether a decoder block has gated delta net layers (RECURRENT_DECODER_BLOCKS)."""
+    return (decoder_block or "").lower() in RECURRENT_DECODER_BLOCKS
+
+
+__all__ = ["MODELS", "RECURRENT_DECODER_BLOCKS", "ModelFacts", "facts", "recurrent"]

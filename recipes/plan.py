@@ -304,6 +304,7 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
             f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
             "a full-length sequence would not fit a packed row"
         )
+    _rows_of_the_model(spec, problems)
     if pack.segment_align > pack.token_budget:
         problems.append(
             f"spec.packing.segmentAlign: {pack.segment_align} exceeds the token budget {pack.token_budget}"
@@ -323,6 +324,45 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
             f"padPosition {pack.pad_position} would never move a row"
         )
     return seq
+
+
+def _rows_of_the_model(spec: RLJobSpec, problems: list[str]) -> None:
+    """spec.packing for the model's decoder: fills maxSegmentsPerRow 1 for a decoder with gated delta net
+    layers (models.RECURRENT_DECODER_BLOCKS) and refuses another value, or padding anywhere but at the
+    end, for it; any other decoder keeps what the spec says (None: as many rollouts as fit)."""
+    assert spec.packing and spec.model
+    pack = spec.packing
+    block = _decoder_block(spec, (spec.trainer.maxtext if spec.trainer else None) or {})
+    if not models.recurrent(block):
+        return
+    why = (
+        f"the {block} decoder of {spec.model.maxtext_model} has gated delta net layers, whose state runs "
+        "along the whole row, so it trains one rollout per row with the padding at the end"
+    )
+    if pack.pad_position != "end":
+        problems.append(f"spec.packing.padPosition: {pack.pad_position}; {why} (set end, or remove it)")
+    if pack.max_segments_per_row is None:
+        pack.max_segments_per_row = 1
+    elif pack.max_segments_per_row != 1:
+        problems.append(
+            f"spec.packing.maxSegmentsPerRow: {pack.max_segments_per_row}; {why} (set 1, or remove it)"
+        )
+
+
+def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
+    """The model's MaxText decoder block: the ``decoder_block`` key of ``keys``, else its model config's
+    (MaxText's default under it); None where the MaxText version or the model is unknown (reported by
+    _maxtext)."""
+    assert spec.model is not None
+    try:
+        keyset = maxtext_keys.load(_version(spec))
+    except KeyError:
+        return None
+    model = keyset.models.get(str(spec.model.maxtext_model))
+    if model is None:
+        return None
+    default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
+    return lora_targets.decoder_block(keys, {**default, **model})
 
 
 def _trainer_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
@@ -623,18 +663,11 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     has. ``keys`` None: the names only."""
     assert spec.lora is not None and spec.model is not None and spec.trainer is not None
     targets = spec.lora.targets or []
-    block = None
+    block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
     if keys is not None:
-        try:
-            keyset = maxtext_keys.load(_version(spec))
-        except KeyError:
+        if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
-        model = keyset.models.get(str(spec.model.maxtext_model))
-        if model is None:
-            block = None  # an unknown model name, reported by _maxtext
-        else:
-            default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
-            block = lora_targets.decoder_block(keys, {**default, **model})
+        block = _decoder_block(spec, keys)
     return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
 
 

@@ -243,6 +243,10 @@ class ResolvedPacking(_Resolved):
     segment_align: _Count = Field(description="Segment start alignment.")
     pad_position: Literal["end", "start", "balanced"] = Field(description="Where a row's padding goes.")
     pad_align: _Count = Field(description="Shift alignment of padPosition start.")
+    max_segments_per_row: _Count | None = Field(
+        default=None,
+        description="Rollouts per packed row at most; None: as many as fit (1: a gated delta net decoder).",
+    )
 
 
 class ResolvedDataset(_Resolved):

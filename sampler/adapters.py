@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import threading
@@ -23,11 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from google.api_core import exceptions as gexc
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage  # type: ignore[import-untyped]
-from google.cloud.storage import transfer_manager  # type: ignore[import-untyped]
-from rljob.recipes.runconfig import split_gs
+from rljob.common.storage import Store, open_store
 
 log = logging.getLogger("rljob.sampler.adapters")
 
@@ -53,62 +48,31 @@ def parse_latest(text: str) -> int:
     return int(t[1:] if t.startswith("v") else t)
 
 
-def storage_client() -> storage.Client:
-    """A GCS client; against the emulator (STORAGE_EMULATOR_HOST) with anonymous credentials."""
-    if os.environ.get("STORAGE_EMULATOR_HOST"):
-        return storage.Client(
-            project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"),
-            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-        )
-    return storage.Client()
-
-
 class AdapterStore:
-    """Read access to `{adapters}`: the LATEST pointer and the version directories."""
+    """Read access to `{adapters}` (gs:// or a local directory, rljob.common.storage): the LATEST pointer
+    and the version directories."""
 
-    def __init__(self, adapters_uri: str, client: storage.Client | None = None) -> None:
-        self.uri = adapters_uri.rstrip("/")
-        bucket, self.prefix = split_gs(self.uri)
-        self.client = client or storage_client()
-        self.bucket = self.client.bucket(bucket)
-
-    def _key(self, rel: str) -> str:
-        return f"{self.prefix}/{rel}" if self.prefix else rel
+    def __init__(self, adapters_uri: str, store: Store | None = None) -> None:
+        self.store = store or open_store(adapters_uri)
+        self.uri = self.store.uri
 
     def latest(self) -> int | None:
-        try:
-            text = self.bucket.blob(self._key(LATEST)).download_as_text()
-        except gexc.NotFound:
-            return None
-        return parse_latest(text)
+        raw = self.store.read(LATEST)
+        return None if raw is None else parse_latest(raw.decode())
 
     def download(self, version: int, dest: Path, *, workers: int = 8) -> Path:
         """Copy `v{version}/` to `dest` (atomically: a staging dir renamed at the end)."""
         return self.download_dir(f"v{version}", dest, workers=workers)
 
     def download_dir(self, rel: str, dest: Path, *, workers: int = 8) -> Path:
-        """Copy the objects under `{uri}/{rel}/` to `dest` (atomically: a staging dir renamed at the end)."""
-        prefix = self._key(f"{rel.strip('/')}/")
-        blobs = [b for b in self.client.list_blobs(self.bucket, prefix=prefix) if not b.name.endswith("/")]
-        if not blobs:
-            raise FileNotFoundError(f"{self.uri}/{rel.strip('/')}/ is empty")
+        """Copy the objects under `{uri}/{rel}/` to `dest` (atomically: a staging dir renamed at the end;
+        large objects in parallel ranged reads on gs://)."""
         staging = dest.with_name(dest.name + ".partial")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        for blob in blobs:
-            target = staging / blob.name[len(prefix) :]
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if (blob.size or 0) > 32 * 1024 * 1024:
-                # Big tensors: parallel ranged reads.
-                transfer_manager.download_chunks_concurrently(
-                    blob,
-                    str(target),
-                    chunk_size=16 * 1024 * 1024,
-                    max_workers=workers,
-                    worker_type=transfer_manager.THREAD,
-                )
-            else:
-                blob.download_to_filename(str(target))
+        if not self.store.download(f"{rel.strip('/')}/", staging, workers=workers):
+            shutil.rmtree(staging, ignore_errors=True)
+            raise FileNotFoundError(f"{self.uri}/{rel.strip('/')}/ is empty")
         shutil.rmtree(dest, ignore_errors=True)
         staging.rename(dest)
         return dest
@@ -219,7 +183,7 @@ class AdapterWatcher:
         while not stop.is_set():
             try:
                 self.poll_once()
-            except (OSError, ServerError, gexc.GoogleAPIError, ValueError) as e:
+            except (OSError, ServerError, ValueError) as e:  # storage errors are OSErrors
                 log.warning("adapter swap failed, retrying: %s", e)
             stop.wait(self.poll_s)
 
@@ -272,6 +236,5 @@ __all__ = [
     "SwapRecord",
     "adapter_name",
     "parse_latest",
-    "storage_client",
     "version_of",
 ]

@@ -35,8 +35,9 @@ from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
-from google.api_core import exceptions as gexc
 from pydantic import ValidationError
+from rljob.common import caches
+from rljob.common.storage import NoCredentials
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
@@ -48,7 +49,6 @@ from rljob.recipes.runconfig import (
 from rljob.sampler import ray_replica
 from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
-from rljob.trainer import caches
 
 log = logging.getLogger("rljob.sampler")
 
@@ -113,7 +113,7 @@ def _status_server(
                 loaded = agent.ensure(name, uri)
             except (ValueError, FileNotFoundError) as e:
                 self._reply(400, {"error": str(e)})
-            except (OSError, ServerError, gexc.GoogleAPIError) as e:
+            except (OSError, ServerError) as e:  # storage errors are OSErrors
                 self._reply(502, {"error": f"{type(e).__name__}: {e}"})
             else:
                 self._reply(200, {"name": name, "loaded": loaded})
@@ -230,7 +230,11 @@ def run_cpu(
     # JAX's compilation cache, restored from storage.cache: a restart compiles nothing it compiled before.
     # First, before any import that may compile (JAX decides once, at its first compilation, whether a
     # persistent cache is in use).
-    sync = caches.jax_compilation_cache(caches.JAX_SAMPLER, rc.storage.cache, caches.local_root())
+    import jax
+
+    sync = caches.jax_compilation_cache(
+        caches.JAX_SAMPLER, rc.storage.cache, caches.local_root(), jax.config.update
+    )
     from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import CheckpointError
@@ -364,11 +368,9 @@ def main(argv: list[str] | None = None, *, replica: bool = True) -> int:
     except (OSError, ValidationError) as e:
         print(f"--config {args.config}: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    from google.auth.exceptions import DefaultCredentialsError
-
     try:
         return _run(args, rc, argv, replica)
-    except DefaultCredentialsError:
+    except NoCredentials:
         print(f"rljob-sampler: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
         return 1
 

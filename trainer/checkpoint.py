@@ -44,6 +44,10 @@ class Checkpointer:
         self._mngr.reload()
         return sorted(int(s) for s in self._mngr.all_steps())
 
+    def delete(self, step: int) -> None:
+        """Remove the checkpoint of ``step``."""
+        self._mngr.delete(step)
+
     def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
         """Save ``state`` (a pytree of arrays) and ``meta`` (JSON) as ``step``; returns when committed."""
         self._mngr.save(

@@ -6,7 +6,7 @@ Layout under ``{storage.adapters}`` (gs:// or local):
                                    Hugging Face names (``base_model.model.model.layers.{i}.self_attn.
                                    q_proj.lora_A.weight`` for Qwen3 and gpt-oss, ``...model.
                                    language_model.layers.{i}...`` for Qwen3.5 and Gemma 4:
-                                   rljob.trainer.model.HF_LAYERS_PREFIX)
+                                   rljob.trainer.peft.HF_LAYERS_PREFIX)
   v{N}/adapter_config.json         peft_type LORA, r, lora_alpha, target_modules, base model
   LATEST                           the text ``N``, written last
 

@@ -24,7 +24,12 @@ import yaml
 from rljob.common.ports import free_port
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.gcs_emulator import emulator_env, fake_gcs_server_binary, start_fake_gcs_server
+from rljob.trainer.gcs_emulator import (
+    create_bucket,
+    emulator_env,
+    fake_gcs_server_binary,
+    start_fake_gcs_server,
+)
 
 LOCAL_MANIFEST: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1",
@@ -61,20 +66,8 @@ def local_storage(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str
     env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
     os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"
-    create_bucket(bucket)
+    create_bucket(endpoint, bucket)
     return gcs, env, f"gs://{bucket}"
-
-
-def create_bucket(name: str) -> None:
-    """Create a bucket on the emulator named by STORAGE_EMULATOR_HOST."""
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage  # type: ignore[import-untyped]
-
-    client = storage.Client(
-        project=os.environ.get("GOOGLE_CLOUD_PROJECT", "rljob-local"),
-        credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
-    )
-    client.create_bucket(name)
 
 
 def local_run_config(

@@ -65,8 +65,9 @@ def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
 
 def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
     """The compiled step of the CPU loop's tiny model (rows of ``max_len`` tokens) with the run config's
-    algorithm: its loss, learning rate, KL penalty against the base policy, and the log-prob head's
-    block sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes)."""
+    algorithm: its loss, learning rate, KL penalty against the base policy, the log-prob head's block
+    sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes) and the rollouts per row
+    (spec.packing.maxSegmentsPerRow)."""
     from rljob.trainer.losses import LossConfig
     from rljob.trainer.main import head_blocks
     from rljob.trainer.train_step import StepConfig
@@ -77,6 +78,7 @@ def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
         rows=4,
         micro_batches=8,
         segment_align=1,
+        max_segments=rc.spec.packing.max_segments_per_row,
         learning_rate=alg.learning_rate,
         loss=LossConfig(kind=alg.loss, kl_coef=alg.kl_penalty_coef),
         **head_blocks(rc),
@@ -99,13 +101,13 @@ class LoopOptions:
 
 def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     """The RL loop of one trainer process (jax.distributed already initialized by rljob.trainer.main)."""
-    from rljob.trainer import caches
+    from rljob.common import caches
     from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape, miniature_spec
-    from rljob.trainer.train_step import Trainer, for_model
+    from rljob.trainer.train_step import Trainer, model_problem
 
     spec, alg = rc.spec, rc.spec.algorithm
     steps = args.steps if args.steps is not None else alg.steps
@@ -114,7 +116,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         return EXIT_BAD_CONFIG
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
-        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), rc.trainer.maxtext
+        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), jax.config.update, rc.trainer.maxtext
     )
     try:
         chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
@@ -137,7 +139,9 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
                 max_len=max_len,
             )
             step_cfg = cpu_step_config(rc, max_len)
-        step_cfg = for_model(step_cfg, model_spec.decoder_block)  # the train step's packing, also here
+        problem = model_problem(step_cfg, model_spec.decoder_block)  # the plan's packing fits the model
+        if problem is not None:
+            raise BadConfig(problem)
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
         # The base weights as a jit argument, not a constant: with several processes they span devices
@@ -181,8 +185,8 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             source,
             steplog=steplog,
             reporter=reporter,
-            to_peft=policy.to_peft,
-            peft_config=policy.peft_config(),
+            to_peft=policy.peft.to_peft,
+            peft_config=policy.peft.config(),
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)

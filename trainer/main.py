@@ -214,6 +214,7 @@ def _settings(rc: RunConfig, steps_override: int | None) -> dict[str, Any]:
         "pad_position": pack.pad_position,
         "segment_align": pack.segment_align,
         "pad_align": pack.pad_align,
+        "max_segments": pack.max_segments_per_row,
     }
 
 
@@ -244,7 +245,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     with the config's other settings; raises BadConfig naming the field."""
     from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, tiny_keys
-    from rljob.trainer.train_step import StepConfig, for_model
+    from rljob.trainer.train_step import StepConfig, model_problem
 
     st = _settings(rc, steps)
     checkpoint = rc.spec.model.checkpoint
@@ -277,10 +278,13 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             learning_rate=st["lr"],
             loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
             pad_position=st["pad_position"],
+            max_segments=st["max_segments"],
             **align,
             **head_blocks(rc),
         )
-        step_cfg = for_model(step_cfg, spec.decoder_block)
+        problem = model_problem(step_cfg, spec.decoder_block)
+        if problem is not None:
+            raise ValueError(problem)
         step_cfg.pack_config()
     except ValueError as e:
         raise BadConfig(str(e).splitlines()[0]) from e
@@ -389,8 +393,8 @@ def run_main(args: argparse.Namespace) -> int:
         source,
         steplog=steplog,
         reporter=reporter,
-        to_peft=policy.to_peft,
-        peft_config=policy.peft_config(),
+        to_peft=policy.peft.to_peft,
+        peft_config=policy.peft.config(),
     )
     steplog.event("done", step=st["steps"])
     steplog.close()
@@ -405,6 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse: usage errors are bad configuration
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     from google.auth.exceptions import DefaultCredentialsError
+    from rljob.common.storage import NoCredentials
     from rljob.trainer.runtime import Diverged
 
     try:
@@ -412,7 +417,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (BadConfig, Diverged) as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
-    except DefaultCredentialsError:
+    except (DefaultCredentialsError, NoCredentials):  # google-auth's own: orbax and gcsfs paths
         print(f"rljob-trainer: {NO_CREDENTIALS}", file=sys.stderr, flush=True)
         return 1
 

@@ -31,6 +31,11 @@ The head computes what MaxText's output head computes (:func:`head_transform`): 
   h = policy.hidden_states(lora, tokens, positions, segment_ids)     # [B, T, H]
   lp = policy.next_token_logprobs(lora, tokens, positions, segment_ids)  # [B, T], fused head
 
+The adapter's PEFT layout (the Hugging Face tensor names vLLM and peft load, adapter_config.json, the
+files) is :mod:`rljob.trainer.peft`'s :class:`~rljob.trainer.peft.PeftAdapter`, built with the policy
+(``policy.peft``); the LoRA factors are created by :mod:`rljob.trainer.lora`, and arrays are put on the
+mesh by :func:`rljob.trainer.placement.put_global`.
+
 The frozen base weights come from ``spec.checkpoint`` (the RLJob's ``spec.model.checkpoint``, a converted
 MaxText checkpoint, restored by :mod:`rljob.trainer.base_checkpoint` before qwix adds LoRA) or, without
 one, from a random initialization by ``spec.seed`` (tests, the CPU loop). Either way they are created
@@ -42,10 +47,7 @@ fit raises :class:`CheckpointError` (``spec.model.checkpoint: ...``; the entrypo
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import re
-import zlib
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -60,7 +62,6 @@ import numpy as np
 import qwix
 from flax import nnx
 from jax.sharding import NamedSharding
-from jax.sharding import PartitionSpec as P
 from rljob.recipes import lora_targets, maxtext_keys
 from rljob.recipes.maxtext_keys import TRAINER_MIN_VOCAB_TILING
 from rljob.trainer import logprobs as lp_head
@@ -70,11 +71,13 @@ from rljob.trainer.base_checkpoint import (
     logical_shardings,
     restore_base_params,
 )
+from rljob.trainer.lora import add_lora_params, lora_sharding_meta
+from rljob.trainer.peft import HF_PROJ, PeftAdapter, decoder_block
+from rljob.trainer.placement import put_global
 from rljob.trainer.sync import align
 
 __all__ = [
     "CPU_KEYS",
-    "HF_PROJ",
     "CheckpointError",
     "LoraState",
     "ModelSpec",
@@ -83,22 +86,11 @@ __all__ = [
     "build_model",
     "head_transform",
     "maxtext_config",
-    "put_global",
     "tiny_keys",
 ]
 
 LoraState = Any  # a nested dict of arrays (nnx.to_pure_dict of the LoRAParam state)
 
-# MaxText module name -> (Hugging Face parent, Hugging Face projection) for llama/qwen3-style models.
-HF_PROJ: dict[str, tuple[str, str]] = {
-    "query": ("self_attn", "q_proj"),
-    "key": ("self_attn", "k_proj"),
-    "value": ("self_attn", "v_proj"),
-    "out": ("self_attn", "o_proj"),
-    "wi_0": ("mlp", "gate_proj"),
-    "wi_1": ("mlp", "up_proj"),
-    "wo": ("mlp", "down_proj"),
-}
 _HF_TO_MT = dict(lora_targets.HF_TO_MAXTEXT)
 DEFAULT_TARGETS = tuple(HF_PROJ)
 
@@ -167,7 +159,8 @@ class ModelSpec:
     seed: int = 0
     checkpoint: str | None = None
     base_model: str = "rljob/tiny-qwen3"
-    # PEFT name prefix of the Hugging Face decoder layers; None: the decoder block's (HF_LAYERS_PREFIX).
+    # PEFT name prefix of the Hugging Face decoder layers; None: the decoder block's
+    # (rljob.trainer.peft.HF_LAYERS_PREFIX).
     hf_layers_prefix: str | None = None
 
     @classmethod
@@ -349,7 +342,7 @@ class Policy:
         self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
         self._lora_template = jax.tree.map(
-            _lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
+            lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
         )
         # The trainable state is a plain nested dict of arrays (optax and orbax see ordinary pytrees).
         self.lora_sharding: dict[str, Any] = nnx.to_pure_dict(
@@ -361,11 +354,10 @@ class Policy:
         self.num_layers = int(self.cfg.num_decoder_layers)
         self.vocab_size = int(self.cfg.vocab_size)
         self.hidden_size = int(self.cfg.emb_dim)
-        self.hf_layers_prefix = spec.hf_layers_prefix or hf_layers_prefix(decoder_block(self.cfg))
-        # Where each LoRA leaf's layers sit in the Hugging Face model (peft_layout); ValueError on a
-        # layout this code does not know, or a target that wraps no projection of this model.
-        self.layout: list[LeafLayout] = peft_layout(self.lora0, self.cfg)
-        missing = sorted(set(spec.maxtext_targets) - {leaf.module for leaf in self.layout})
+        # The adapter's PEFT layout (rljob.trainer.peft): ValueError on a layout the export does not know,
+        # or (below) a target that wraps no projection of this model.
+        self.peft = PeftAdapter(spec, self.lora0, self.cfg)
+        missing = sorted(set(spec.maxtext_targets) - {leaf.module for leaf in self.peft.layout})
         if missing:
             names = ", ".join(HF_PROJ[m][1] for m in missing)
             raise ValueError(
@@ -526,354 +518,3 @@ class Policy:
         h = self.hidden_states(lora, tokens, positions, segment_ids)
         raw = jnp.dot(h, self.head_weight(lora), preferred_element_type=jnp.float32)
         return self.logit_transform(raw)
-
-    # ------------------------------------------------------------------ PEFT layout
-
-    def lora_paths(self) -> list[tuple[str, str]]:
-        """(MaxText module, 'a'|'b') of every LoRA leaf, in pytree order."""
-        return [(leaf.module, leaf.which) for leaf in self.layout]
-
-    def to_peft(self, lora: LoraState) -> dict[str, np.ndarray]:
-        """LoRA parameters as PEFT tensors, float32: ``lora_A`` (r, in), ``lora_B`` (out, r) per layer.
-
-        qwix keeps a layer's factors as lora_a [in, r] and lora_b [r, out] (multi-axis kernels, heads x
-        head_dim, flattened in MaxText's order, which is Hugging Face's ``num_heads * head_dim`` order),
-        stacked on the scan axes of the leaf (:class:`LeafLayout`: one axis of layers, of blocks of
-        layers, or blocks and the layers within); the layout names each scan position's layer."""
-        out: dict[str, np.ndarray] = {}
-        pure = nnx.to_pure_dict(lora) if isinstance(lora, nnx.State) else lora
-        leaves = jax.tree_util.tree_flatten_with_path(pure)[0]
-        if len(leaves) != len(self.layout):
-            raise ValueError(f"adapter has {len(leaves)} LoRA leaves, the model {len(self.layout)}")
-        for (_, arr), leaf in zip(leaves, self.layout, strict=True):
-            per_layer = leaf.per_layer(np.asarray(arr, np.float32))
-            for layer, m in zip(leaf.layers, per_layer, strict=True):
-                # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]
-                out[self.peft_name(layer, leaf)] = np.ascontiguousarray(m.T)
-        return out
-
-    def from_peft(self, tensors: Mapping[str, np.ndarray]) -> LoraState:
-        """The inverse of :meth:`to_peft`; ValueError on a missing, extra or misshapen tensor."""
-        want = {
-            self.peft_name(layer, leaf): leaf.matrix_shape[::-1]
-            for leaf in self.layout
-            for layer in leaf.layers
-        }
-        if set(tensors) != set(want):
-            missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
-            raise ValueError(
-                f"adapter tensors do not match the model: missing {missing[:3]}, extra {extra[:3]}"
-            )
-        for name, t in tensors.items():
-            if tuple(t.shape) != tuple(want[name]):
-                raise ValueError(f"{name}: shape {tuple(t.shape)}, the model needs {tuple(want[name])}")
-        leaves, treedef = jax.tree_util.tree_flatten(self.lora0)
-        out = []
-        for arr, leaf in zip(leaves, self.layout, strict=True):
-            mats = [np.asarray(tensors[self.peft_name(layer, leaf)], np.float32).T for layer in leaf.layers]
-            out.append(jnp.asarray(leaf.stack(mats), arr.dtype))
-        return jax.tree_util.tree_unflatten(treedef, out)
-
-    def peft_name(self, layer: int, leaf: LeafLayout | str, which: str | None = None) -> str:
-        """The PEFT tensor name of ``leaf`` (or of MaxText module ``leaf`` under ``self_attn``/``mlp``, and
-        ``which``) at Hugging Face layer ``layer``."""
-        if isinstance(leaf, str):
-            parent, proj = HF_PROJ[leaf]
-            which = which or "a"
-        else:
-            parent, proj, which = leaf.hf_parent, HF_PROJ[leaf.module][1], leaf.which
-        return f"{self.hf_layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
-
-    def save_peft(self, lora: LoraState, directory: Path) -> None:
-        """Write the PEFT files into a local directory (publishing goes through rljob.trainer.export)."""
-        from safetensors.numpy import save_file
-
-        directory.mkdir(parents=True, exist_ok=True)
-        save_file(self.to_peft(lora), str(directory / "adapter_model.safetensors"))
-        (directory / "adapter_config.json").write_text(json.dumps(self.peft_config(), indent=1))
-
-    def load_peft(self, directory: Path) -> LoraState:
-        from safetensors.numpy import load_file
-
-        cfg = json.loads((directory / "adapter_config.json").read_text())
-        if int(cfg.get("r", -1)) != self.spec.lora_rank:
-            raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != model rank {self.spec.lora_rank}")
-        return self.from_peft(load_file(str(directory / "adapter_model.safetensors")))
-
-    def peft_config(self) -> dict[str, Any]:
-        """adapter_config.json of the PEFT layout (what vLLM and peft read)."""
-        return {
-            "peft_type": "LORA",
-            "task_type": "CAUSAL_LM",
-            "base_model_name_or_path": self.spec.base_model,
-            "r": self.spec.lora_rank,
-            "lora_alpha": self.spec.lora_alpha,
-            "lora_dropout": 0.0,
-            "bias": "none",
-            "fan_in_fan_out": False,
-            "inference_mode": True,
-            "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
-        }
-
-
-def put_global(x: Any, sharding: NamedSharding) -> Any:
-    """``x``, an array with the same value on every process (local, or global and replicated), as a global
-    array laid out by ``sharding`` (on several processes ``jax.device_put`` cannot place a local array
-    on other processes' devices: each process supplies its own devices' shards). An array already laid
-    out so is returned as is."""
-    if not isinstance(x, jax.Array):
-        x = jnp.asarray(x)
-    if x.sharding == sharding:  # the very sharding: jit's cache keys on it (an equivalent one recompiles)
-        return x
-    if x.is_fully_addressable and sharding.is_fully_addressable:
-        return jax.device_put(x, sharding)
-    if not x.is_fully_addressable and not x.sharding.is_fully_replicated:
-        # A global array laid out otherwise (build_model's come sharded): no process holds it whole,
-        # reshard it on the devices (an identity under jit).
-        return jax.jit(lambda a: a, out_shardings=sharding)(x)
-    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: place their key data
-        data = jax.random.key_data(x)
-        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
-        return jax.random.wrap_key_data(
-            put_global(data, NamedSharding(sharding.mesh, P(*spec))),  # type: ignore[no-untyped-call]
-            impl=jax.random.key_impl(x),
-        )
-    host = np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
-    return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
-
-
-def _lora_sharding_meta(var: Any) -> Any:
-    """qwix copies the base kernel's logical axis names onto its LoRA factors, whose rank differs
-    (a [embed, layers, heads, head_dim] kernel gives a [embed, layers, r] lora_a): MaxText's scan then
-    refuses the metadata. LoRA factors are small: keep only the scan axis name, replicate the rest."""
-    if not isinstance(var, nnx.Variable):
-        return var
-    meta = var.get_metadata()
-    axis_name = meta.get(nnx.PARTITION_NAME, "layers")
-    scan_axis = meta.get("param_scan_axis", 1)
-    names = tuple(axis_name if i == scan_axis else None for i in range(var.get_value().ndim))
-    updates = {k: names for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k) is not None}
-    return var.replace(**updates) if updates else var
-
-
-_LORA_LEAF = re.compile(r"^(?P<module>\w+)\.kernel_lora_(?P<which>[ab])$")
-
-
-def _parse_lora_path(path: tuple[Any, ...]) -> tuple[str, str]:
-    key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
-    tail = ".".join(key.split(".")[-2:])
-    m = _LORA_LEAF.match(tail)
-    if not m or m.group("module") not in HF_PROJ:
-        raise ValueError(f"unexpected LoRA parameter {key}")
-    return m.group("module"), m.group("which")
-
-
-# PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
-# PEFT model wraps it as base_model.model): Qwen3ForCausalLM and GptOssForCausalLM keep them at
-# model.layers; Qwen3_5MoeForConditionalGeneration and Gemma4ForConditionalGeneration at
-# model.language_model.layers (transformers 5.x, models/qwen3_5_moe/modeling_qwen3_5_moe.py and
-# models/gemma4/modeling_gemma4.py: ``self.model = ...Model(config)`` whose ``self.language_model`` holds
-# ``self.layers``; https://github.com/huggingface/transformers/tree/main/src/transformers/models).
-HF_LAYERS_PREFIX: dict[str, str] = {
-    "qwen3_5": "base_model.model.model.language_model.layers",
-    "gemma4": "base_model.model.model.language_model.layers",
-}
-DEFAULT_HF_LAYERS_PREFIX = "base_model.model.model.layers"
-
-
-def decoder_block(cfg: Any) -> str:
-    """The config's decoder block as its config files spell it (``gemma4``, ``qwen3_5``, ...)."""
-    block = cfg.decoder_block
-    return str(getattr(block, "value", block)).lower()
-
-
-def hf_layers_prefix(decoder_block: str) -> str:
-    """The PEFT name prefix of the Hugging Face decoder layers of a MaxText decoder block."""
-    return HF_LAYERS_PREFIX.get(decoder_block.lower(), DEFAULT_HF_LAYERS_PREFIX)
-
-
-@dataclasses.dataclass(frozen=True)
-class LeafLayout:
-    """Where one LoRA leaf's layers are in the Hugging Face model.
-
-    The leaf holds one [d0, d1] matrix per layer (lora_a [in, r], lora_b [r, out]) stacked on
-    ``len(scan_shape)`` scan axes inserted at ``scan_axis`` (MaxText's param_scan_axis); ``layers`` is
-    the Hugging Face layer index of each scan position, row-major over ``scan_shape``."""
-
-    path: str  # the leaf's MaxText path, '/'-joined
-    module: str  # MaxText projection: query, key, value, out, wi_0, wi_1, wo
-    which: str  # "a" | "b"
-    hf_parent: str  # "self_attn", "mlp" or "mlp.shared_expert"
-    matrix_shape: tuple[int, int]
-    scan_axis: int
-    scan_shape: tuple[int, ...]
-    layers: tuple[int, ...]
-
-    def per_layer(self, arr: np.ndarray) -> np.ndarray:
-        """[n_layers, d0, d1] from the stacked leaf."""
-        k = len(self.scan_shape)
-        moved = np.moveaxis(arr, list(range(self.scan_axis, self.scan_axis + k)), list(range(k)))
-        return moved.reshape(-1, *self.matrix_shape)
-
-    def stack(self, mats: list[np.ndarray]) -> np.ndarray:
-        """The inverse of :meth:`per_layer`."""
-        k = len(self.scan_shape)
-        arr = np.stack(mats).reshape(*self.scan_shape, *self.matrix_shape)
-        return np.moveaxis(arr, list(range(k)), list(range(self.scan_axis, self.scan_axis + k)))
-
-
-_ATTENTION_MODULES = ("query", "key", "value", "out")
-_SUBLAYER = re.compile(r"^layers?_(\d+)$")
-
-
-def _gemma4_pattern() -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(local positions, global positions) of a Gemma 4 scanned block (MaxText 0.2.5 models/gemma4.py:
-    GEMMA4_ATTENTION_PATTERN, five LOCAL_SLIDING layers then one GLOBAL)."""
-    from maxtext.models import gemma4
-
-    pattern = gemma4.GEMMA4_ATTENTION_PATTERN
-    local = tuple(i for i, t in enumerate(pattern) if t == gemma4.AttentionType.LOCAL_SLIDING)
-    return local, tuple(i for i in range(len(pattern)) if i not in local)
-
-
-def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tuple[int, ...] | None:
-    """Hugging Face layer indices of a LoRA leaf at MaxText path ``keys`` (``decoder/<container>/...``)
-    with ``scan_shape`` scan axes, or None for a layout not known here. MaxText 0.2.5's NNX decoder
-    (layers/nnx_decoders.py) stacks the layers as
-
-    - ``layers`` (one scan axis): one layer per position (Qwen3), or blocks of
-      ``inhomogeneous_layer_cycle_interval`` layers whose sub-layers are ``layers_<j>`` (gpt-oss: block
-      of 2) or ``layer_<j>`` (Qwen3.5: block of 4): layer = block x interval + j;
-    - ``scanned_blocks`` (Gemma 4): blocks of GEMMA4_ATTENTION_PATTERN, the local layers stacked again
-      within a block (``local_layers``: scan axes [blocks, local]), the global layer once per block;
-    - ``layers_remainder``: the layers after the last whole block, one short block;
-    - ``layers_<i>`` without scan axes: unscanned layers (scan_layers false).
-    """
-    if len(keys) < 2 or keys[0] != "decoder":
-        return None
-    container, inner = keys[1], keys[2:]
-    n = int(cfg.num_decoder_layers)
-    plain = _SUBLAYER.match(container)
-    if plain and not scan_shape:
-        return (int(plain.group(1)),)
-    if container == "layers" and len(scan_shape) == 1:
-        sub = _SUBLAYER.match(inner[0]) if inner else None
-        if sub is None:
-            return tuple(range(scan_shape[0]))
-        interval = int(cfg.inhomogeneous_layer_cycle_interval)
-        return tuple(b * interval + int(sub.group(1)) for b in range(scan_shape[0]))
-    if decoder_block(cfg) == "gemma4" and container in ("scanned_blocks", "layers_remainder"):
-        local, glob = _gemma4_pattern()
-        block = len(local) + len(glob)
-        if container == "scanned_blocks" and inner[:1] == ["local_layers"] and len(scan_shape) == 2:
-            return tuple(b * block + local[j] for b in range(scan_shape[0]) for j in range(scan_shape[1]))
-        if container == "scanned_blocks" and inner[:1] == ["global_layer"] and len(scan_shape) == 1:
-            return tuple(b * block + glob[0] for b in range(scan_shape[0]))
-        start = (n // block) * block
-        if container == "layers_remainder" and inner[:1] == ["local_layers"] and len(scan_shape) == 1:
-            return tuple(start + local[j] for j in range(scan_shape[0]))
-    return None
-
-
-def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
-    """The :class:`LeafLayout` of every leaf of ``lora`` (pytree order) for MaxText config ``cfg``;
-    ValueError naming the leaf for a layout not known here, a layer out of range or twice."""
-    out: list[LeafLayout] = []
-    axis = int(cfg.param_scan_axis)
-    seen: dict[tuple[str, str, str], set[int]] = {}
-    for path, arr in jax.tree_util.tree_flatten_with_path(lora)[0]:
-        keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
-        module, which = _parse_lora_path(path)
-        shape = tuple(int(d) for d in np.shape(arr))
-        k = len(shape) - 2
-        scan_axis = axis if k else 0
-        if k < 0 or scan_axis > 2:
-            raise ValueError(f"LoRA parameter {'/'.join(keys)}: shape {shape} is not a stack of matrices")
-        scan_shape = shape[scan_axis : scan_axis + k]
-        matrix = shape[:scan_axis] + shape[scan_axis + k :]
-        layers = _leaf_layers(keys[:-2], scan_shape, cfg)
-        if layers is None:
-            raise ValueError(
-                f"LoRA parameter {'/'.join(keys)} (scan axes {scan_shape}): a layer layout of the "
-                f"{decoder_block(cfg)} decoder that the PEFT export does not know"
-            )
-        parent = "self_attn"
-        if module not in _ATTENTION_MODULES:
-            parent = "mlp.shared_expert" if "shared_expert" in keys else "mlp"
-        key = (parent, module, which)
-        if any(not 0 <= i < int(cfg.num_decoder_layers) for i in layers) or seen.get(key, set()) & set(
-            layers
-        ):
-            raise ValueError(f"LoRA parameter {'/'.join(keys)}: layers {layers} out of range or mapped twice")
-        seen.setdefault(key, set()).update(layers)
-        out.append(
-            LeafLayout(
-                "/".join(keys), module, which, parent, (matrix[0], matrix[1]), scan_axis, scan_shape, layers
-            )
-        )
-    return out
-
-
-def add_lora_params(model: Any, module_path: str, rank: int, seed: int, cfg: Any) -> None:
-    """Create the LoRA factors of every projection of ``model`` whose module path matches
-    ``module_path`` (a qwix rule's regex, matched as qwix matches it: re.fullmatch on the '/'-joined
-    path), as qwix's LoraProvider would create them in its first call (qwix 0.1.8 providers/lora.py):
-    ``kernel_lora_a`` [prod(in), r] drawn he_uniform (bound sqrt(6 / prod(in))) per layer,
-    ``kernel_lora_b`` [r, prod(out)] zero, in the kernel's dtype, stacked on the kernel's scan axes.
-    qwix then finds them (flax_util.get_or_create_param) and creates none during a scan."""
-    from maxtext.layers.linears import DenseGeneral
-
-    pattern = re.compile(module_path)
-    key = jax.random.key(seed)
-    axis = int(cfg.param_scan_axis)
-    for path, module in nnx.iter_modules(model):
-        name = "/".join(map(str, path))
-        if (
-            not isinstance(module, DenseGeneral)
-            or not pattern.fullmatch(name)
-            or hasattr(module, "kernel_lora_a")
-        ):
-            continue
-        kernel = module.kernel
-        value = kernel.get_value()
-        n_in, n_out = len(module.in_features_shape), len(module.out_features_shape)
-        k = value.ndim - n_in - n_out
-        at = axis if k else 0
-        scan = tuple(value.shape[at : at + k])
-        per = tuple(value.shape[:at]) + tuple(value.shape[at + k :])
-        fan_in, fan_out = int(np.prod(per[:n_in])), int(np.prod(per[n_in:]))
-        # Metadata as the kernel's: the scan axes keep their names (MaxText's scans move and strip them),
-        # the matrix axes are replicated (LoRA factors are small; _lora_sharding_meta says the same).
-        kmeta = kernel.get_metadata()
-        meta = {k2: kmeta[k2] for k2 in ("param_scan_axis", "partition_name") if k2 in kmeta}
-        names = tuple(kmeta.get("sharding_names") or ())
-        if len(names) == value.ndim:
-            sharding = (None,) * at + names[at : at + k] + (None,) * (2 - at)
-            meta |= {"sharding_names": sharding, "out_sharding": sharding}
-        a_shape = (fan_in, rank)[:at] + scan + (fan_in, rank)[at:]
-        b_shape = (rank, fan_out)[:at] + scan + (rank, fan_out)[at:]
-        sharding_in = getattr(value, "sharding", None)
-        out = NamedSharding(sharding_in.mesh, P()) if isinstance(sharding_in, NamedSharding) else None  # type: ignore[no-untyped-call]
-        a_key = jax.random.fold_in(key, zlib.crc32(name.encode()))
-        a, b = _draw_lora(a_key, a_shape, b_shape, str(value.dtype), float(np.sqrt(6.0 / fan_in)), out)
-        module.kernel_lora_a = nnx.LoRAParam(a, **meta)
-        module.kernel_lora_b = nnx.LoRAParam(b, **meta)
-
-
-def _draw_lora(
-    key: jax.Array,
-    a_shape: tuple[int, ...],
-    b_shape: tuple[int, ...],
-    dtype: str,
-    bound: float,
-    sharding: NamedSharding | None,
-) -> tuple[jax.Array, jax.Array]:
-    """(lora_a, lora_b) drawn inside a jit, created replicated on ``sharding``'s mesh (on every process
-    of a multi-process run, as the base weights are: never one process's local array)."""
-
-    def draw(k: jax.Array) -> tuple[jax.Array, jax.Array]:
-        return jax.random.uniform(k, a_shape, dtype, -bound, bound), jnp.zeros(b_shape, dtype)
-
-    if sharding is None:
-        return jax.jit(draw)(key)  # type: ignore[no-any-return]
-    return jax.jit(draw, out_shardings=(sharding, sharding))(key)  # type: ignore[no-any-return]

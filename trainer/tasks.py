@@ -84,13 +84,12 @@ class TaskContext:
         timeout) is StorageUnavailable, a crash restarted like any other."""
         if not self.path:
             raise DatasetError(f"spec.dataset.path: task {self.name} reads a file; set the path")
-        from google.api_core import exceptions as gexc
-        from rljob.common.storage import open_store
+        from rljob.common.storage import StorageDenied, open_store
 
         parent, _, name = self.path.rpartition("/")
         try:
             data = open_store(parent).read(name)
-        except (PermissionError, IsADirectoryError, gexc.Forbidden, gexc.Unauthorized, gexc.BadRequest) as e:
+        except (PermissionError, IsADirectoryError, StorageDenied) as e:
             raise DatasetError(
                 f"spec.dataset.path: cannot read {self.path}: {type(e).__name__}: {e}"
             ) from None

@@ -204,7 +204,7 @@ def load_peft_dir(policy: Policy, directory: Path) -> Any:
     cfg = json.loads((directory / PEFT_CONFIG).read_text())
     if int(cfg.get("r", -1)) != policy.spec.lora_rank:
         raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != served rank {policy.spec.lora_rank}")
-    return policy.from_peft(load_file(str(directory / PEFT_WEIGHTS)))
+    return policy.peft.from_peft(load_file(str(directory / PEFT_WEIGHTS)))
 
 
 __all__ = [

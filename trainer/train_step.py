@@ -40,9 +40,10 @@ import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
+from rljob.recipes import models
 from rljob.trainer.logprobs import DEFAULT_TOKEN_TILE, DEFAULT_VOCAB_CHUNK
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
-from rljob.trainer.model import LoraState, Policy, put_global
+from rljob.trainer.model import LoraState, Policy
 from rljob.trainer.packing import (
     DEFAULT_KERNEL_BLOCKS,
     PackConfig,
@@ -51,6 +52,7 @@ from rljob.trainer.packing import (
     pack_rollouts,
     padding_fraction,
 )
+from rljob.trainer.placement import put_global
 
 __all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
 
@@ -78,7 +80,7 @@ class StepConfig:
     context_ranks: int = 1
     kernel_blocks: tuple[tuple[int, int], ...] = DEFAULT_KERNEL_BLOCKS
     dual_chunk_swap: bool = True
-    # rollouts per packed row (None: as many as fit); 1 for a recurrent decoder (for_model)
+    # rollouts per packed row (None: as many as fit); spec.packing.maxSegmentsPerRow
     max_segments: int | None = None
 
     def pack_config(self) -> PackConfig:
@@ -101,21 +103,20 @@ class StepConfig:
         )
 
 
-# MaxText decoder blocks with gated delta net layers (MaxText 0.2.5 models/qwen3.py
-# Qwen3NextGatedDeltaNet, also Qwen3.5's): their causal depthwise convolution and their delta-rule
-# recurrence run along the whole row, reading the segment ids only as a padding mask (segment id 0), so
-# a rollout packed after another starts from the other's state, and one after leading padding convolves
-# the padding's projections into its first tokens.
-RECURRENT_DECODER_BLOCKS = frozenset({"qwen3_5", "qwen3_next"})
-
-
-def for_model(cfg: StepConfig, decoder_block: str) -> StepConfig:
-    """``cfg`` for a model of ``decoder_block``: a recurrent one (RECURRENT_DECODER_BLOCKS) trains one
-    rollout per row, starting the row (max_segments 1, padding at the end), so each rollout is scored
-    exactly as the sampler scores it alone; any other keeps ``cfg``."""
-    if decoder_block.lower() not in RECURRENT_DECODER_BLOCKS:
-        return cfg
-    return dataclasses.replace(cfg, max_segments=1, pad_position="end")
+def model_problem(cfg: StepConfig, decoder_block: str) -> str | None:
+    """Why ``cfg`` cannot train a model of ``decoder_block``, or None. A decoder with gated delta net
+    layers (rljob.recipes.models.RECURRENT_DECODER_BLOCKS) trains one rollout per row with the padding at
+    the end; the plan resolves spec.packing so (spec.packing.maxSegmentsPerRow 1, padPosition end) and
+    the step follows it, so this only catches a step config that did not come from the plan."""
+    if not models.recurrent(decoder_block):
+        return None
+    if cfg.max_segments == 1 and cfg.pad_position == "end":
+        return None
+    return (
+        f"spec.packing.maxSegmentsPerRow: the {decoder_block} decoder has gated delta net layers and trains "
+        f"one rollout per row with padPosition end; the step has max_segments {cfg.max_segments}, "
+        f"pad_position {cfg.pad_position}"
+    )
 
 
 class TrainState(NamedTuple):
@@ -175,8 +176,10 @@ class Trainer:
 
     def __init__(self, policy: Policy, cfg: StepConfig) -> None:
         self.policy = policy
-        self.cfg = for_model(cfg, policy.spec.decoder_block)
-        cfg = self.cfg
+        problem = model_problem(cfg, policy.spec.decoder_block)
+        if problem is not None:
+            raise ValueError(problem)
+        self.cfg = cfg
         self.with_ref = cfg.loss.kl_coef > 0
         self.optimizer = optax.chain(
             optax.clip_by_global_norm(cfg.max_grad_norm),

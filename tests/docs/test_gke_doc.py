@@ -7,7 +7,8 @@
   `rljob doctor`'s own node-pool check), single-host pools without `--tpu-topology`, multi-host v5p with
   it and compact placement, multi-host tpu7x with a workload policy;
 - every gcloud command (in code blocks and inline) uses only the flags of GCLOUD below, each with its
-  public reference page, and the values rljob relies on (VALUE_RULES);
+  public reference page, the flags it cannot do without (REQUIRED) and the values rljob relies on
+  (VALUE_RULES);
 - every version, image, package, extra, machine type and Debian package it names is the repo's
   (hack/versions.env, pyproject.toml, the Dockerfile, the Helm chart, the TPU catalog);
 - the checkpoint-conversion command resolves MaxText's config from any directory (marker `jax`).
@@ -353,6 +354,32 @@ VALUE_RULES = [
 ]  # fmt: skip
 
 
+WORKLOAD_IDENTITY = "https://cloud.google.com/kubernetes-engine/docs/how-to/workload-identity"
+# Flags without which the command does not do what the doc relies on: a rule above only checks a flag's
+# value when the flag is there.
+REQUIRED: dict[tuple[str, ...], dict[str, str]] = {
+    ("container", "clusters", "create"): {
+        "workload-pool": "Workload Identity Federation for GKE, which the bucket grant relies on ("
+        + WORKLOAD_IDENTITY
+        + ")",
+    },
+    ("container", "node-pools", "create"): {
+        "cluster": "the cluster of section 1",
+        "machine-type": "the TPU machine type of the slice",
+        "num-nodes": "the slice's host count",
+        "node-locations": "the zone of the TPU quota (a regional cluster's pool would span its zones)",
+    },
+    ("compute", "resource-policies", "create", "workload-policy"): {
+        "type": "HIGH_THROUGHPUT (" + IRONWOOD + ")",
+        "accelerator-topology": "the slice's topology (" + IRONWOOD + ")",
+    },
+    ("storage", "buckets", "add-iam-policy-binding"): {
+        "role": "the role granted",
+        "member": "the job's ServiceAccounts",
+    },
+}
+
+
 def _until_unbalanced(s: str) -> str:
     """The text of a `$(...)` command: up to the parenthesis that closes it, quotes respected."""
     depth, quote = 0, ""
@@ -399,6 +426,9 @@ def gcloud_problems(text: str) -> list[str]:
         flags = _flags(argv) | {SHORT_FLAGS[a]: "" for a in argv if a in SHORT_FLAGS}
         for flag in sorted(set(flags) - allowed):
             out.append(f"gcloud {' '.join(command)} --{flag}: not a flag rljob relies on ({source})")
+        for flag, why in REQUIRED.get(command, {}).items():
+            if flag not in flags:
+                out.append(f"gcloud {' '.join(command)}: without --{flag}, {why}")
         for rule in VALUE_RULES:
             if rule.command == command and rule.flag in flags and not rule.ok(flags[rule.flag]):
                 out.append(
@@ -763,6 +793,14 @@ BROKEN = [
      "gcloud beta container foo: not a gcloud command of the table"),
     ("a prose flag that is no flag", "Add `--spot`", "Add `--spotty`",
      gcloud_problems, "`--spotty`: not a flag of any gcloud command of the table"),
+    ("a cluster without Workload Identity", " --workload-pool=$PROJECT_ID.svc.id.goog", "",
+     gcloud_problems, "gcloud container clusters create: without --workload-pool, Workload Identity"),
+    ("a TPU pool without its zone", "--node-locations=$ZONE --machine-type=ct5p-hightpu-4t --tpu-topology",
+     "--machine-type=ct5p-hightpu-4t --tpu-topology", gcloud_problems,
+     "gcloud container node-pools create: without --node-locations, the zone of the TPU quota"),
+    ("a workload policy without its topology", "--type=HIGH_THROUGHPUT --accelerator-topology=2x2x4",
+     "--type=HIGH_THROUGHPUT", gcloud_problems,
+     "gcloud compute resource-policies create workload-policy: without --accelerator-topology"),
     ("a weaker bucket role", "--role=roles/storage.objectUser", "--role=roles/storage.objectViewer",
      gcloud_problems, "--role=roles/storage.objectViewer: expected objects read, written and listed"),
     ("a wrong workload policy type", "--type=HIGH_THROUGHPUT --accelerator-topology=4x8x8",

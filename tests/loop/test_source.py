@@ -21,7 +21,7 @@ pytestmark = pytest.mark.jax
 
 
 def _setup(uri: str, url: str, policy: Any, tmp_path: Path) -> AdapterWatcher:
-    publish_adapter(uri, 0, policy.to_peft(policy.lora0), policy.peft_config())
+    publish_adapter(uri, 0, policy.peft.to_peft(policy.lora0), policy.peft.config())
     watcher = AdapterWatcher(AdapterStore(uri), LoraEndpoint(url), tmp_path / "local", "job")
     assert watcher.poll_once() is not None
     return watcher
@@ -67,7 +67,7 @@ def test_source_grades_pipelines_and_passes_parity(
         assert 1 in src.pending  # step 1 is already being sampled while step 0 trains
 
         # The trainer publishes v1 after step 0; step 1 was sampled with v0 (lag 1), step 2 with >= v1.
-        publish_adapter(uri, 1, cpu_policy.to_peft(cpu_policy.lora0), cpu_policy.peft_config())
+        publish_adapter(uri, 1, cpu_policy.peft.to_peft(cpu_policy.lora0), cpu_policy.peft.config())
         _, m1 = src(1, cpu_policy.lora0)
         assert m1["policy_lag"] == 1 and m1["sampled_with"] == 0
         watcher.poll_once()
@@ -91,9 +91,9 @@ def test_parity_gate_refuses_different_weights(
     rng = np.random.default_rng(0)
     peft = {
         k: v + 0.5 * rng.standard_normal(v.shape).astype(np.float32)
-        for k, v in cpu_policy.to_peft(cpu_policy.lora0).items()
+        for k, v in cpu_policy.peft.to_peft(cpu_policy.lora0).items()
     }
-    other = cpu_policy.from_peft(peft)
+    other = cpu_policy.peft.from_peft(peft)
     src = _source(url, cpu_policy)
     try:
         with pytest.raises(ParityError, match="refusing to train"):

@@ -141,6 +141,15 @@ REPRODUCERS: list[tuple[str, dict[str, Any], list[str]]] = [
             "(letters, digits, '.', '_', '-'; starting and ending with a letter or digit)"
         ],
     ),
+    *[
+        (
+            f"storage.root {root}",
+            {"storage": {"root": root}},
+            ["spec.storage.root: the PREFIX of gs://BUCKET/PREFIX may hold no empty, '.' or '..' segment"],
+        )
+        # orbax's paths collapse `//` and `/./`, google-cloud-storage's do not: two places for one run.
+        for root in ("gs://b-1//runs", "gs://b-1/./runs", "gs://b-1/runs/../other")
+    ],
     (
         '"8" for an integer',
         {"algorithm": {"steps": "8"}},
@@ -337,3 +346,9 @@ def test_a_run_configmap_over_a_mebibyte_is_a_plan_error() -> None:
         render.configmap(huge)
     (line,) = err.value.problems
     assert line.startswith("spec: the run config is 10") and "over the 1048576 bytes of a ConfigMap" in line
+
+
+def test_a_storage_root_with_a_trailing_slash_is_one_prefix() -> None:
+    for root in ("gs://b-1/runs/", "gs://b-1/runs//", "gs://b-1/", "gs://b-1/a..b/.c"):
+        run = plan.resolve(manifest.parse_object(with_spec(storage={"root": root})))
+        assert run.storage.root == f"{root.rstrip('/')}/default/qwen3-4b-min", root

@@ -440,8 +440,7 @@ def test_precedence_recipe_profile_manifest() -> None:
 
 def test_recipe_key_errors_name_their_source() -> None:
     doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
-    # padPosition start: balanced would add its own tokenBudget lines (tested on their own above)
-    doc["spec"]["packing"] = {"tokenBudget": 65537, "padPosition": "start"}
+    doc["spec"]["packing"] = {"tokenBudget": 65537}
     src = " (from recipe qwen3.5-397b-a17b-tpu7x)"
     assert problems(doc) == [
         "spec.trainer.maxtext.num_moe_token_chunks: max_target_length 65537 (the packing token budget) "

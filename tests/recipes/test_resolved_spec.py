@@ -26,6 +26,7 @@ OPTIONAL = {
     "sampler.template",
     "dataset.path",  # task successor reads no file
     "dataset.rewardUrl",  # the task's own reward
+    "packing.maxSegmentsPerRow",  # as many rollouts per row as fit
     "service",  # the RL loop, not an API service
     "service.apiKeySecret",  # any tml- key
     "queueName",  # no Kueue queue

@@ -65,16 +65,16 @@ def _post(url: str, body: dict[str, Any]) -> Any:
 
 
 def _publish(uri: str, policy: Policy, lora: Any, version: int, **config: Any) -> None:
-    publish_adapter(uri, version, policy.to_peft(lora), {**policy.peft_config(), **config})
+    publish_adapter(uri, version, policy.peft.to_peft(lora), {**policy.peft.config(), **config})
 
 
 def _perturbed(policy: Policy, scale: float, seed: int) -> Any:
     rng = np.random.default_rng(seed)
     peft = {
         k: v + scale * rng.standard_normal(v.shape).astype(np.float32)
-        for k, v in policy.to_peft(policy.lora0).items()
+        for k, v in policy.peft.to_peft(policy.lora0).items()
     }
-    return policy.from_peft(peft)
+    return policy.peft.from_peft(peft)
 
 
 def test_watcher_swaps_versions_load_then_unload(

@@ -1,4 +1,4 @@
-"""Caches that make a restart cheap (rljob.trainer.caches): copied between storage.cache and local disk,
+"""Caches that make a restart cheap (rljob.common.caches): copied between storage.cache and local disk,
 and the CPU sampler's second start on a fresh disk restoring its JAX compilation cache and compiling nothing
 new (it says what it restored and how long it took)."""
 
@@ -14,9 +14,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from rljob.common import caches
 from rljob.common.storage import open_store
 from rljob.recipes.runconfig import LOCAL_CACHE_ENV
-from rljob.trainer import caches
 from rljob.trainer.localrun import local_run_config
 
 

@@ -262,7 +262,9 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     rc = local_run_config(gcs_bucket, port, tmp_path / "p.json")
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json())
-    publish_adapter(rc.storage.adapters, 0, cpu_policy.to_peft(cpu_policy.lora0), cpu_policy.peft_config())
+    publish_adapter(
+        rc.storage.adapters, 0, cpu_policy.peft.to_peft(cpu_policy.lora0), cpu_policy.peft.config()
+    )
     env = {
         **os.environ,
         "PATH": f"{bindir}:{os.environ['PATH']}",

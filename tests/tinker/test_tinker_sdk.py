@@ -174,6 +174,122 @@ def test_rl_losses(served: Served, client: Any) -> None:
         float(np.minimum(r * a, np.clip(r, 0.95, 1.05) * a).sum()) for r, a in zip(ratio, adv, strict=True)
     )
     assert out.metrics["loss:sum"] == pytest.approx(want, rel=1e-5)
+    # forward_backward with ppo: the same loss as forward, and a gradient to step on
+    fb = tc.forward_backward(data, "ppo", {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}).result()
+    assert fb.metrics["loss:sum"] == pytest.approx(want, rel=1e-5)
+    res = tc.optim_step(types.AdamParams(learning_rate=0.01)).result()
+    assert res.metrics["grad_norm"] > 0 and res.metrics["update_skipped"] == 0
+
+
+# ------------------------------------------------------------------------ optimizer and saved state
+
+
+def _adamw_step(p: np.ndarray, g: np.ndarray, k: np.ndarray, scale: float, hp: Any) -> np.ndarray:
+    """torch.optim.AdamW's first update of ``p`` (zero moments) on gradient ``g * scale``, in numpy; masked
+    entries (``k`` 0) stay as they are."""
+    g = (g * k * scale).astype(np.float64)
+    m, v = (1 - hp.beta1) * g, (1 - hp.beta2) * g * g
+    m_hat, v_hat = m / (1 - hp.beta1), v / (1 - hp.beta2)
+    new = p * (1 - hp.learning_rate * hp.weight_decay) - hp.learning_rate * m_hat / (np.sqrt(v_hat) + hp.eps)
+    return np.where(k != 0, new, p)
+
+
+def test_optim_step_applies_every_adam_parameter_and_load_state_restores(served: Served, client: Any) -> None:
+    """optim_step with every AdamParams field (betas, eps, weight decay, gradient clipping) is torch's
+    AdamW update; load_state / load_state_with_optimizer on a live client restore a save_state."""
+    base = served.service.cfg.base_model
+    tc = client.create_lora_training_client(base_model=base, rank=8, seed=21).result()
+    m = served.service.engine.models[tc.model_id]
+    batch = [datum([1, 5, 17], [6, 9], weights=[1.0, 1.0]), datum([1, 4, 20, 3], [5], weights=[1.0])]
+    tc.forward_backward(batch, "cross_entropy").result()
+    p0, g0, k0 = (
+        [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(t))]
+        for t in (m.lora, m.grads, m.mask)
+    )
+    norm = float(np.sqrt(sum(float(np.sum((g * k) ** 2)) for g, k in zip(g0, k0, strict=True))))
+    trained = sum(int(k.sum()) for k in k0)
+    assert norm > 0
+    # eps near a typical gradient entry, so that the clipping's scale shows in Adam's first update
+    hp = types.AdamParams(
+        learning_rate=0.02,
+        beta1=0.8,
+        beta2=0.9,
+        eps=norm / np.sqrt(trained),
+        weight_decay=0.3,
+        grad_clip_norm=norm / 4,
+    )
+    res = tc.optim_step(hp).result()
+    assert res.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)  # the norm before clipping
+    scale = hp.grad_clip_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_
+    got = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(m.lora))]
+    moved = 0
+    for p, g, k, q in zip(p0, g0, k0, got, strict=True):
+        np.testing.assert_allclose(q, _adamw_step(p, g, k, scale, hp), rtol=1e-5, atol=1e-7)
+        moved += int((q != p).sum())
+    assert moved > 0
+    # the reference without clipping, or without weight decay, is another update: both reached the step
+    no_clip = [_adamw_step(p, g, k, 1.0, hp) for p, g, k in zip(p0, g0, k0, strict=True)]
+    no_decay = [
+        _adamw_step(p, g, k, scale, hp.model_copy(update={"weight_decay": 0.0}))
+        for p, g, k in zip(p0, g0, k0, strict=True)
+    ]
+    for other in (no_clip, no_decay):
+        assert max(float(np.abs(q - o).max()) for q, o in zip(got, other, strict=True)) > 1e-4
+
+    # load_state (weights) and load_state_with_optimizer (weights and Adam moments) on a live client
+    path = tc.save_state("adam-1").result().path
+    at_save = probe(tc)
+    step = types.AdamParams(learning_rate=0.05)
+    tc.forward_backward(batch, "cross_entropy").result()
+    tc.optim_step(step).result()
+    after_two = probe(tc)
+    assert not np.allclose(after_two[0], at_save[0])
+    with pytest.warns(FutureWarning):  # the SDK deprecates it in favour of create_training_client_from_state
+        tc.load_state_with_optimizer(path).result()
+    for a, b in zip(probe(tc), at_save, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a restart would restore the loaded state: it replaced the client's automatic checkpoints
+    from rljob.common.storage import join
+    from rljob.trainer.tinker.server import _key
+
+    svc = served.service
+    tree, meta = svc._restore_state(join(svc.cfg.checkpoints, "tinker", _key(tc.model_id), "auto"))
+    assert meta["optim_steps"] == 1
+    saved, live = jax.tree.leaves(jax.device_get(tree["lora"])), jax.tree.leaves(jax.device_get(m.lora))
+    for a, b in zip(saved, live, strict=True):
+        np.testing.assert_array_equal(a, b)
+    tc.forward_backward(batch, "cross_entropy").result()
+    tc.optim_step(step).result()
+    for a, b in zip(probe(tc), after_two, strict=True):
+        np.testing.assert_array_equal(a, b)  # the same second step: the moments came back too
+    with pytest.warns(FutureWarning):
+        tc.load_state(path).result()
+    for a, b in zip(probe(tc), at_save, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert int(jax.device_get(m.count)) == 0 and not any(
+        np.asarray(x).any() for x in jax.tree.leaves(jax.device_get(m.mu))
+    )  # weights only: fresh Adam moments
+
+
+def test_session_heartbeats_and_close(served: Served) -> None:
+    """The SDK's session heartbeats (every 10 s) keep its session alive on the service; closing the
+    ServiceClient ends the session and frees its training clients."""
+    svc = served.service
+    own = tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
+    tc = own.create_lora_training_client(base_model=svc.cfg.base_model, rank=4, seed=31).result()
+    sid = own.holder.get_session_id()
+    assert svc.model_session[tc.model_id] == sid and tc.model_id in svc.engine.models
+    seen = svc.sessions[sid]
+    deadline = time.monotonic() + 60
+    while svc.sessions[sid] == seen and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert svc.sessions[sid] > seen, "no heartbeat reached the service"
+    own.close("success").result()
+    deadline = time.monotonic() + 60
+    while tc.model_id in svc.engine.models and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert sid not in svc.sessions and sid in svc.finished
+    assert tc.model_id not in svc.engine.models and tc.model_id not in svc.model_session
 
 
 # --------------------------------------------------------------------------------- the in-process step
@@ -253,7 +369,7 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
     eng = served.service.engine
     mb = eng.models[b.model_id]
     for leaf, (module, which) in zip(
-        jax.tree.leaves(jax.device_get(mb.lora)), eng.policy.lora_paths(), strict=True
+        jax.tree.leaves(jax.device_get(mb.lora)), eng.policy.peft.lora_paths(), strict=True
     ):
         arr = np.asarray(leaf)
         if module in ("wi_0", "wi_1", "wo"):
@@ -337,6 +453,15 @@ def test_refused_creation(served: Served, client: Any) -> None:
         client.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=8).result()
     with pytest.raises(tinker.RequestFailedError, match="rank"):
         client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=64).result()
+    # the spec's limit (spec.service.maxTrainingClients), here lowered to the clients already held
+    eng = served.service.engine
+    limit, eng.max_models = eng.max_models, len(eng.models)
+    try:
+        with pytest.raises(tinker.RequestFailedError, match=r"at most \d+ training clients") as err:
+            client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=8).result()
+        assert err.value.category == types.RequestErrorCategory.User
+    finally:
+        eng.max_models = limit
 
 
 def test_progress_report(served: Served, client: Any) -> None:

@@ -27,6 +27,7 @@ import pytest
 from fixtures.cpu_sampler import serve_cpu_sampler
 from fixtures.trainer_run import local_run_config, write_run_config
 from flax import nnx
+from rljob.common.storage import open_store
 from rljob.recipes.failure import EXIT_BAD_CONFIG
 from rljob.recipes.runconfig import RunConfig
 
@@ -108,7 +109,7 @@ def test_checkpoint_has_the_converted_layout(
 
     path, values = converted
     bucket, _, prefix = path[len("gs://") :].partition("/")
-    names = {b.name for b in gcs_emulator.client().list_blobs(bucket)}
+    names = set(open_store(f"gs://{bucket}").list())
     step = prefix.removesuffix("/items")
     assert {f"{step}/_CHECKPOINT_METADATA", f"{prefix}/_METADATA", f"{prefix}/commit_success.txt"} <= names
     tree = ocp.metadata(f"gs://{bucket}/{step}", checkpointable_name="items").metadata
@@ -131,9 +132,11 @@ def test_every_base_parameter_equals_the_saved_one(
         np.testing.assert_array_equal(have[name], v, err_msg=name)
         assert have[name].dtype == np.float32
     # LoRA went on top of the loaded weights: the adapter still starts as a no-op, the forward pass runs.
-    assert loaded.lora_paths() and all(
+    assert loaded.peft.lora_paths() and all(
         float(np.abs(np.asarray(x)).max()) == 0.0
-        for (_, which), x in zip(loaded.lora_paths(), jax.tree_util.tree_leaves(loaded.lora0), strict=True)
+        for (_, which), x in zip(
+            loaded.peft.lora_paths(), jax.tree_util.tree_leaves(loaded.lora0), strict=True
+        )
         if which == "b"
     )
     toks = np.asarray([[1, 2, 3, 4, 5, 6, 7, 8]], np.int32)
@@ -168,7 +171,7 @@ def test_cpu_sampler_serves_the_checkpoint_weights(
         np.testing.assert_array_equal(_flat(_base_params(served))[name], v, err_msg=name)
 
     uri = f"{bucket}/adapters"
-    publish_adapter(uri, 0, loaded.to_peft(loaded.lora0), loaded.peft_config())
+    publish_adapter(uri, 0, loaded.peft.to_peft(loaded.lora0), loaded.peft.config())
 
     def gate(url: str) -> tuple[list[dict[str, Any]], BaseException | None]:
         AdapterWatcher(AdapterStore(uri), LoraEndpoint(url), tmp_path / url[-5:], "job").poll_once()

@@ -87,10 +87,9 @@ def test_kill_during_save_never_loads_wrong(gcs_bucket: str, tmp_path: Path) -> 
     """SIGKILL inside a save (its data written, its commit marker not yet): the checkpoint that loads is
     the previous one, whole, and the partial step is never listed. Each kill is proved to have landed
     mid-save: the saver says it is inside the save, and the partial step's files are in the bucket."""
-    from google.cloud import storage  # type: ignore[import-untyped]
+    from rljob.common.storage import open_store
 
     directory = f"{gcs_bucket}/ns/job/checkpoints"
-    bucket, _, prefix = directory[5:].partition("/")
     committed_before = 0
     for attempt in range(3):
         pause_at = committed_before + 2  # one save completes, the next is killed inside
@@ -114,12 +113,10 @@ def test_kill_during_save_never_loads_wrong(gcs_bucket: str, tmp_path: Path) -> 
         proc.send_signal(signal.SIGKILL)
         assert proc.wait() == -signal.SIGKILL
 
-        names = [b.name for b in storage.Client().list_blobs(bucket, prefix=prefix + "/")]
-        steps_with_files = {n[len(prefix) + 1 :].split("/")[0] for n in names}
+        names = open_store(directory).list()
+        steps_with_files = {n.split("/")[0] for n in names}
         committed = {
-            n[len(prefix) + 1 :].split("/")[0]
-            for n in names
-            if n.endswith("/commit_success.txt") and n.count("/") == prefix.count("/") + 2
+            n.split("/")[0] for n in names if n.endswith("/commit_success.txt") and n.count("/") == 1
         }
         # The kill landed mid-save: the killed step has files in the bucket but no commit marker.
         assert str(pause_at) in steps_with_files and str(pause_at) not in committed, sorted(steps_with_files)

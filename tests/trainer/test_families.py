@@ -133,27 +133,27 @@ def test_family_builds_trains_and_round_trips_through_peft(model: str) -> None:
     assert not dead, f"LoRA leaves without gradient: {dead}"
 
     # PEFT: the Hugging Face names and shapes, layer by layer.
-    tensors = policy.to_peft(lora)
+    tensors = policy.peft.to_peft(lora)
     want = _hf_tensors(model, cfg, TARGETS[model], r)
     assert {k: v.shape for k, v in tensors.items()} == want
     assert all(v.dtype == np.float32 for v in tensors.values())
-    assert policy.peft_config()["target_modules"] == sorted(TARGETS[model])
+    assert policy.peft.config()["target_modules"] == sorted(TARGETS[model])
 
     # ... and back, exactly; a tensor of the wrong shape is refused by name.
-    back = policy.from_peft(tensors)
+    back = policy.peft.from_peft(tensors)
     for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     name = sorted(tensors)[0]
     with pytest.raises(ValueError, match="shape"):
-        policy.from_peft({**tensors, name: np.zeros((r + 1, 3), np.float32)})
+        policy.peft.from_peft({**tensors, name: np.zeros((r + 1, 3), np.float32)})
 
     # Layer order: each scan position is the Hugging Face layer the layout says (two layers of the same
     # kind swapped in the PEFT tensors come back swapped in the stacked parameter).
-    q = next(leaf for leaf in policy.layout if leaf.module == "query" and leaf.which == "a")
+    q = next(leaf for leaf in policy.peft.layout if leaf.module == "query" and leaf.which == "a")
     first, second = q.layers[0], q.layers[1]
-    k0, k1 = policy.peft_name(first, q), policy.peft_name(second, q)
-    swapped = policy.from_peft({**tensors, k0: tensors[k1], k1: tensors[k0]})
-    idx = next(i for i, leaf in enumerate(policy.layout) if leaf is q)
+    k0, k1 = policy.peft.name(first, q), policy.peft.name(second, q)
+    swapped = policy.peft.from_peft({**tensors, k0: tensors[k1], k1: tensors[k0]})
+    idx = next(i for i, leaf in enumerate(policy.peft.layout) if leaf is q)
     per_layer = q.per_layer(np.asarray(jax.tree.leaves(swapped)[idx]))
     np.testing.assert_array_equal(per_layer[0], tensors[k1].T)
     np.testing.assert_array_equal(per_layer[1], tensors[k0].T)
@@ -170,7 +170,7 @@ def test_gpt_oss_block_order_is_hugging_faces() -> None:
     hf = _hf_layer_types("gpt-oss-20b", policy.cfg)
     kind = {AttentionType.LOCAL_SLIDING: "sliding_attention", AttentionType.GLOBAL: "full_attention"}
     checked = 0
-    for leaf in policy.layout:
+    for leaf in policy.peft.layout:
         if leaf.module != "query" or leaf.which != "a":
             continue
         j = int(leaf.path.split("/")[2].removeprefix("layers_"))

@@ -118,7 +118,7 @@ def test_only_lora_is_trainable_and_peft_round_trips(tiny_policy: Any) -> None:
     names = {".".join(str(getattr(k, "key", k)) for k in path) for path, _ in leaves}
     assert names and all("_lora_" in n for n in names)
     lora = _perturbed(tiny_policy.lora0)
-    tensors = tiny_policy.to_peft(lora)
+    tensors = tiny_policy.peft.to_peft(lora)
     layers = tiny_policy.num_layers
     assert len(tensors) == 7 * 2 * layers
     h, r = tiny_policy.hidden_size, tiny_policy.spec.lora_rank
@@ -138,7 +138,7 @@ def test_only_lora_is_trainable_and_peft_round_trips(tiny_policy: Any) -> None:
         for mod, (a_shape, b_shape) in expected.items():
             assert tensors[f"base_model.model.model.layers.{i}.{mod}.lora_A.weight"].shape == a_shape
             assert tensors[f"base_model.model.model.layers.{i}.{mod}.lora_B.weight"].shape == b_shape
-    back = tiny_policy.from_peft(tensors)
+    back = tiny_policy.peft.from_peft(tensors)
     for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # The mapping is per layer: swapping two layers' tensors changes the restored parameters.
@@ -146,13 +146,13 @@ def test_only_lora_is_trainable_and_peft_round_trips(tiny_policy: Any) -> None:
     k0 = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
     k1 = "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight"
     swapped[k0], swapped[k1] = tensors[k1], tensors[k0]
-    back2 = tiny_policy.from_peft(swapped)
+    back2 = tiny_policy.peft.from_peft(swapped)
     q = back2["decoder"]["layers"]["self_attention"]["query"]["kernel_lora_a"]
     np.testing.assert_array_equal(np.asarray(q)[:, 0], tensors[k1].T)
     with pytest.raises(ValueError, match="shape"):
         bad = dict(tensors)
         bad[k0] = np.zeros((r + 1, h), np.float32)
-        tiny_policy.from_peft(bad)
+        tiny_policy.peft.from_peft(bad)
 
 
 def test_generate_logprobs_match_the_fused_head(tiny_policy: Any, tmp_path: Any) -> None:
@@ -176,7 +176,7 @@ def test_generate_logprobs_match_the_fused_head(tiny_policy: Any, tmp_path: Any)
             vocab_chunk=64,
         )
         np.testing.assert_allclose(np.asarray(ref)[0, len(p) :], lp, atol=2e-5)
-    tiny_policy.save_peft(lora, tmp_path / "v1")
-    back = tiny_policy.load_peft(tmp_path / "v1")
+    tiny_policy.peft.save(lora, tmp_path / "v1")
+    back = tiny_policy.peft.load(tmp_path / "v1")
     for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

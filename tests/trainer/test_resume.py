@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures.gcs import GcsEmulator
 from fixtures.trainer_run import local_run_config, write_run_config
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
@@ -59,15 +60,10 @@ def _final_lora(root: str, tmp: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: object, tmp_path: Path) -> None:
-    from google.cloud import storage  # type: ignore[import-untyped]
-
-    client = storage.Client()
-    roots = {}
-    for name in ("straight", "killed"):
-        bucket = f"resume-{name}-{os.getpid()}"
-        client.create_bucket(bucket)
-        roots[name] = f"gs://{bucket}/runs"
+def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: GcsEmulator, tmp_path: Path) -> None:
+    roots = {
+        name: f"gs://{gcs_emulator.new_bucket(f'resume-{name}')}/runs" for name in ("straight", "killed")
+    }
     # The uninterrupted run and the first attempt of the killed run go side by side.
     cfg = {}
     for n, root in roots.items():

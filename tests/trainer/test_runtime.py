@@ -61,8 +61,8 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
             source,
             steplog=StepLog(stream=out1),
             reporter=Reporter(None),
-            to_peft=tiny_policy.to_peft,
-            peft_config=tiny_policy.peft_config(),
+            to_peft=tiny_policy.peft.to_peft,
+            peft_config=tiny_policy.peft.config(),
         )
     assert sampled == [0, 1, 2]
     assert open_store(paths.rollouts).list() == [f"step-{s:08d}.npz" for s in range(3)]
@@ -76,8 +76,8 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
         source,
         steplog=StepLog(stream=out2),
         reporter=Reporter(None),
-        to_peft=tiny_policy.to_peft,
-        peft_config=tiny_policy.peft_config(),
+        to_peft=tiny_policy.peft.to_peft,
+        peft_config=tiny_policy.peft.config(),
     )
     assert sampled == [0, 1, 2, 3]  # step 2 came from the cache
     events = [json.loads(x) for x in out2.getvalue().splitlines()]
@@ -94,11 +94,11 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
         source,
         steplog=StepLog(stream=io.StringIO()),
         reporter=Reporter(None),
-        to_peft=tiny_policy.to_peft,
-        peft_config=tiny_policy.peft_config(),
+        to_peft=tiny_policy.peft.to_peft,
+        peft_config=tiny_policy.peft.config(),
     )
     a, _ = read_adapter(paths.adapters, 4)
-    b = tiny_policy.to_peft(final.lora)
+    b = tiny_policy.peft.to_peft(final.lora)
     for k in b:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert int(final.step) == 4 and all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(final.lora))

@@ -44,8 +44,10 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from rljob.trainer.losses import LossConfig, all_finite, guard_update, policy_loss
-from rljob.trainer.model import HF_PROJ, Policy, put_global
+from rljob.trainer.model import Policy
 from rljob.trainer.packing import PackedBatch, PackingError, Rollout, pack_rollouts
+from rljob.trainer.peft import HF_PROJ
+from rljob.trainer.placement import put_global
 from rljob.trainer.train_step import StepConfig, Trainer, stack_micro_batches
 
 __all__ = [
@@ -319,7 +321,7 @@ class Engine:
         init = jax.nn.initializers.he_uniform()
         key = jax.random.key(seed)
         leaves, treedef = jax.tree_util.tree_flatten(jax.device_get(self.policy.lora0))
-        paths = self.policy.lora_paths()
+        paths = self.policy.peft.lora_paths()
         lora_out, mask_out = [], []
         for i, (leaf, (module, which)) in enumerate(zip(leaves, paths, strict=True)):
             arr = np.asarray(leaf)
@@ -331,7 +333,7 @@ class Engine:
                 else:  # [r, L, out...]: rank is axis 0
                     mask[:rank] = 1.0
             if which == "a":  # one [in, r] matrix per layer, stacked as the leaf's layout says
-                leaf = self.policy.layout[i]
+                leaf = self.policy.peft.layout[i]
                 keys = jax.random.split(jax.random.fold_in(key, i), len(leaf.layers))
                 drawn = np.asarray(jax.vmap(lambda k, s=leaf.matrix_shape: init(k, s, jnp.float32))(keys))
                 value = leaf.stack(list(drawn))
@@ -554,4 +556,4 @@ class Engine:
 
     def peft(self, lora: Any) -> dict[str, np.ndarray]:
         """The adapter in the PEFT layout the samplers load (rank R: unused slots are zero)."""
-        return self.policy.to_peft(jax.device_get(lora))
+        return self.policy.peft.to_peft(jax.device_get(lora))

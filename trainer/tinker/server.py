@@ -493,13 +493,18 @@ class Service:
             raise RequestError(f"path: no checkpoint at {directory}")
         return restored
 
-    def _auto_checkpoint(self, m: TrainingModel, force: bool = False) -> None:
+    def _auto_checkpoint(self, m: TrainingModel, force: bool = False, replace: bool = False) -> None:
+        """Save ``m``'s automatic checkpoint when its step is due (``force``: now); ``replace``: delete its
+        earlier automatic checkpoints first."""
         every = self.cfg.checkpoint_every
         if force or (every > 0 and m.step % every == 0):
             directory = join(self.cfg.checkpoints, "tinker", _key(m.model_id), "auto")
             meta = {"config": m.config(), "optim_steps": m.step, "skipped": m.skipped}
             ck = Checkpointer(directory, max_to_keep=2)
             try:
+                if replace:
+                    for step in ck.all_steps():
+                        ck.delete(step)
                 ck.save(m.step, self.engine.state_tree(m), meta)
             finally:
                 ck.close()
@@ -538,7 +543,10 @@ class Service:
                     raise RequestError(f"path: {req.path} has another LoRA shape than model {model_id}")
             self.engine.set_state(m, tree, optimizer=req.optimizer)
             m.step = int(meta.get("optim_steps", 0)) if req.optimizer else 0
-            self._auto_checkpoint(m, force=True)
+            # A live client's loaded state replaces its automatic history: a restart restores the newest
+            # automatic checkpoint, which would otherwise be a step from before the load (and orbax
+            # refuses a second checkpoint of a step it holds).
+            self._auto_checkpoint(m, force=True, replace=req.session_id is None)
             return {"path": req.path, "model_id": model_id, "type": "load_weights"}
 
         return self._training("load_weights", model_id if seq else None, seq, work)
@@ -567,7 +575,7 @@ class Service:
             store = open_store(uri)
             tensors = self.engine.peft(m.lora)
             store.write(ADAPTER_WEIGHTS, st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
-            cfg = {**self.engine.policy.peft_config(), "base_model_name_or_path": m.base_model}
+            cfg = {**self.engine.policy.peft.config(), "base_model_name_or_path": m.base_model}
             store.write(ADAPTER_CONFIG, json.dumps(cfg, indent=1, sort_keys=True).encode())
             adapter = self._adapter_name(path)
             self._cache_lora(adapter, m.lora)
@@ -705,7 +713,9 @@ class Service:
             raw = open_store(s.uri).read(ADAPTER_WEIGHTS)
             if raw is None:
                 raise RequestError(f"model_path: sampler weights {s.model_path} are gone")
-            self._cache_lora(s.adapter, self.engine._put(self.engine.policy.from_peft(dict(st_load(raw)))))
+            self._cache_lora(
+                s.adapter, self.engine._put(self.engine.policy.peft.from_peft(dict(st_load(raw))))
+            )
         return self.lora_cache[s.adapter]
 
     # ================================================================== futures

@@ -9,8 +9,9 @@ again (files are renamed into place once complete), and only files storage lacks
 every process can seed the same cache.
 
 - ``jax-trainer`` / ``jax-sampler``: JAX's persistent compilation cache (``jax_compilation_cache_dir``,
-  https://docs.jax.dev/en/latest/persistent_compilation_cache.html), one per role; the vLLM sampler's
-  is tpu-inference's ``VLLM_XLA_CACHE_PATH``;
+  https://docs.jax.dev/en/latest/persistent_compilation_cache.html), one per role, set by
+  :func:`jax_compilation_cache` through the caller's ``jax.config.update`` (this package imports no JAX);
+  the vLLM sampler's is tpu-inference's ``VLLM_XLA_CACHE_PATH``;
 - ``hf``: vLLM's ``--download-dir`` (the Hugging Face weights the sampler serves).
 
 Each restore prints one line: what was restored, how much and how long it took.
@@ -23,9 +24,10 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rljob.common.storage import join, open_store
 from rljob.recipes.runconfig import LOCAL_CACHE_DEFAULT, LOCAL_CACHE_ENV
@@ -137,23 +139,30 @@ class CacheSync:
         return self.flush()
 
 
+JaxConfigUpdate = Callable[[str, Any], None]
+
+
 def jax_compilation_cache(
-    name: str, cache_root: str, local_root: Path, maxtext_keys: Mapping[str, object] | None = None
+    name: str,
+    cache_root: str,
+    local_root: Path,
+    update: JaxConfigUpdate,
+    maxtext_keys: Mapping[str, object] | None = None,
 ) -> CacheSync:
     """Restore the JAX compilation cache ``name`` and point this process's JAX at it (every compilation
-    is cached, also the CPU path's short ones); the caller closes the returned sync at exit."""
-    import jax
+    is cached, also the CPU path's short ones); the caller closes the returned sync at exit.
 
+    ``update`` is the caller's ``jax.config.update``: rljob.common imports no JAX (docs/architecture.md)."""
     sync = CacheSync(name, cache_root, local_root)
     sync.restore()
-    jax.config.update("jax_compilation_cache_dir", str(sync.local))  # type: ignore[no-untyped-call]
+    update("jax_compilation_cache_dir", str(sync.local))
     # MaxText points JAX's cache at its own jax_cache_dir (default ~/jax_cache) whenever it builds a
     # config (maxtext/configs/pyconfig.py); its M_<KEY> environment override keeps it on this one.
     # (A run that sets jax_cache_dir itself keeps it: MaxText refuses a key set both ways.)
     if "jax_cache_dir" not in (maxtext_keys or {}):
         os.environ[MAXTEXT_CACHE_ENV] = str(sync.local)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # type: ignore[no-untyped-call]
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)  # type: ignore[no-untyped-call]
+    update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    update("jax_persistent_cache_min_entry_size_bytes", 0)
     return sync.start()
 
 
@@ -162,6 +171,7 @@ __all__ = [
     "JAX_SAMPLER",
     "JAX_TRAINER",
     "CacheSync",
+    "JaxConfigUpdate",
     "Restored",
     "jax_compilation_cache",
     "local_root",

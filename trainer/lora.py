@@ -1,0 +1,99 @@
+"""The LoRA factors of the trainer's model, created before qwix wraps it (:func:`add_lora_params`, as
+qwix's LoraProvider would create them in its first call), and their sharding metadata
+(:func:`lora_sharding_meta`: the scan axis named, the rest replicated).
+:class:`rljob.trainer.model.Policy` uses both; the PEFT layout of the factors is rljob.trainer.peft.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["add_lora_params", "lora_sharding_meta"]
+
+
+def lora_sharding_meta(var: Any) -> Any:
+    """qwix copies the base kernel's logical axis names onto its LoRA factors, whose rank differs
+    (a [embed, layers, heads, head_dim] kernel gives a [embed, layers, r] lora_a): MaxText's scan then
+    refuses the metadata. LoRA factors are small: keep only the scan axis name, replicate the rest."""
+    if not isinstance(var, nnx.Variable):
+        return var
+    meta = var.get_metadata()
+    axis_name = meta.get(nnx.PARTITION_NAME, "layers")
+    scan_axis = meta.get("param_scan_axis", 1)
+    names = tuple(axis_name if i == scan_axis else None for i in range(var.get_value().ndim))
+    updates = {k: names for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k) is not None}
+    return var.replace(**updates) if updates else var
+
+
+def add_lora_params(model: Any, module_path: str, rank: int, seed: int, cfg: Any) -> None:
+    """Create the LoRA factors of every projection of ``model`` whose module path matches
+    ``module_path`` (a qwix rule's regex, matched as qwix matches it: re.fullmatch on the '/'-joined
+    path), as qwix's LoraProvider would create them in its first call (qwix 0.1.8 providers/lora.py):
+    ``kernel_lora_a`` [prod(in), r] drawn he_uniform (bound sqrt(6 / prod(in))) per layer,
+    ``kernel_lora_b`` [r, prod(out)] zero, in the kernel's dtype, stacked on the kernel's scan axes.
+    qwix then finds them (flax_util.get_or_create_param) and creates none during a scan."""
+    from maxtext.layers.linears import DenseGeneral
+
+    pattern = re.compile(module_path)
+    key = jax.random.key(seed)
+    axis = int(cfg.param_scan_axis)
+    for path, module in nnx.iter_modules(model):
+        name = "/".join(map(str, path))
+        if (
+            not isinstance(module, DenseGeneral)
+            or not pattern.fullmatch(name)
+            or hasattr(module, "kernel_lora_a")
+        ):
+            continue
+        kernel = module.kernel
+        value = kernel.get_value()
+        n_in, n_out = len(module.in_features_shape), len(module.out_features_shape)
+        k = value.ndim - n_in - n_out
+        at = axis if k else 0
+        scan = tuple(value.shape[at : at + k])
+        per = tuple(value.shape[:at]) + tuple(value.shape[at + k :])
+        fan_in, fan_out = int(np.prod(per[:n_in])), int(np.prod(per[n_in:]))
+        # Metadata as the kernel's: the scan axes keep their names (MaxText's scans move and strip them),
+        # the matrix axes are replicated (LoRA factors are small; lora_sharding_meta says the same).
+        kmeta = kernel.get_metadata()
+        meta = {k2: kmeta[k2] for k2 in ("param_scan_axis", "partition_name") if k2 in kmeta}
+        names = tuple(kmeta.get("sharding_names") or ())
+        if len(names) == value.ndim:
+            sharding = (None,) * at + names[at : at + k] + (None,) * (2 - at)
+            meta |= {"sharding_names": sharding, "out_sharding": sharding}
+        a_shape = (fan_in, rank)[:at] + scan + (fan_in, rank)[at:]
+        b_shape = (rank, fan_out)[:at] + scan + (rank, fan_out)[at:]
+        sharding_in = getattr(value, "sharding", None)
+        out = NamedSharding(sharding_in.mesh, P()) if isinstance(sharding_in, NamedSharding) else None  # type: ignore[no-untyped-call]
+        a_key = jax.random.fold_in(key, zlib.crc32(name.encode()))
+        a, b = _draw_lora(a_key, a_shape, b_shape, str(value.dtype), float(np.sqrt(6.0 / fan_in)), out)
+        module.kernel_lora_a = nnx.LoRAParam(a, **meta)
+        module.kernel_lora_b = nnx.LoRAParam(b, **meta)
+
+
+def _draw_lora(
+    key: jax.Array,
+    a_shape: tuple[int, ...],
+    b_shape: tuple[int, ...],
+    dtype: str,
+    bound: float,
+    sharding: NamedSharding | None,
+) -> tuple[jax.Array, jax.Array]:
+    """(lora_a, lora_b) drawn inside a jit, created replicated on ``sharding``'s mesh (on every process
+    of a multi-process run, as the base weights are: never one process's local array)."""
+
+    def draw(k: jax.Array) -> tuple[jax.Array, jax.Array]:
+        return jax.random.uniform(k, a_shape, dtype, -bound, bound), jnp.zeros(b_shape, dtype)
+
+    if sharding is None:
+        return jax.jit(draw)(key)  # type: ignore[no-any-return]
+    return jax.jit(draw, out_shardings=(sharding, sharding))(key)  # type: ignore[no-any-return]

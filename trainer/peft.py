@@ -1,0 +1,307 @@
+"""The trainer's LoRA state in the PEFT layout (contract 5 in docs/architecture.md): the Hugging Face
+tensor names and shapes vLLM and peft load, the map from MaxText's stacked LoRA leaves to them and back,
+``adapter_config.json``, and the adapter files in a local directory (publishing to storage:
+rljob.trainer.export).
+
+A :class:`PeftAdapter` is built by :class:`rljob.trainer.model.Policy` from its initial LoRA state and
+MaxText config (``policy.peft``):
+
+  tensors = policy.peft.to_peft(lora)      # {name: lora_A (r, in) | lora_B (out, r)}, float32
+  lora = policy.peft.from_peft(tensors)    # the inverse; ValueError on a tensor that does not fit
+  policy.peft.config()                     # adapter_config.json
+  policy.peft.save(lora, directory); policy.peft.load(directory)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+if TYPE_CHECKING:
+    from rljob.trainer.model import LoraState, ModelSpec
+
+__all__ = [
+    "DEFAULT_HF_LAYERS_PREFIX",
+    "HF_LAYERS_PREFIX",
+    "HF_PROJ",
+    "LeafLayout",
+    "PeftAdapter",
+    "decoder_block",
+    "hf_layers_prefix",
+    "peft_layout",
+]
+
+# MaxText module name -> (Hugging Face parent, Hugging Face projection) for llama/qwen3-style models.
+HF_PROJ: dict[str, tuple[str, str]] = {
+    "query": ("self_attn", "q_proj"),
+    "key": ("self_attn", "k_proj"),
+    "value": ("self_attn", "v_proj"),
+    "out": ("self_attn", "o_proj"),
+    "wi_0": ("mlp", "gate_proj"),
+    "wi_1": ("mlp", "up_proj"),
+    "wo": ("mlp", "down_proj"),
+}
+
+# PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
+# PEFT model wraps it as base_model.model): Qwen3ForCausalLM and GptOssForCausalLM keep them at
+# model.layers; Qwen3_5MoeForConditionalGeneration and Gemma4ForConditionalGeneration at
+# model.language_model.layers (transformers 5.x, models/qwen3_5_moe/modeling_qwen3_5_moe.py and
+# models/gemma4/modeling_gemma4.py: ``self.model = ...Model(config)`` whose ``self.language_model`` holds
+# ``self.layers``; https://github.com/huggingface/transformers/tree/main/src/transformers/models).
+HF_LAYERS_PREFIX: dict[str, str] = {
+    "qwen3_5": "base_model.model.model.language_model.layers",
+    "gemma4": "base_model.model.model.language_model.layers",
+}
+DEFAULT_HF_LAYERS_PREFIX = "base_model.model.model.layers"
+
+
+def decoder_block(cfg: Any) -> str:
+    """The config's decoder block as its config files spell it (``gemma4``, ``qwen3_5``, ...)."""
+    block = cfg.decoder_block
+    return str(getattr(block, "value", block)).lower()
+
+
+def hf_layers_prefix(decoder_block: str) -> str:
+    """The PEFT name prefix of the Hugging Face decoder layers of a MaxText decoder block."""
+    return HF_LAYERS_PREFIX.get(decoder_block.lower(), DEFAULT_HF_LAYERS_PREFIX)
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafLayout:
+    """Where one LoRA leaf's layers are in the Hugging Face model.
+
+    The leaf holds one [d0, d1] matrix per layer (lora_a [in, r], lora_b [r, out]) stacked on
+    ``len(scan_shape)`` scan axes inserted at ``scan_axis`` (MaxText's param_scan_axis); ``layers`` is
+    the Hugging Face layer index of each scan position, row-major over ``scan_shape``."""
+
+    path: str  # the leaf's MaxText path, '/'-joined
+    module: str  # MaxText projection: query, key, value, out, wi_0, wi_1, wo
+    which: str  # "a" | "b"
+    hf_parent: str  # "self_attn", "mlp" or "mlp.shared_expert"
+    matrix_shape: tuple[int, int]
+    scan_axis: int
+    scan_shape: tuple[int, ...]
+    layers: tuple[int, ...]
+
+    def per_layer(self, arr: np.ndarray) -> np.ndarray:
+        """[n_layers, d0, d1] from the stacked leaf."""
+        k = len(self.scan_shape)
+        moved = np.moveaxis(arr, list(range(self.scan_axis, self.scan_axis + k)), list(range(k)))
+        return moved.reshape(-1, *self.matrix_shape)
+
+    def stack(self, mats: list[np.ndarray]) -> np.ndarray:
+        """The inverse of :meth:`per_layer`."""
+        k = len(self.scan_shape)
+        arr = np.stack(mats).reshape(*self.scan_shape, *self.matrix_shape)
+        return np.moveaxis(arr, list(range(k)), list(range(self.scan_axis, self.scan_axis + k)))
+
+
+_ATTENTION_MODULES = ("query", "key", "value", "out")
+_SUBLAYER = re.compile(r"^layers?_(\d+)$")
+
+
+def _gemma4_pattern() -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(local positions, global positions) of a Gemma 4 scanned block (MaxText 0.2.5 models/gemma4.py:
+    GEMMA4_ATTENTION_PATTERN, five LOCAL_SLIDING layers then one GLOBAL)."""
+    from maxtext.models import gemma4
+
+    pattern = gemma4.GEMMA4_ATTENTION_PATTERN
+    local = tuple(i for i, t in enumerate(pattern) if t == gemma4.AttentionType.LOCAL_SLIDING)
+    return local, tuple(i for i in range(len(pattern)) if i not in local)
+
+
+def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tuple[int, ...] | None:
+    """Hugging Face layer indices of a LoRA leaf at MaxText path ``keys`` (``decoder/<container>/...``)
+    with ``scan_shape`` scan axes, or None for a layout not known here. MaxText 0.2.5's NNX decoder
+    (layers/nnx_decoders.py) stacks the layers as
+
+    - ``layers`` (one scan axis): one layer per position (Qwen3), or blocks of
+      ``inhomogeneous_layer_cycle_interval`` layers whose sub-layers are ``layers_<j>`` (gpt-oss: block
+      of 2) or ``layer_<j>`` (Qwen3.5: block of 4): layer = block x interval + j;
+    - ``scanned_blocks`` (Gemma 4): blocks of GEMMA4_ATTENTION_PATTERN, the local layers stacked again
+      within a block (``local_layers``: scan axes [blocks, local]), the global layer once per block;
+    - ``layers_remainder``: the layers after the last whole block, one short block;
+    - ``layers_<i>`` without scan axes: unscanned layers (scan_layers false).
+    """
+    if len(keys) < 2 or keys[0] != "decoder":
+        return None
+    container, inner = keys[1], keys[2:]
+    n = int(cfg.num_decoder_layers)
+    plain = _SUBLAYER.match(container)
+    if plain and not scan_shape:
+        return (int(plain.group(1)),)
+    if container == "layers" and len(scan_shape) == 1:
+        sub = _SUBLAYER.match(inner[0]) if inner else None
+        if sub is None:
+            return tuple(range(scan_shape[0]))
+        interval = int(cfg.inhomogeneous_layer_cycle_interval)
+        return tuple(b * interval + int(sub.group(1)) for b in range(scan_shape[0]))
+    if decoder_block(cfg) == "gemma4" and container in ("scanned_blocks", "layers_remainder"):
+        local, glob = _gemma4_pattern()
+        block = len(local) + len(glob)
+        if container == "scanned_blocks" and inner[:1] == ["local_layers"] and len(scan_shape) == 2:
+            return tuple(b * block + local[j] for b in range(scan_shape[0]) for j in range(scan_shape[1]))
+        if container == "scanned_blocks" and inner[:1] == ["global_layer"] and len(scan_shape) == 1:
+            return tuple(b * block + glob[0] for b in range(scan_shape[0]))
+        start = (n // block) * block
+        if container == "layers_remainder" and inner[:1] == ["local_layers"] and len(scan_shape) == 1:
+            return tuple(start + local[j] for j in range(scan_shape[0]))
+    return None
+
+
+def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
+    """The :class:`LeafLayout` of every leaf of ``lora`` (pytree order) for MaxText config ``cfg``;
+    ValueError naming the leaf for a layout not known here, a layer out of range or twice."""
+    out: list[LeafLayout] = []
+    axis = int(cfg.param_scan_axis)
+    seen: dict[tuple[str, str, str], set[int]] = {}
+    for path, arr in jax.tree_util.tree_flatten_with_path(lora)[0]:
+        keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
+        module, which = _parse_lora_path(path)
+        shape = tuple(int(d) for d in np.shape(arr))
+        k = len(shape) - 2
+        scan_axis = axis if k else 0
+        if k < 0 or scan_axis > 2:
+            raise ValueError(f"LoRA parameter {'/'.join(keys)}: shape {shape} is not a stack of matrices")
+        scan_shape = shape[scan_axis : scan_axis + k]
+        matrix = shape[:scan_axis] + shape[scan_axis + k :]
+        layers = _leaf_layers(keys[:-2], scan_shape, cfg)
+        if layers is None:
+            raise ValueError(
+                f"LoRA parameter {'/'.join(keys)} (scan axes {scan_shape}): a layer layout of the "
+                f"{decoder_block(cfg)} decoder that the PEFT export does not know"
+            )
+        parent = "self_attn"
+        if module not in _ATTENTION_MODULES:
+            parent = "mlp.shared_expert" if "shared_expert" in keys else "mlp"
+        key = (parent, module, which)
+        if any(not 0 <= i < int(cfg.num_decoder_layers) for i in layers) or seen.get(key, set()) & set(
+            layers
+        ):
+            raise ValueError(f"LoRA parameter {'/'.join(keys)}: layers {layers} out of range or mapped twice")
+        seen.setdefault(key, set()).update(layers)
+        out.append(
+            LeafLayout(
+                "/".join(keys), module, which, parent, (matrix[0], matrix[1]), scan_axis, scan_shape, layers
+            )
+        )
+    return out
+
+
+_LORA_LEAF = re.compile(r"^(?P<module>\w+)\.kernel_lora_(?P<which>[ab])$")
+
+
+def _parse_lora_path(path: tuple[Any, ...]) -> tuple[str, str]:
+    key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
+    tail = ".".join(key.split(".")[-2:])
+    m = _LORA_LEAF.match(tail)
+    if not m or m.group("module") not in HF_PROJ:
+        raise ValueError(f"unexpected LoRA parameter {key}")
+    return m.group("module"), m.group("which")
+
+
+class PeftAdapter:
+    """The PEFT layout of one policy's LoRA state: where each leaf's layers go (``layout``, pytree
+    order), the tensor name prefix of the Hugging Face decoder layers, and the adapter's settings."""
+
+    def __init__(self, spec: ModelSpec, lora0: LoraState, cfg: Any) -> None:
+        self.spec = spec
+        self.lora0 = lora0
+        # PEFT name prefix of the Hugging Face decoder layers: the spec's, else the decoder block's.
+        self.layers_prefix = spec.hf_layers_prefix or hf_layers_prefix(decoder_block(cfg))
+        # Where each LoRA leaf's layers sit in the Hugging Face model (peft_layout); ValueError on a
+        # layout this code does not know.
+        self.layout: list[LeafLayout] = peft_layout(lora0, cfg)
+
+    def lora_paths(self) -> list[tuple[str, str]]:
+        """(MaxText module, 'a'|'b') of every LoRA leaf, in pytree order."""
+        return [(leaf.module, leaf.which) for leaf in self.layout]
+
+    def to_peft(self, lora: LoraState) -> dict[str, np.ndarray]:
+        """LoRA parameters as PEFT tensors, float32: ``lora_A`` (r, in), ``lora_B`` (out, r) per layer.
+
+        qwix keeps a layer's factors as lora_a [in, r] and lora_b [r, out] (multi-axis kernels, heads x
+        head_dim, flattened in MaxText's order, which is Hugging Face's ``num_heads * head_dim`` order),
+        stacked on the scan axes of the leaf (:class:`LeafLayout`: one axis of layers, of blocks of
+        layers, or blocks and the layers within); the layout names each scan position's layer."""
+        out: dict[str, np.ndarray] = {}
+        pure = nnx.to_pure_dict(lora) if isinstance(lora, nnx.State) else lora
+        leaves = jax.tree_util.tree_flatten_with_path(pure)[0]
+        if len(leaves) != len(self.layout):
+            raise ValueError(f"adapter has {len(leaves)} LoRA leaves, the model {len(self.layout)}")
+        for (_, arr), leaf in zip(leaves, self.layout, strict=True):
+            per_layer = leaf.per_layer(np.asarray(arr, np.float32))
+            for layer, m in zip(leaf.layers, per_layer, strict=True):
+                # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]
+                out[self.name(layer, leaf)] = np.ascontiguousarray(m.T)
+        return out
+
+    def from_peft(self, tensors: Mapping[str, np.ndarray]) -> LoraState:
+        """The inverse of :meth:`to_peft`; ValueError on a missing, extra or misshapen tensor."""
+        want = {
+            self.name(layer, leaf): leaf.matrix_shape[::-1] for leaf in self.layout for layer in leaf.layers
+        }
+        if set(tensors) != set(want):
+            missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
+            raise ValueError(
+                f"adapter tensors do not match the model: missing {missing[:3]}, extra {extra[:3]}"
+            )
+        for name, t in tensors.items():
+            if tuple(t.shape) != tuple(want[name]):
+                raise ValueError(f"{name}: shape {tuple(t.shape)}, the model needs {tuple(want[name])}")
+        leaves, treedef = jax.tree_util.tree_flatten(self.lora0)
+        out = []
+        for arr, leaf in zip(leaves, self.layout, strict=True):
+            mats = [np.asarray(tensors[self.name(layer, leaf)], np.float32).T for layer in leaf.layers]
+            out.append(jnp.asarray(leaf.stack(mats), arr.dtype))
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def name(self, layer: int, leaf: LeafLayout | str, which: str | None = None) -> str:
+        """The PEFT tensor name of ``leaf`` (or of MaxText module ``leaf`` under ``self_attn``/``mlp``, and
+        ``which``) at Hugging Face layer ``layer``."""
+        if isinstance(leaf, str):
+            parent, proj = HF_PROJ[leaf]
+            which = which or "a"
+        else:
+            parent, proj, which = leaf.hf_parent, HF_PROJ[leaf.module][1], leaf.which
+        return f"{self.layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
+
+    def save(self, lora: LoraState, directory: Path) -> None:
+        """Write the PEFT files into a local directory (publishing goes through rljob.trainer.export)."""
+        from safetensors.numpy import save_file
+
+        directory.mkdir(parents=True, exist_ok=True)
+        save_file(self.to_peft(lora), str(directory / "adapter_model.safetensors"))
+        (directory / "adapter_config.json").write_text(json.dumps(self.config(), indent=1))
+
+    def load(self, directory: Path) -> LoraState:
+        from safetensors.numpy import load_file
+
+        cfg = json.loads((directory / "adapter_config.json").read_text())
+        if int(cfg.get("r", -1)) != self.spec.lora_rank:
+            raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != model rank {self.spec.lora_rank}")
+        return self.from_peft(load_file(str(directory / "adapter_model.safetensors")))
+
+    def config(self) -> dict[str, Any]:
+        """adapter_config.json of the PEFT layout (what vLLM and peft read)."""
+        return {
+            "peft_type": "LORA",
+            "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": self.spec.base_model,
+            "r": self.spec.lora_rank,
+            "lora_alpha": self.spec.lora_alpha,
+            "lora_dropout": 0.0,
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "inference_mode": True,
+            "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
+        }

@@ -1,0 +1,43 @@
+"""Arrays onto the trainer's mesh: :func:`put_global` lays a value every process holds out as a global
+array (on several processes ``jax.device_put`` cannot place a local array on other processes' devices).
+Where each parameter goes (MaxText's logical axis rules) is rljob.trainer.base_checkpoint's
+``logical_shardings``; :class:`rljob.trainer.model.Policy` places its base and LoRA parameters with both.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+__all__ = ["put_global"]
+
+
+def put_global(x: Any, sharding: NamedSharding) -> Any:
+    """``x``, an array with the same value on every process (local, or global and replicated), as a global
+    array laid out by ``sharding`` (on several processes ``jax.device_put`` cannot place a local array
+    on other processes' devices: each process supplies its own devices' shards). An array already laid
+    out so is returned as is."""
+    if not isinstance(x, jax.Array):
+        x = jnp.asarray(x)
+    if x.sharding == sharding:  # the very sharding: jit's cache keys on it (an equivalent one recompiles)
+        return x
+    if x.is_fully_addressable and sharding.is_fully_addressable:
+        return jax.device_put(x, sharding)
+    if not x.is_fully_addressable and not x.sharding.is_fully_replicated:
+        # A global array laid out otherwise (build_model's come sharded): no process holds it whole,
+        # reshard it on the devices (an identity under jit).
+        return jax.jit(lambda a: a, out_shardings=sharding)(x)
+    if jnp.issubdtype(x.dtype, jax.dtypes.prng_key):  # typed PRNG keys: place their key data
+        data = jax.random.key_data(x)
+        spec = tuple(sharding.spec) + (None,) * (data.ndim - len(sharding.spec))
+        return jax.random.wrap_key_data(
+            put_global(data, NamedSharding(sharding.mesh, P(*spec))),  # type: ignore[no-untyped-call]
+            impl=jax.random.key_impl(x),
+        )
+    host = np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
