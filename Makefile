@@ -74,8 +74,11 @@ images-rehearse: venv
 hadolint: venv
 	$(VENV)/bin/hadolint Dockerfile
 
+# The package (through the view), hack/, bench/ and tests/. tests/ is an import root as in pytest
+# (tests/conftest.py puts it on sys.path for `fixtures.<name>`), so a test module's name is its path
+# below tests/ (operator/test_crd.py is operator.test_crd); hack/ and bench/ are named from the repo root.
 typecheck: venv pkgview
-	MYPYPATH=$(PKGVIEW) $(VENV)/bin/mypy $(addprefix -p rljob.,$(PKGS))
+	MYPYPATH=$(PKGVIEW):tests $(VENV)/bin/mypy $(PKGVIEW)/rljob hack bench tests
 
 test: lint typecheck
 	$(VENV)/bin/pytest

@@ -51,13 +51,14 @@ def temp_bytes(f: Callable[..., Any], dtype: Any) -> tuple[int, float]:
     import jax.numpy as jnp
 
     def grad_hidden(h: jax.Array, w: jax.Array, t: jax.Array, g: jax.Array) -> jax.Array:
-        return jax.grad(lambda hh: (f(hh, w, t) * g).sum())(h)
+        dh: jax.Array = jax.grad(lambda hh: (f(hh, w, t) * g).sum())(h)
+        return dh
 
     args = (
-        jax.ShapeDtypeStruct((T, H), dtype),
-        jax.ShapeDtypeStruct((H, V), dtype),
-        jax.ShapeDtypeStruct((T,), jnp.int32),
-        jax.ShapeDtypeStruct((T,), jnp.float32),
+        jax.ShapeDtypeStruct((T, H), dtype),  # type: ignore[no-untyped-call]
+        jax.ShapeDtypeStruct((H, V), dtype),  # type: ignore[no-untyped-call]
+        jax.ShapeDtypeStruct((T,), jnp.int32),  # type: ignore[no-untyped-call]
+        jax.ShapeDtypeStruct((T,), jnp.float32),  # type: ignore[no-untyped-call]
     )
     compiled, elapsed = _compiled(grad_hidden, args)
     return int(compiled.memory_analysis().temp_size_in_bytes), elapsed
@@ -86,13 +87,13 @@ def sharded(devices: int, dtype: Any, tile: int, chunk: int) -> dict[str, dict[s
     from rljob.trainer.logprobs import head_spec, padded_vocab, sharded_token_logprobs, token_logprobs
 
     mesh = Mesh(np.array(jax.devices()[:devices]), ("fsdp",))
-    rows = NamedSharding(mesh, P("fsdp"))
+    rows = NamedSharding(mesh, P("fsdp"))  # type: ignore[no-untyped-call]
     vp = padded_vocab(V, devices)
     args = (
-        jax.ShapeDtypeStruct((devices, T, H), dtype, sharding=NamedSharding(mesh, P("fsdp"))),
-        jax.ShapeDtypeStruct((H, vp), dtype, sharding=NamedSharding(mesh, P("fsdp", None))),  # FSDP layout
-        jax.ShapeDtypeStruct((devices, T), jnp.int32, sharding=rows),
-        jax.ShapeDtypeStruct((devices, T), jnp.float32, sharding=rows),
+        jax.ShapeDtypeStruct((devices, T, H), dtype, sharding=NamedSharding(mesh, P("fsdp"))),  # type: ignore[no-untyped-call]
+        jax.ShapeDtypeStruct((H, vp), dtype, sharding=NamedSharding(mesh, P("fsdp", None))),  # type: ignore[no-untyped-call]  # FSDP layout
+        jax.ShapeDtypeStruct((devices, T), jnp.int32, sharding=rows),  # type: ignore[no-untyped-call]
+        jax.ShapeDtypeStruct((devices, T), jnp.float32, sharding=rows),  # type: ignore[no-untyped-call]
     )
 
     def local(h: jax.Array, w: jax.Array, t: jax.Array) -> jax.Array:
@@ -102,19 +103,24 @@ def sharded(devices: int, dtype: Any, tile: int, chunk: int) -> dict[str, dict[s
         return lp.reshape(t.shape)
 
     gathered_head = jax.shard_map(
-        local, mesh=mesh, in_specs=(P("fsdp"), P(), P("fsdp")), out_specs=P("fsdp"), check_vma=False
+        local,
+        mesh=mesh,
+        in_specs=(P("fsdp"), P(), P("fsdp")),  # type: ignore[no-untyped-call]
+        out_specs=P("fsdp"),  # type: ignore[no-untyped-call]
+        check_vma=False,
     )
     ring_head = sharded_token_logprobs(mesh, ("fsdp", None), None, V, token_tile=tile, vocab_chunk=chunk)
 
     def ring(h: jax.Array, w: jax.Array, t: jax.Array) -> jax.Array:
-        w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, head_spec(("fsdp",))))
+        w = jax.lax.with_sharding_constraint(w, NamedSharding(mesh, head_spec(("fsdp",))))  # type: ignore[no-untyped-call]
         return ring_head(h, w, t, jnp.ones(t.shape, bool))
 
-    out = {}
+    out: dict[str, dict[str, float]] = {}
     for name, f in (("gathered", gathered_head), ("ring", ring)):
 
         def grad_hidden(h: jax.Array, w: jax.Array, t: jax.Array, g: jax.Array, f: Any = f) -> jax.Array:
-            return jax.grad(lambda hh: (f(hh, w, t) * g).sum())(h)
+            dh: jax.Array = jax.grad(lambda hh: (f(hh, w, t) * g).sum())(h)
+            return dh
 
         compiled, elapsed = _compiled(grad_hidden, args)
         mem = compiled.memory_analysis()

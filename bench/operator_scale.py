@@ -36,18 +36,19 @@ sys.path.insert(0, str(REPO / "tests"))  # the cluster and operator helpers live
 
 import yaml  # noqa: E402
 from fixtures.cluster import Cluster, wait_for  # noqa: E402
+from fixtures.k8s import as_dict, name_of  # noqa: E402
 from fixtures.operator import (  # noqa: E402
     GROUP,
     PLURAL,
     VERSION,
     OperatorProcess,
-    free_port,
     install_chart,
     make_certs,
     manifest,
     service_account_kubeconfig,
 )
 from kubernetes import client, config  # noqa: E402
+from rljob.common.ports import free_port  # noqa: E402
 from rljob.recipes.plan import parse_manifest  # noqa: E402
 from rljob.recipes.render import render  # noqa: E402
 
@@ -82,7 +83,7 @@ def cluster() -> Cluster:
         sys.exit(f"hack/cluster.sh up failed:\n{up.stderr[-3000:]}")
     path = cluster_sh("kubeconfig")
     kubeconfig = Path(path.stdout.strip())
-    return Cluster(kubeconfig=kubeconfig, api=config.new_client_from_config(config_file=str(kubeconfig)))
+    return Cluster(kubeconfig=kubeconfig, api=config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
 
 
 def new_namespace(c: Cluster, prefix: str) -> str:
@@ -112,7 +113,7 @@ def rss_mib(pid: int) -> float:
 
 
 def converged(c: Cluster, ns: str, n: int) -> bool:
-    items = c.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL)["items"]
+    items = as_dict(c.custom.list_namespaced_custom_object(GROUP, VERSION, ns, PLURAL))["items"]
     done = sum(
         1
         for x in items
@@ -140,7 +141,7 @@ def baseline(c: Cluster, n: int, every_object: bool = False) -> float:
         if obj["kind"] == "JobSet":
             c.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets", obj)
         else:
-            utils.create_from_dict(c.api, obj, namespace=ns)
+            utils.create_from_dict(c.api, obj, namespace=ns)  # type: ignore[no-untyped-call]
     wall = time.perf_counter() - t0
     c.core.delete_namespace(ns)
     # Wait until the namespace is gone: its deletion (500 JobSets, their Jobs and Services) loads the API
@@ -150,7 +151,7 @@ def baseline(c: Cluster, n: int, every_object: bool = False) -> float:
 
 
 def namespace_exists(c: Cluster, name: str) -> bool:
-    return any(x.metadata.name == name for x in c.core.list_namespace().items)
+    return any(name_of(x) == name for x in c.core.list_namespace().items)
 
 
 def create_rljobs(c: Cluster, ns: str, start: int, n: int) -> None:

@@ -99,12 +99,18 @@ def main() -> None:
     rollouts = [
         Rollout(np.ones(p, np.int32), np.ones(c, np.int32)) for p, c in zip(prompts, completions, strict=True)
     ]
-    base = {"budget": ROW, "segment_align": SEG_ALIGN}
-    tile_model = {"context_ranks": CP, "kernel_blocks": (FWD, DKV), "dual_chunk_swap": True}
     cfgs = {
-        "end": PackConfig(**base),
-        "start": PackConfig(**base, pad_position="start", pad_align=PAD_ALIGN),
-        "balanced": PackConfig(**base, pad_position="balanced", pad_align=PAD_ALIGN, **tile_model),
+        "end": PackConfig(budget=ROW, segment_align=SEG_ALIGN),
+        "start": PackConfig(budget=ROW, segment_align=SEG_ALIGN, pad_position="start", pad_align=PAD_ALIGN),
+        "balanced": PackConfig(
+            budget=ROW,
+            segment_align=SEG_ALIGN,
+            pad_position="balanced",
+            pad_align=PAD_ALIGN,
+            context_ranks=CP,
+            kernel_blocks=(FWD, DKV),
+            dual_chunk_swap=True,
+        ),
     }
     rows = {k: np.concatenate([b.segment_ids for b in pack_rollouts(rollouts, c)]) for k, c in cfgs.items()}
     totals = {k: np.zeros(3, np.int64) for k in cfgs}

@@ -94,7 +94,8 @@ def main() -> None:
                 model_input=types.ModelInput.from_ints(s[:-1].tolist()),
                 loss_fn_inputs={
                     "target_tokens": s[1:].tolist(),
-                    "advantages": [float(a)] * args.tokens,
+                    # the SDK types these as TensorData and converts lists (types.Datum.__post_init__)
+                    "advantages": [float(a)] * args.tokens,  # type: ignore[dict-item]
                     "logprobs": o.tolist(),
                 },
             )

@@ -44,6 +44,7 @@ import argparse
 import json
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,12 @@ def make_rollouts(lengths: list[tuple[int, int]], vocab: int, group: int, seed: 
     return out
 
 
+def _temp_bytes(mem: Any) -> int:
+    """The temporary bytes of a compiled step's memory analysis (None on backends without one)."""
+    assert mem is not None, "the backend gave no memory analysis"
+    return int(mem.temp_size_in_bytes)
+
+
 def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[str, Any]:
     import jax
     from rljob.trainer.losses import LossConfig
@@ -111,13 +118,13 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[st
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         new, metrics = trainer.train_on_batch(held["state"], rollouts)
-        jax.block_until_ready(new)
+        jax.block_until_ready(new)  # type: ignore[no-untyped-call]
         held["state"] = new
         return time.perf_counter() - t0, float(metrics["loss"])
 
     return {
         "step": step,
-        "temp_bytes": float(max(acc_mem.temp_size_in_bytes, apply_mem.temp_size_in_bytes)),
+        "temp_bytes": float(max(_temp_bytes(acc_mem), _temp_bytes(apply_mem))),
         "rows": float(rows),
         "row_tokens": float(rows * budget),
     }
@@ -147,7 +154,7 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
     nnx.pop(lora, nnx.Intermediate)
     # qwix copies the kernels' logical axis names onto the LoRA factors and MaxText's layer scan then
     # refuses them; the same metadata fix as rljob's Policy (rljob.trainer.lora.lora_sharding_meta).
-    graphdef, lora_state, rest = nnx.split(lora, nnx.LoRAParam, ...)
+    graphdef, lora_state, rest = nnx.split(lora, nnx.LoRAParam, ...)  # type: ignore[misc]  # nnx types the split as variadic
     lora_state = jax.tree.map(lora_sharding_meta, lora_state, is_leaf=lambda x: isinstance(x, nnx.Variable))
     lora = nnx.merge(graphdef, lora_state, rest)
     try:
@@ -237,12 +244,12 @@ def tunix_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bo
     # Two warm-up steps: tunix's step compiles again after the first update, once the optimizer state
     # carries its shardings (PeftTrainer._shard_optimizer says as much)
     for _ in range(2):
-        jax.block_until_ready(one_step())
+        jax.block_until_ready(one_step())  # type: ignore[no-untyped-call]
 
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
         out = one_step()
-        jax.block_until_ready(out)
+        jax.block_until_ready(out)  # type: ignore[no-untyped-call]
         return time.perf_counter() - t0, float(out[0])
 
     graphdef, state = nnx.split((trainer.model, trainer.optimizer))
@@ -256,7 +263,7 @@ def tunix_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bo
     shape = tuple(int(x) for x in examples[0].completion_ids.shape)
     return {
         "step": step,
-        "temp_bytes": float(mem.temp_size_in_bytes),
+        "temp_bytes": float(_temp_bytes(mem)),
         "calls": float(len(examples)),
         "row_tokens": float(
             sum(int(np.prod(e.completion_ids.shape)) + int(np.prod(e.prompt_ids.shape)) for e in examples)
@@ -293,7 +300,7 @@ def main() -> None:
         "backend": "cpu",
     }
     arms: dict[str, dict[str, Any]] = {}
-    runners = {
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
         "rljob": lambda: rljob_arm(keys, rollouts, budget),
         "tunix_padded": lambda: tunix_arm(keys, rollouts, budget, packed=False),
         "tunix_packed": lambda: tunix_arm(keys, rollouts, budget, packed=True),

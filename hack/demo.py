@@ -48,12 +48,12 @@ sys.path.insert(0, str(REPO / "tests"))  # the cluster/operator helpers are shar
 
 import yaml  # noqa: E402
 from fixtures.cluster import KUBECTL, Cluster  # noqa: E402
+from fixtures.k8s import as_dict, labels_of, name_of, pod_spec, pod_status  # noqa: E402
 from fixtures.operator import (  # noqa: E402
     GROUP,
     OPERATOR_BIN,
     PLURAL,
     VERSION,
-    free_port,
     install_chart,
     make_certs,
     service_account_kubeconfig,
@@ -61,6 +61,7 @@ from fixtures.operator import (  # noqa: E402
 from fixtures.standin import PodRunner  # noqa: E402
 from kubernetes import config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
+from rljob.common.ports import free_port  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "qwen3-8b-v5p.yaml"
 # Next to the state of the cluster it runs on (hack/cluster.sh: $RLJOB_CLUSTER_DIR, default .cache/cluster),
@@ -240,7 +241,7 @@ def train(
                     say(f"{pod}: the process exited {code}; the pod ends with exit code {code}")
                     if code != 0:
                         print(runner.tail(pod), flush=True)
-            obj = c.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            obj = as_dict(c.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
             status = obj.get("status") or {}
             row = _row(status)
             if row != last:
@@ -274,7 +275,7 @@ def print_rljobs(c: Cluster, namespace: str) -> None:
 
 def running_on_v5p(c: Cluster, ns: str, name: str) -> str | None:
     """None when done; else what is still missing."""
-    obj = c.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name)
+    obj = as_dict(c.custom.get_namespaced_custom_object(GROUP, VERSION, ns, PLURAL, name))
     status = obj.get("status") or {}
     if status.get("phase") in ("Failed", "Succeeded"):
         sys.exit(f"the RLJob ended {status['phase']}: {status}")
@@ -283,12 +284,13 @@ def running_on_v5p(c: Cluster, ns: str, name: str) -> str | None:
     pods = c.core.list_namespaced_pod(ns, label_selector=f"rljob.dev/rljob={name}").items
     roles: dict[str, int] = {}
     for pod in pods:
-        if pod.status.phase != "Running" or not pod.spec.node_name:
-            return f"pod {pod.metadata.name} is {pod.status.phase}"
-        node = c.core.read_node(pod.spec.node_name)
-        if node.metadata.labels.get("cloud.google.com/gke-tpu-accelerator") != V5P:
-            return f"pod {pod.metadata.name} is on {pod.spec.node_name}, not a v5p node"
-        role = pod.metadata.labels.get("rljob.dev/role", "?")
+        phase, node_name = pod_status(pod).phase, pod_spec(pod).node_name
+        if phase != "Running" or not node_name:
+            return f"pod {name_of(pod)} is {phase}"
+        node = c.core.read_node(node_name)
+        if labels_of(node).get("cloud.google.com/gke-tpu-accelerator") != V5P:
+            return f"pod {name_of(pod)} is on {node_name}, not a v5p node"
+        role = labels_of(pod).get("rljob.dev/role", "?")
         roles[role] = roles.get(role, 0) + 1
     if not roles.get("trainer") or not roles.get("sampler"):
         return f"pods per role: {roles}"
@@ -297,14 +299,16 @@ def running_on_v5p(c: Cluster, ns: str, name: str) -> str | None:
 
 def _print_table(c: Cluster, path: str, kind: str) -> None:
     """The server-side table kubectl prints (Accept: as=Table), for a machine without a kubectl binary."""
-    resp = c.api.call_api(
-        path,
+    request = c.api.param_serialize(
         "GET",
-        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
-        response_type="object",
-        _return_http_data_only=True,
+        path,
         query_params=[("includeObject", "None")],
+        header_params={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+        auth_settings=["BearerToken"],
     )
+    raw = c.api.call_api(*request)
+    raw.read()  # type: ignore[no-untyped-call]
+    resp = as_dict(c.api.response_deserialize(raw, {"200": "object"}).data)
     cols = [col["name"].upper() for col in resp["columnDefinitions"]]
     rows = [[kind + "/" + str(r["cells"][0])] + [str(x) for x in r["cells"][1:]] for r in resp["rows"]]
     widths = [max(len(x) for x in col) for col in zip(cols, *rows, strict=False)]
@@ -355,7 +359,7 @@ def main() -> int:
             check=True,
         ).stdout.strip()
     )
-    c = Cluster(kubeconfig=kubeconfig, api=config.new_client_from_config(config_file=str(kubeconfig)))
+    c = Cluster(kubeconfig=kubeconfig, api=config.new_client_from_config(config_file=str(kubeconfig)))  # type: ignore[no-untyped-call]
     start_operator(c)
 
     say(f"training: the RLJob default/{TRAIN_NAME}, its trainer and sampler as local processes")

@@ -34,7 +34,8 @@ def localize(doc: dict[str, Any], base_url: str, ca_bundle: str) -> dict[str, An
 
 def read_objects(text: str) -> list[dict[str, Any]]:
     """kubectl prints one JSON object per YAML document, back to back (or a v1 List)."""
-    decoder, objs, pos = json.JSONDecoder(), [], 0
+    objs: list[dict[str, Any]] = []
+    decoder, pos = json.JSONDecoder(), 0
     while pos < len(text):
         if text[pos].isspace():
             pos += 1

@@ -41,7 +41,8 @@ def yaml_to_objects(path: Path) -> list[dict[str, Any]]:
         capture_output=True,
         text=True,
     ).stdout
-    decoder, objs, pos = json.JSONDecoder(), [], 0
+    objs: list[dict[str, Any]] = []
+    decoder, pos = json.JSONDecoder(), 0
     while pos < len(out):
         if out[pos].isspace():
             pos += 1

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.cluster import Cluster, wait_for
+from fixtures.k8s import labels_of
 from fixtures.operator import OperatorProcess, get_rljob, manifest, wait_rljob
 from kubernetes.client.exceptions import ApiException
 from rljob.recipes.api import Phase
@@ -42,7 +43,8 @@ def _gone(c: Cluster, ns: str, name: str) -> bool:
     try:
         get_rljob(c, ns, name)
     except ApiException as e:
-        return e.status == 404
+        gone: bool = e.status == 404
+        return gone
     return False
 
 
@@ -138,7 +140,7 @@ def test_the_gke_example_is_admitted_and_its_pods_carry_the_overrides(
     name = body["metadata"]["name"]
 
     def pods() -> dict[str, Any] | None:
-        got = {p.metadata.labels["rljob.dev/role"]: p for p in cluster.jobset_pods(namespace, name)}
+        got = {labels_of(p)["rljob.dev/role"]: p for p in cluster.jobset_pods(namespace, name)}
         return got if set(got) == {"trainer", "sampler"} else None
 
     by_role = wait_for(pods, 120, "the trainer and sampler pods")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.cluster import HELM, Cluster
+from fixtures.k8s import labels_of, spec_of, status_of
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
@@ -20,9 +21,9 @@ NODEPOOL = "cloud.google.com/gke-nodepool"
 def test_node_pools_look_like_gke_tpu_pools(cluster: Cluster) -> None:
     pools: dict[str, list[client.V1Node]] = {}
     for node in cluster.core.list_node().items:
-        pools.setdefault(node.metadata.labels[NODEPOOL], []).append(node)
+        pools.setdefault(labels_of(node)[NODEPOOL], []).append(node)
     shape = {
-        pool: (nodes[0].metadata.labels.get(ACCEL), nodes[0].metadata.labels.get(TOPO), len(nodes))
+        pool: (labels_of(nodes[0]).get(ACCEL), labels_of(nodes[0]).get(TOPO), len(nodes))
         for pool, nodes in pools.items()
     }
     assert shape == {
@@ -36,18 +37,20 @@ def test_node_pools_look_like_gke_tpu_pools(cluster: Cluster) -> None:
     }
     for pool, nodes in pools.items():
         for node in nodes:
-            taints = [(t.key, t.value, t.effect) for t in node.spec.taints or []]
+            taints = [(t.key, t.value, t.effect) for t in spec_of(node).taints or []]
+            status = status_of(node)
+            assert status.allocatable is not None and status.conditions is not None, status
             if pool == "cpu-pool":
                 assert taints == []
-                assert "google.com/tpu" not in node.status.allocatable
+                assert "google.com/tpu" not in status.allocatable
             else:
                 assert taints == [("google.com/tpu", "present", "NoSchedule")]
-                assert node.status.allocatable["google.com/tpu"] == "4"
-            assert any(c.type == "Ready" and c.status == "True" for c in node.status.conditions)
+                assert status.allocatable["google.com/tpu"] == "4"
+            assert any(c.type == "Ready" and c.status == "True" for c in status.conditions)
 
 
 def test_rbac_is_enforced(cluster: Cluster, namespace: str) -> None:
-    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))
+    api = config.new_client_from_config(config_file=str(cluster.kubeconfig))  # type: ignore[no-untyped-call]
     api.set_default_header("Impersonate-User", f"system:serviceaccount:{namespace}:default")
     try:
         with pytest.raises(ApiException) as err:

@@ -5,6 +5,7 @@ Needs the cluster (marker `cluster`): the session fixture builds and starts it w
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from fixtures.cluster import (
     jobset_condition,
     wait_for,
 )
+from fixtures.k8s import labels_of, meta, name_of, status_of
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = pytest.mark.cluster
@@ -97,10 +99,10 @@ def running_pods(c: Cluster, ns: str, js: str, want: int, attempt: int = 0) -> l
     pods = [
         p
         for p in c.jobset_pods(ns, js)
-        if p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt") == str(attempt)
-        and p.metadata.deletion_timestamp is None
+        if labels_of(p).get("jobset.sigs.k8s.io/restart-attempt") == str(attempt)
+        and meta(p).deletion_timestamp is None
     ]
-    running = [p for p in pods if p.status.phase == "Running"]
+    running = [p for p in pods if status_of(p).phase == "Running"]
     return running if len(running) == want else None
 
 
@@ -120,11 +122,10 @@ def test_two_slices_run_on_their_own_tpu_pools(
     pods = wait_for(lambda: running_pods(cluster, namespace, "place", 2 * hosts), 60, "pods Running")
 
     jobs = cluster.batch.list_namespaced_job(namespace).items
-    assert sorted(j.metadata.name for j in jobs) == ["place-slice-0", "place-slice-1"]
+    assert sorted(name_of(j) for j in jobs) == ["place-slice-0", "place-slice-1"]
     pool_of_job: dict[str, set[str]] = {}
     for pod in pods:
-        node = cluster.core.read_node(pod.spec.node_name)
-        labels = node.metadata.labels
+        labels = labels_of(cluster.core.read_node(pod.spec.node_name))
         assert labels[ACCEL] == accelerator
         assert labels[TOPO] == topology
         assert labels[NODEPOOL].startswith(pool_prefix), (pod.metadata.name, labels[NODEPOOL])
@@ -187,12 +188,15 @@ def test_exit_code_2_fails_the_jobset_without_restart(cluster: Cluster, namespac
     )
     # The fault happened (exit code 2), and it was not restarted: restarts 0, no second attempt's pods.
     pod = cluster.core.read_namespaced_pod(victim, namespace)
-    assert [cs.state.terminated.exit_code for cs in pod.status.container_statuses] == [2]
+    statuses = status_of(pod).container_statuses or []
+    assert [
+        cs.state.terminated.exit_code if cs.state and cs.state.terminated else None for cs in statuses
+    ] == [2]
     js = cluster.get_jobset(namespace, "badcfg")
     assert js["status"].get("restarts", 0) == 0
     assert failed["reason"] == "FailJobSetFailurePolicyAction", failed
     attempts = {
-        p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
+        labels_of(p).get("jobset.sigs.k8s.io/restart-attempt")
         for p in cluster.jobset_pods(namespace, "badcfg")
     }
     assert attempts == {"0"}, attempts
@@ -202,7 +206,7 @@ def test_counted_restarts_stop_at_max_restarts(cluster: Cluster, namespace: str)
     cluster.create_jobset(namespace, tpu_jobset("budget", "tpu-v5p-slice", "2x2x1", 1, slices=1))
     for attempt in range(JOBSET_FAILURE_POLICY["maxRestarts"] + 1):
         pods = wait_for(
-            lambda a=attempt: running_pods(cluster, namespace, "budget", 1, a),
+            functools.partial(running_pods, cluster, namespace, "budget", 1, attempt),
             60,
             f"attempt {attempt} Running",
         )
@@ -237,5 +241,5 @@ def test_deleting_a_node_restarts_the_jobset_without_counting(cluster: Cluster, 
     new = wait_for(
         lambda: running_pods(cluster, namespace, "preempt", 1, attempt=1), 60, "restarted pod Running"
     )
-    node_labels = cluster.core.read_node(new[0].spec.node_name).metadata.labels
+    node_labels = labels_of(cluster.core.read_node(new[0].spec.node_name))
     assert node_labels[NODEPOOL].startswith("v5p-8-"), node_labels

@@ -200,7 +200,8 @@ def _real_jobset_crd() -> dict[str, Any] | None:
     if not path.is_file():
         return None
     schema = json.loads(path.read_text())["schema"]
-    return crd(JOBSET_CRD, schema=schema)
+    out: dict[str, Any] = crd(JOBSET_CRD, schema=schema)
+    return out
 
 
 def test_real_jobset_crd_passes_and_a_stripped_copy_fails() -> None:

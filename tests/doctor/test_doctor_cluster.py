@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.cluster import Cluster, wait_for
+from fixtures.k8s import as_dict, status_of
 from fixtures.operator import OperatorProcess
 from kubernetes import client
 from rljob.cli.doctor.jobset import probe_object, probe_result
@@ -195,9 +196,11 @@ def test_operator_with_part_of_its_rbac(
 def user_kubeconfig(cluster: Cluster, namespace: str, account: str, path: Path) -> Path:
     """A kubeconfig for a ServiceAccount of the test's namespace (TokenRequest), same server and CA."""
     cluster.core.create_namespaced_service_account(namespace, {"metadata": {"name": account}})
-    token = cluster.core.create_namespaced_service_account_token(
-        account, namespace, {"spec": {"audiences": [], "expirationSeconds": 3600}}
-    ).status.token
+    token = status_of(
+        cluster.core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"audiences": [], "expirationSeconds": 3600}}
+        )
+    ).token
     admin = yaml.safe_load(cluster.kubeconfig.read_text())
     ctx = next(x for x in admin["contexts"] if x["name"] == admin["current-context"])["context"]
     server = dict(next(x for x in admin["clusters"] if x["name"] == ctx["cluster"])["cluster"])
@@ -235,9 +238,10 @@ def _jobset_mutating(admission: client.AdmissionregistrationV1Api) -> dict[str, 
     for cfg in configs:
         for hook in cfg.get("webhooks") or []:
             if any("jobsets" in (r.get("resources") or []) for r in hook.get("rules") or []):
-                return client.ApiClient().sanitize_for_serialization(
+                out: dict[str, Any] = client.ApiClient().sanitize_for_serialization(  # type: ignore[no-untyped-call]
                     admission.read_mutating_webhook_configuration(cfg["metadata"]["name"])
                 )
+                return out
     raise AssertionError("no mutating webhook configuration for jobsets")
 
 
@@ -255,7 +259,7 @@ def probe_outcome(cluster: Cluster, namespace: str) -> str:
         )
     except client.exceptions.ApiException as exc:
         return "unreachable" if "failed calling webhook" in str(exc.body) else "refused"
-    return "defaulted" if probe_result(got).defaulted else "undefaulted"
+    return "defaulted" if probe_result(as_dict(got)).defaulted else "undefaulted"
 
 
 @pytest.mark.skipif(

@@ -53,7 +53,7 @@ def _wait_for(
         for i, p in enumerate(procs):
             log = logs[i] if logs else None
             assert p.poll() is None, (
-                f"{p.args} exited with {p.returncode} while waiting for {what}:\n{_tail(log)}"
+                f"{p.args!r} exited with {p.returncode} while waiting for {what}:\n{_tail(log)}"
             )
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.2)

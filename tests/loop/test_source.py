@@ -61,7 +61,7 @@ def test_source_grades_pipelines_and_passes_parity(
         parity = src.lines[0]  # type: ignore[attr-defined]
         assert parity["event"] == "parity" and parity["mean_abs_logprob_diff"] < 1e-4
         for r in rollouts:
-            assert len(r.completion_ids) == 1 and len(r.per_token["old_logprobs"]) == 1
+            assert len(r.completion_ids) == 1 and len(r.per_token["old_logprobs"]) == 1  # type: ignore[arg-type]
         adv = np.asarray([r.advantage for r in rollouts]).reshape(-1, 4)
         np.testing.assert_allclose(adv.sum(axis=1), 0.0, atol=1e-5)  # GRPO: centred per group
         assert 1 in src.pending  # step 1 is already being sampled while step 0 trains
@@ -169,7 +169,7 @@ def test_text_prompts_train_on_the_samplers_tokens(gcs_bucket: str, byte_policy:
         assert len(rollouts) == 6 and skipped == 0
         for k, r in enumerate(rollouts):
             assert r.prompt_ids.tolist() == list(prompts[k // 2].text.encode())  # type: ignore[union-attr]
-            assert len(r.completion_ids) == 3 and len(r.per_token["old_logprobs"]) == 3
+            assert len(r.completion_ids) == 3 and len(r.per_token["old_logprobs"]) == 3  # type: ignore[arg-type]
         assert set(np.unique(np.asarray([m["reward_mean"]]))) <= {0.0, 1 / 6, 2 / 6, 3 / 6, 4 / 6, 5 / 6, 1.0}
         assert 0.0 <= m["eval_reward"] <= 1.0
     finally:
@@ -207,8 +207,8 @@ def test_zero_signal_groups_are_left_out(normalization: str, want: list[float]) 
     batch = _graded([1, 0, 1, 0, 1, 1, 1, 1, 0, 0, 0, 1], 4)
     rollouts, skipped = grpo_rollouts(batch, 4, normalization)  # type: ignore[arg-type]
     assert skipped == 1 and len(rollouts) == 8
-    assert [r.prompt_ids.tolist() for r in rollouts] == [[10, 20]] * 4 + [[12, 22]] * 4
-    assert [r.completion_ids.tolist()[0] for r in rollouts] == [1, 2, 3, 4, 9, 10, 11, 12]
+    assert [r.prompt_ids.tolist() for r in rollouts] == [[10, 20]] * 4 + [[12, 22]] * 4  # type: ignore[union-attr]
+    assert [r.completion_ids.tolist()[0] for r in rollouts] == [1, 2, 3, 4, 9, 10, 11, 12]  # type: ignore[union-attr]
     np.testing.assert_allclose([r.advantage for r in rollouts], want, rtol=1e-4)
     # every group without signal: nothing to train on (the trainer's step then makes no update)
     assert grpo_rollouts(_graded([1, 1, 0, 0], 2), 2) == ([], 2)

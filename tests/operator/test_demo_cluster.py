@@ -11,6 +11,7 @@ from types import ModuleType
 
 import pytest
 from fixtures.cluster import Cluster
+from fixtures.k8s import pod_status
 from fixtures.operator import OperatorProcess, pods_of
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -41,5 +42,5 @@ def test_demo_trains_to_succeeded(
     # The trainer's pod ended as its local process did (exit 0), and both roles ran here.
     commands = sorted(p.parent.name for p in tmp_path.glob("*/command.json"))
     assert len(commands) == 2, commands
-    phases = [p.status.phase for p in pods_of(cluster, namespace, "demo-train", "trainer")]
+    phases = [pod_status(p).phase for p in pods_of(cluster, namespace, "demo-train", "trainer")]
     assert phases == ["Succeeded"], phases

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from fixtures.cluster import Cluster
+from fixtures.k8s import as_dict, meta
 from fixtures.recipes import MINIMAL, resolve
 from kubernetes import client
 from rljob.operator import handlers, k8s
@@ -22,7 +23,13 @@ def _owner(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     """A controller owner reference to a real object (a ConfigMap standing in for the RLJob: the garbage
     collector deletes what an owner reference to a missing object holds)."""
     cm = cluster.core.create_namespaced_config_map(namespace, client.V1ConfigMap(metadata={"name": name}))
-    return {"apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm.metadata.uid, "controller": True}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "name": name,
+        "uid": meta(cm).uid,
+        "controller": True,
+    }
 
 
 def _owned(obj: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
@@ -67,14 +74,16 @@ def test_create_applies_an_existing_object_but_takes_an_existing_jobset_as_it_is
     cluster.custom.create_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", held)
     stale = copy.deepcopy(configmap)
     stale["data"] = {"run.json": "{}"}
-    cluster.core.create_namespaced_config_map(namespace, stale)
+    cluster.core.create_namespaced_config_map(namespace, stale)  # type: ignore[arg-type]  # a dict body, sent as is
 
     assert jobset["spec"]["suspend"] is False
     got_js, got_cm = _create_all(cluster, [jobset, configmap])
 
     assert got_js["spec"]["suspend"] is True
-    on_server = cluster.custom.get_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset["metadata"]["name"]
+    on_server = as_dict(
+        cluster.custom.get_namespaced_custom_object(
+            "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets", jobset["metadata"]["name"]
+        )
     )
     assert on_server["spec"]["suspend"] is True
     assert got_cm["data"] == configmap["data"]  # applied: the stale copy is brought up to date
@@ -96,7 +105,7 @@ def test_create_never_touches_an_object_it_does_not_own(
     if other_owner:
         other = _owner(cluster, namespace, "another-owner")
         foreign = _owned(foreign, other)
-    cluster.core.create_namespaced_config_map(namespace, foreign)
+    cluster.core.create_namespaced_config_map(namespace, foreign)  # type: ignore[arg-type]  # a dict body, sent as is
     with pytest.raises(k8s.NotOwned) as err:
         _create_all(cluster, [_owned(render.configmap(run), owner)])
     assert err.value.owner == (other["uid"] if other else "")

@@ -8,11 +8,13 @@ examples/qwen3-8b-v5p.yaml (v5p-8 trainer + v5p-8 sampler: 8 chips).
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 import pytest
 from fixtures.cluster import Cluster, wait_for
+from fixtures.k8s import spec_of
 from fixtures.kueue import QUEUE_LABEL, QUEUE_TPU_CHIPS, Kueue, TpuQueue
 from fixtures.operator import (
     GROUP,
@@ -78,10 +80,11 @@ def _jobset_patches(op: OperatorProcess) -> float:
 def _assert_on_v5p_nodes(c: Cluster, ns: str, name: str) -> None:
     for role in ("trainer", "sampler"):
         pods = wait_for(
-            lambda role=role: running_pods(c, ns, name, role), 120, f"a Running {role} pod of {name}"
+            functools.partial(running_pods, c, ns, name, role), 120, f"a Running {role} pod of {name}"
         )
         for pod in pods:
-            assert pod.spec.node_name.startswith("gke-tpu-v5p-8-"), (role, pod.spec.node_name)
+            node_name = spec_of(pod).node_name
+            assert node_name is not None and node_name.startswith("gke-tpu-v5p-8-"), (role, node_name)
 
 
 def _queued(status: dict[str, Any]) -> bool:
@@ -129,8 +132,11 @@ def test_queue_admits_within_quota_queues_beyond_it_and_frees_on_delete(
     assert tpu_queue.name in suspended["message"]
     ready = next(x for x in status["conditions"] if x["type"] == "Ready")
     assert ready["status"] == "False"
-    js2 = wait_for(lambda: _jobset(cluster, namespace, "second"), 10, "JobSet second")
-    wl2 = wait_for(lambda: _workload_of(kueue, namespace, js2), 60, "the Workload of JobSet second")
+    js2: dict[str, Any] | None = wait_for(lambda: _jobset(cluster, namespace, "second"), 10, "JobSet second")
+    assert js2 is not None
+    wl2: dict[str, Any] | None = wait_for(
+        functools.partial(_workload_of, kueue, namespace, js2), 60, "the Workload of JobSet second"
+    )
     time.sleep(10)  # long enough for a fight over spec.suspend to show
     js2 = _jobset(cluster, namespace, "second")
     assert js2 is not None and js2["spec"]["suspend"] is True
@@ -149,7 +155,7 @@ def test_queue_admits_within_quota_queues_beyond_it_and_frees_on_delete(
     freed = time.monotonic()
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "first")
     wait_for(
-        lambda: _admitted_workload(kueue, namespace, js2),
+        functools.partial(_admitted_workload, kueue, namespace, js2),
         120,
         "Kueue to admit the Workload of JobSet second after first was deleted",
     )

@@ -8,6 +8,7 @@ resume go to the Workload's spec.active. tests/operator/test_kueue_cluster.py ru
 from __future__ import annotations
 
 import asyncio
+import builtins
 import copy
 from typing import Any
 
@@ -105,7 +106,7 @@ class FakeKube:
         js["metadata"]["resourceVersion"] = self._rv()
         return copy.deepcopy(js)
 
-    def writes(self) -> list[tuple[str, str]]:
+    def writes(self) -> builtins.list[tuple[str, str]]:
         return [x for x in self.calls if x[0] in ("patch", "create")]
 
 
@@ -127,8 +128,8 @@ def test_kueue_suspension_is_left_alone_without_any_call() -> None:
     kube = FakeKube()
     kube.add_workload("js-uid")
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=False, deactivated=False)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=False, deactivated=False)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(None, False) and kube.calls == []
 
 
@@ -136,16 +137,16 @@ def test_user_suspend_deactivates_the_workload_not_the_jobset() -> None:
     kube = FakeKube()
     kube.add_workload("js-uid")
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=False)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=False)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(None, True)
     assert kube.calls == [("list", "Workload"), ("patch", "Workload")]
     assert kube.objects[("Workload", "ns", "jobset-demo-1")]["spec"]["active"] is False
     # Once deactivated, nothing more while Kueue evicts and suspends (the JobSet may still run a while).
     kube.calls.clear()
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=True)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=True)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(None, True) and kube.calls == []
 
 
@@ -153,8 +154,8 @@ def test_resume_reactivates_the_workload_and_leaves_the_jobset_to_kueue() -> Non
     kube = FakeKube()
     kube.add_workload("js-uid", active=False)
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=True, deactivated=False)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=True, deactivated=False)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(None, False)
     assert kube.calls == [("list", "Workload"), ("patch", "Workload")]
     assert kube.objects[("Workload", "ns", "jobset-demo-1")]["spec"]["active"] is True
@@ -165,14 +166,14 @@ def test_without_a_workload_the_operator_suspends_and_resumes_the_jobset_itself(
     """No Kueue on the cluster (404 on the Workload API), or no Workload for this JobSet."""
     kube = FakeKube(workload_api=workload_api)
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=False)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=False), want=True, by_user=False, deactivated=False)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(True, False)
     out = run(kueue.reconcile_suspend(kube, view(suspended=True), want=True, by_user=True, deactivated=False))  # type: ignore[arg-type]
     assert out == kueue.Outcome(None, False)
     out = run(
-        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=True, deactivated=False)
-    )  # type: ignore[arg-type]
+        kueue.reconcile_suspend(kube, view(suspended=True), want=False, by_user=True, deactivated=False)  # type: ignore[arg-type]
+    )
     assert out == kueue.Outcome(False, False)
 
 
@@ -186,9 +187,13 @@ def test_other_api_errors_are_raised() -> None:
     with pytest.raises(k8s.ApiError):
         run(
             kueue.reconcile_suspend(
-                Forbidden(), view(suspended=False), want=True, by_user=False, deactivated=False
+                Forbidden(),  # type: ignore[arg-type]
+                view(suspended=False),
+                want=True,
+                by_user=False,
+                deactivated=False,
             )
-        )  # type: ignore[arg-type]
+        )
 
 
 # ------------------------------------------------------------------------------------- the reconcile
@@ -215,7 +220,8 @@ def status(kube: FakeKube) -> dict[str, Any]:
 
 
 def suspended_reason(kube: FakeKube) -> str:
-    return next(x["reason"] for x in status(kube)["conditions"] if x["type"] == c.SUSPENDED)
+    reason: str = next(x["reason"] for x in status(kube)["conditions"] if x["type"] == c.SUSPENDED)
+    return reason
 
 
 def spec_change(rec: Reconciler, kube: FakeKube, **spec: Any) -> None:

@@ -63,7 +63,7 @@ def test_answers_are_cached_an_allowed_one_longer() -> None:
     import rljob.operator.metrics as m
 
     real = m.time.monotonic
-    m.time.monotonic = lambda: now[0]  # type: ignore[assignment]
+    m.time.monotonic = lambda: now[0]
     try:
         assert asyncio.run(scrape("reader-token")) == 200 and asyncio.run(scrape("nobody-token")) == 403
         assert len(api.calls) == 4
@@ -75,4 +75,4 @@ def test_answers_are_cached_an_allowed_one_longer() -> None:
         assert asyncio.run(scrape("nobody-token")) == 200 and asyncio.run(scrape("reader-token")) == 200
         assert len(api.calls) == 6
     finally:
-        m.time.monotonic = real  # type: ignore[assignment]
+        m.time.monotonic = real

@@ -22,7 +22,6 @@ from fixtures.operator import (
     CHART,
     OperatorProcess,
     create_rljob,
-    free_port,
     get_rljob,
     manifest,
     service_account_kubeconfig,
@@ -31,6 +30,7 @@ from fixtures.operator import (
 )
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from rljob.common.ports import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 

@@ -5,6 +5,7 @@ Every test gets its own namespace; the operator (tests/fixtures/operator.py) is 
 
 from __future__ import annotations
 
+import functools
 import random
 import signal
 import threading
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from fixtures.cluster import Cluster, deleted_node, fail_pod, wait_for
+from fixtures.k8s import as_dict, error_body, exit_codes, labels_of, name_of, owners_of, spec_of
 from fixtures.operator import (
     GROUP,
     PLURAL,
@@ -33,14 +35,16 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
 
 def _running(c: Cluster, ns: str, name: str) -> dict[str, Any]:
-    status = wait_phase(c, ns, name, "Running", timeout=120)["status"]
+    status: dict[str, Any] = wait_phase(c, ns, name, "Running", timeout=120)["status"]
     assert status["roles"]["trainer"]["ready"] == status["roles"]["trainer"]["total"] >= 1
     assert status["roles"]["sampler"]["ready"] == status["roles"]["sampler"]["total"] >= 1
     return status
 
 
 def _trainer_pod(c: Cluster, ns: str, name: str) -> Any:
-    return wait_for(lambda: (running_pods(c, ns, name, "trainer") or [None])[0], 60, "a Running trainer pod")
+    return wait_for(
+        lambda: next(iter(running_pods(c, ns, name, "trainer")), None), 60, "a Running trainer pod"
+    )
 
 
 def test_lifecycle_to_succeeded_and_latched(
@@ -53,9 +57,7 @@ def test_lifecycle_to_succeeded_and_latched(
     managers = {m["manager"] for m in js["metadata"]["managedFields"]}
     assert "rljob-operator" in managers
     for cm in ("life-run", "life-progress"):
-        assert (
-            cluster.core.read_namespaced_config_map(cm, namespace).metadata.owner_references[0].name == "life"
-        )
+        assert owners_of(cluster.core.read_namespaced_config_map(cm, namespace))[0].name == "life"
     status = _running(cluster, namespace, "life")
     assert status["jobSetName"] == "life" and status["restarts"] == {"used": 0, "left": 3}
 
@@ -99,7 +101,7 @@ def test_exit_2_fails_at_once_as_bad_configuration(
     status = wait_phase(cluster, namespace, "badcfg", "Failed", timeout=90)["status"]
     # The fault happened: the pod's container terminated with exit code 2.
     pod = cluster.core.read_namespaced_pod(victim, namespace)
-    assert [cs.state.terminated.exit_code for cs in pod.status.container_statuses] == [2]
+    assert exit_codes(pod) == [2]
     assert status["lastFailure"]["class"] == "badConfiguration"
     assert status["restarts"]["used"] == 0
     failed = next(x for x in status["conditions"] if x["type"] == "Failed")
@@ -111,8 +113,7 @@ def test_exit_2_fails_at_once_as_bad_configuration(
     js = _get_jobset(cluster, namespace, "badcfg")
     assert js is not None and js["status"].get("restarts", 0) == 0
     attempts = {
-        p.metadata.labels.get("jobset.sigs.k8s.io/restart-attempt")
-        for p in pods_of(cluster, namespace, "badcfg")
+        labels_of(p).get("jobset.sigs.k8s.io/restart-attempt") for p in pods_of(cluster, namespace, "badcfg")
     }
     assert attempts == {"0"}
 
@@ -166,12 +167,12 @@ def test_suspend_and_resume(cluster: Cluster, namespace: str, rljob_operator: Op
     _running(cluster, namespace, "susp")
     patch_rljob(cluster, namespace, "susp", {"spec": {"suspend": True}})
     status = wait_phase(cluster, namespace, "susp", "Suspended", timeout=90)["status"]
-    assert _get_jobset(cluster, namespace, "susp")["spec"]["suspend"] is True
+    assert _jobset(cluster, namespace, "susp")["spec"]["suspend"] is True
     assert status["observedGeneration"] == 2
     wait_for(lambda: not pods_of(cluster, namespace, "susp"), 90, "the pods to go away")
     patch_rljob(cluster, namespace, "susp", {"spec": {"suspend": False}})
     _running(cluster, namespace, "susp")
-    assert _get_jobset(cluster, namespace, "susp")["spec"]["suspend"] is False
+    assert _jobset(cluster, namespace, "susp")["spec"]["suspend"] is False
 
 
 def test_admission_refuses_bad_manifests_naming_the_field(
@@ -186,12 +187,12 @@ def test_admission_refuses_bad_manifests_naming_the_field(
         with pytest.raises(ApiException) as err:
             create_rljob(cluster, body)
         assert err.value.status in (400, 422), err.value.body
-        assert field in err.value.body, err.value.body
+        assert field in error_body(err.value), err.value.body
     # Immutable fields are refused by the CRD's CEL rules; suspend may change.
     create_rljob(cluster, manifest("immut", namespace, suspend=True))
     with pytest.raises(ApiException) as err:
         patch_rljob(cluster, namespace, "immut", {"spec": {"algorithm": {"steps": 7}}})
-    assert "spec.algorithm" in err.value.body and "immutable" in err.value.body, err.value.body
+    assert "spec.algorithm" in error_body(err.value) and "immutable" in error_body(err.value), err.value.body
     patch_rljob(cluster, namespace, "immut", {"spec": {"suspend": False}})
 
 
@@ -219,7 +220,9 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
     try:
         for name in names:
             wait_for(
-                lambda n=name: _create_tolerating_webhook_outage(cluster, namespace, n), 120, f"create {name}"
+                functools.partial(_create_tolerating_webhook_outage, cluster, namespace, name),
+                120,
+                f"create {name}",
             )
     finally:
         done.set()
@@ -229,7 +232,9 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
     assert kills >= 3
 
     def converged() -> bool:
-        items = cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)["items"]
+        items = as_dict(cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))[
+            "items"
+        ]
         return len(items) == 50 and all(
             (x.get("status") or {}).get("phase") == "Suspended"
             and x["status"].get("observedGeneration") == x["metadata"]["generation"]
@@ -237,8 +242,8 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
         )
 
     wait_for(converged, 240, "every RLJob status to converge to Suspended")
-    jobsets = cluster.custom.list_namespaced_custom_object(
-        "jobset.x-k8s.io", "v1alpha2", namespace, "jobsets"
+    jobsets = as_dict(
+        cluster.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", namespace, "jobsets")
     )["items"]
     assert sorted(j["metadata"]["name"] for j in jobsets) == names
     assert all(len(j["metadata"]["ownerReferences"]) == 1 for j in jobsets)
@@ -268,8 +273,15 @@ def _get_jobset(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:
         raise
 
 
+def _jobset(c: Cluster, ns: str, name: str) -> dict[str, Any]:
+    """The JobSet, which the test expects to exist."""
+    js = _get_jobset(c, ns, name)
+    assert js is not None, f"no JobSet {ns}/{name}"
+    return js
+
+
 def _configmaps(c: Cluster, ns: str) -> list[Any]:
-    return [x for x in c.core.list_namespaced_config_map(ns).items if x.metadata.name.startswith("life-")]
+    return [x for x in c.core.list_namespaced_config_map(ns).items if name_of(x).startswith("life-")]
 
 
 @pytest.mark.slow
@@ -315,7 +327,7 @@ def test_queue_name_and_priority_class_reach_the_jobset(
     patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-b"}})
     wait_for(
         lambda: (
-            _get_jobset(cluster, namespace, "queued")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
+            _jobset(cluster, namespace, "queued")["metadata"]["labels"]["kueue.x-k8s.io/queue-name"]
             == "team-b"
         ),
         60,
@@ -323,7 +335,7 @@ def test_queue_name_and_priority_class_reach_the_jobset(
     )
     with pytest.raises(ApiException) as err:
         patch_rljob(cluster, namespace, "queued", {"spec": {"queueName": "team-c", "suspend": False}})
-    assert "queueName may only change while spec.suspend is true" in err.value.body
+    assert "queueName may only change while spec.suspend is true" in error_body(err.value)
 
 
 def test_service_mode_gets_a_service_and_its_url(
@@ -334,10 +346,12 @@ def test_service_mode_gets_a_service_and_its_url(
     status = _running(cluster, namespace, "tk")
     assert status["url"] == f"http://tk-api.{namespace}.svc:9090"
     svc = cluster.core.read_namespaced_service("tk-api", namespace)
-    assert [(p.port, p.target_port) for p in svc.spec.ports] == [(9090, "api")]
-    assert svc.metadata.owner_references[0].kind == "RLJob"
-    selector = ",".join(f"{k}={v}" for k, v in svc.spec.selector.items())
+    assert [(p.port, p.target_port) for p in spec_of(svc).ports or []] == [(9090, "api")]
+    assert owners_of(svc)[0].kind == "RLJob"
+    selected = spec_of(svc).selector
+    assert selected is not None, svc
+    selector = ",".join(f"{k}={v}" for k, v in selected.items())
     pods = cluster.core.list_namespaced_pod(namespace, label_selector=selector).items
-    assert [p.metadata.labels["rljob.dev/role"] for p in pods] == ["trainer"]
-    ports = {p.name: p.container_port for c in pods[0].spec.containers for p in c.ports or []}
+    assert [labels_of(p)["rljob.dev/role"] for p in pods] == ["trainer"]
+    ports = {p.name: p.container_port for c in spec_of(pods[0]).containers for p in c.ports or []}
     assert ports["api"] == 9090

@@ -28,7 +28,7 @@ class MemoryKube:
 
     def __init__(self) -> None:
         self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.writes: list[tuple[str, str, str]] = []
+        self.writes: list[tuple[str, str, str, str]] = []
         self.rv = 100
         self.fail: dict[str, Exception] = {}  # kind -> what a create of that kind raises
 

@@ -20,7 +20,7 @@ from rljob.recipes.plan import PlanError
 
 REPO = Path(__file__).resolve().parents[2]
 BASE_TEXT = (REPO / "examples" / "minimal-no-recipe.yaml").read_text()
-BASE = yaml.safe_load(BASE_TEXT)
+BASE: dict[str, Any] = yaml.safe_load(BASE_TEXT)
 
 
 def with_spec(**spec: Any) -> dict[str, Any]:

@@ -127,7 +127,7 @@ def _parent(doc: Any, path: tuple[Any, ...]) -> Any:
 @st.composite
 def mutated(draw: st.DrawFn) -> dict[str, Any]:
     """A base manifest with 1-4 mutations at random paths."""
-    doc = copy.deepcopy(draw(st.sampled_from(BASES)))
+    doc: dict[str, Any] = copy.deepcopy(draw(st.sampled_from(BASES)))
     for _ in range(draw(st.integers(1, 3))):
         paths = [p for p in _paths(doc) if p]
         path = draw(st.sampled_from(paths))

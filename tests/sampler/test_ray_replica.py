@@ -5,6 +5,7 @@ replica with a counted restart (contract 3)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -102,7 +103,7 @@ def test_bootstrap_on_cpu_one_server_sees_every_worker_and_a_lost_worker_fails_t
     tmp_path: Path,
 ) -> None:
     doc = manifest({"sampler": {"tpu": "v5p-16"}}, name="rj")
-    envs = [_sampler_env(doc, 0, pod) for pod in (0, 1)]
+    envs: list[Mapping[str, str]] = [_sampler_env(doc, 0, pod) for pod in (0, 1)]
     assert all(e[RAY_HEAD_ENV].endswith(naming.subdomain("rj")) for e in envs)
     replica = ray_replica.start_local_replica(
         envs,

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.jax
 
 def _base_params(policy: Any) -> dict[str, Any]:
     """The frozen nnx.Param weights of a Policy (LoRA parameters are split off) as a nested dict."""
-    return nnx.to_pure_dict(policy.base.filter(nnx.Param))  # type: ignore[no-any-return]
+    return nnx.to_pure_dict(policy.base.filter(nnx.Param))
 
 
 def _flat(tree: Any) -> dict[str, np.ndarray]:
@@ -51,7 +51,7 @@ def _random_like(params: dict[str, Any], seed: int) -> dict[str, Any]:
     rng = np.random.default_rng(seed)
 
     def draw(path: Any, x: Any) -> np.ndarray:
-        v = 0.1 * rng.standard_normal(np.shape(x)).astype(np.float32)
+        v: np.ndarray = 0.1 * rng.standard_normal(np.shape(x)).astype(np.float32)
         return v + 1.0 if str(getattr(path[-1], "key", "")) == "scale" else v
 
     return jax.tree_util.tree_map_with_path(draw, params)  # type: ignore[no-any-return]

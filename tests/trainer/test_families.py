@@ -28,16 +28,22 @@ pytestmark = pytest.mark.jax
 TARGETS = {m: lora_targets.SUPPORTED[str(miniature.describe(m)["decoder_block"])] for m in miniature.MODELS}
 
 
+def _listed(layer_types: list[str] | None) -> list[str]:
+    """A transformers config's layer_types (typed Optional; set once num_hidden_layers is)."""
+    assert layer_types is not None
+    return list(layer_types)
+
+
 def _hf_layer_types(model: str, cfg: Any) -> list[str]:
     import transformers
 
     n = int(cfg.num_decoder_layers)
     if model == "gpt-oss-20b":
-        return list(transformers.GptOssConfig(num_hidden_layers=n).layer_types)
+        return _listed(transformers.GptOssConfig(num_hidden_layers=n).layer_types)
     if model == "qwen3.5-397b-a17b":
-        return list(transformers.Qwen3_5MoeTextConfig(num_hidden_layers=n).layer_types)
+        return _listed(transformers.Qwen3_5MoeTextConfig(num_hidden_layers=n).layer_types)
     if model == "gemma4-31b":
-        return list(transformers.Gemma4TextConfig(num_hidden_layers=n).layer_types)
+        return _listed(transformers.Gemma4TextConfig(num_hidden_layers=n).layer_types)
     return ["full_attention"] * n
 
 

@@ -74,7 +74,11 @@ def test_grades_through_the_service(service: Any) -> None:
     try:
         assert remote.reward(PROMPTS[0], [97], "abc") == 1.0
         assert svc.requests[0] == {"completion": "abc", "reference": "ab", "prompt": "say ab", "id": "1"}
-        graded = [(PROMPTS[0], [], "xy"), (PROMPTS[0], [], "ab"), (PROMPTS[0], [], "a")] * 10
+        graded: list[tuple[Prompt, list[int], str]] = [
+            (PROMPTS[0], [], "xy"),
+            (PROMPTS[0], [], "ab"),
+            (PROMPTS[0], [], "a"),
+        ] * 10
         assert remote.rewards(graded) == [0.0, 1.0, 0.0] * 10  # concurrent, in order
         svc2 = service(lambda body: (200, b'{"reward": 0.25}'))
         remote2 = RemoteReward(SuccessorTask(), svc2.url)

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -71,7 +72,7 @@ def test_killed_and_resumed_equals_uninterrupted(gcs_emulator: GcsEmulator, tmp_
     straight = _trainer(cfg["straight"], tmp_path / "straight", "straight")
     rng = np.random.default_rng(int.from_bytes(os.urandom(4), "little"))
     kills = sorted(int(k) for k in rng.choice(np.arange(1, STEPS), size=2, replace=False))
-    events: list[dict[str, object]] = []
+    events: list[dict[str, Any]] = []
     attempt = 0
     for kill_at in [*kills, None]:
         proc = _trainer(cfg["killed"], tmp_path / "killed", f"killed-{attempt}")

@@ -113,7 +113,7 @@ def test_nan_sentinels_never_reach_the_gradient() -> None:
     new_lp = lp.at[12].set(jnp.nan)  # a masked position whose log-prob is garbage
     adv = jnp.asarray(rng.normal(size=n), jnp.float32)
     for kind in ("importance_sampling", "ppo"):
-        cfg = LossConfig(kind=kind, kl_coef=0.1)  # type: ignore[arg-type]
+        cfg = LossConfig(kind=kind, kl_coef=0.1)
         loss, g = jax.value_and_grad(
             lambda x, c=cfg: policy_loss(
                 x, jnp.asarray(old), adv, jnp.asarray(mask) / n, c, jnp.asarray(ref)

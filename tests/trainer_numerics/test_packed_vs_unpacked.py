@@ -76,7 +76,7 @@ def _rollouts(seed: int, n_groups: int = 2, group_size: int = 4) -> list[Rollout
     rewards[group_size : 2 * group_size] = 1.0  # one group with no signal
     adv = np.asarray(group_advantages(jnp.asarray(rewards), group_size).advantages)
     masks = [(rng.random(c) < 0.85).astype(np.float32) for _, c in lens]
-    weights = rollout_loss_weights(masks, "sequence")
+    weights = rollout_loss_weights(masks, "sequence")  # type: ignore[arg-type]
     out = []
     for i, (p, c) in enumerate(lens):
         old = (rng.normal(size=c) * 0.3 - 3.5).astype(np.float32)

@@ -14,6 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.parametrize("folder", ["cli", "recipes", "operator", "trainer", "sampler", "common"])
 def test_folder_is_importable_as_rljob_subpackage(folder: str) -> None:
     mod = importlib.import_module(f"rljob.{folder}")
+    assert mod.__file__ is not None
     assert Path(mod.__file__).resolve() == REPO / folder / "__init__.py"
 
 

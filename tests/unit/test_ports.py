@@ -32,7 +32,7 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> Non
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
-        used = busy.getsockname()[1]
+        used: int = busy.getsockname()[1]
         busy.listen()
         # Force the draw onto the busy port first, then onto a free one: the busy one is skipped.
         draws = iter([used, used - 1 if used > 20000 else used + 3])

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from fixtures.k8s import pod_spec
 from fixtures.standin import PodSpecError, container_env, field_ref, local_run_config
 from kubernetes import client
 
@@ -89,7 +90,7 @@ def test_container_env_resolves_like_the_kubelet() -> None:
     core = StubCore(
         {"cm": {"k": "from-cm"}, "bulk": {"SHARED": "from-envFrom", "ONLY": "o"}}, {"s": {"hf": "t0k"}}
     )
-    got = container_env(core, _pod(env, env_from), _pod(env, env_from).spec.containers[0])  # type: ignore[arg-type]
+    got = container_env(core, _pod(env, env_from), pod_spec(_pod(env, env_from)).containers[0])  # type: ignore[arg-type]
     assert got == {
         "A_SHARED": "explicit env wins",
         "A_ONLY": "o",
@@ -119,7 +120,7 @@ def test_unsupported_references_are_named() -> None:
         )
     ]
     with pytest.raises(PodSpecError, match="env X: configMap cm has no key no"):
-        container_env(StubCore({"cm": {}}, {}), _pod(env), _pod(env).spec.containers[0])  # type: ignore[arg-type]
+        container_env(StubCore({"cm": {}}, {}), _pod(env), pod_spec(_pod(env)).containers[0])  # type: ignore[arg-type]
 
 
 def test_local_run_config_moves_only_the_endpoints() -> None:
