@@ -74,11 +74,16 @@ class HttpStatusError(HttpError):
 
 class HttpUnavailable(HttpError):
     """Every attempt failed for a reason that may pass; ``last`` describes the last one (``HTTP 503``,
-    ``ConnectionRefusedError: ...``), ``status`` is its HTTP status or None (no answer)."""
+    ``ConnectionRefusedError: ...``), ``status`` is its HTTP status or None (no answer), ``body`` the first
+    bytes of that answer."""
 
-    def __init__(self, url: str, attempts: int, last: str, status: int | None) -> None:
+    def __init__(self, url: str, attempts: int, last: str, status: int | None, body: bytes = b"") -> None:
         super().__init__(f"{url}: no answer in {attempts} attempt(s) ({last})", url)
-        self.attempts, self.last, self.status = attempts, last, status
+        self.attempts, self.last, self.status, self.body = attempts, last, status, body
+
+    @property
+    def text(self) -> str:
+        return self.body.decode(errors="replace")
 
 
 class ResponseTooLarge(HttpError):
@@ -131,9 +136,9 @@ class Response:
 
 
 class _Retryable(Exception):
-    def __init__(self, last: str, status: int | None, after_s: float | None = None) -> None:
+    def __init__(self, last: str, status: int | None, after_s: float | None, body: bytes = b"") -> None:
         super().__init__(last)
-        self.last, self.status, self.after_s = last, status, after_s
+        self.last, self.status, self.after_s, self.body = last, status, after_s, body
 
 
 def _describe(e: BaseException) -> str:
@@ -242,7 +247,7 @@ class AsyncHttp:
             except _Retryable as failed:
                 attempt += 1
                 if policy.attempts is not None and attempt >= policy.attempts:
-                    raise HttpUnavailable(url, attempt, failed.last, failed.status) from None
+                    raise HttpUnavailable(url, attempt, failed.last, failed.status, failed.body) from None
                 wait = policy.delay(attempt - 1)
                 if failed.after_s is not None:
                     wait = min(policy.cap_s, max(wait, failed.after_s))
@@ -267,9 +272,8 @@ class AsyncHttp:
                 if resp.status >= 400:
                     body, _ = await _read(resp, _ERROR_BODY)
                     if resp.status >= 500 or resp.status == 429:
-                        raise _Retryable(
-                            f"HTTP {resp.status}", resp.status, _retry_after(resp.headers.get("Retry-After"))
-                        )
+                        after = _retry_after(resp.headers.get("Retry-After"))
+                        raise _Retryable(f"HTTP {resp.status}", resp.status, after, body)
                     raise HttpStatusError(url, resp.status, body)
                 if resp.content_length is not None and resp.content_length > limit:
                     size = resp.content_length
