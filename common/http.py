@@ -285,7 +285,7 @@ class AsyncHttp:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError, OSError) as e:
             if self.closed:
                 raise HttpClosed(f"{url}: the HTTP client was closed", url) from None
-            raise _Retryable(_describe(e), None) from None
+            raise _Retryable(_describe(e), None, None) from None
 
     async def get(self, url: str, **kw: Any) -> Response:
         return await self.request("GET", url, **kw)
@@ -342,7 +342,14 @@ class SyncHttp:
         if self._closed.is_set():
             coro.close()
             raise HttpClosed("the HTTP client is closed", "")
-        return asyncio.run_coroutine_threadsafe(self._tracked(coro), self._loop).result()
+        fut = asyncio.run_coroutine_threadsafe(self._tracked(coro), self._loop)
+        while True:
+            try:
+                return fut.result(timeout=1.0)
+            except TimeoutError:
+                if self._closed.is_set() and not self._loop.is_running():
+                    fut.cancel()
+                    raise HttpClosed("the HTTP client was closed", "") from None
 
     def request(self, method: str, url: str, **kw: Any) -> Response:
         return self.run(self.aio.request(method, url, **kw))
@@ -366,8 +373,13 @@ class SyncHttp:
         self._closed.set()
 
         async def shut() -> None:
-            for task in list(self._tasks):
+            tasks = list(self._tasks)
+            for task in tasks:
                 task.cancel()
+            # Each call ends (HttpClosed) before the loop stops: a task left pending would leave its caller
+            # waiting forever.
+            if tasks:
+                await asyncio.wait(tasks, timeout=5)
             await self.aio.close()
 
         try:

@@ -18,7 +18,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
 from rljob.common.http import (
     HttpClosed,
@@ -29,6 +30,8 @@ from rljob.common.http import (
     SyncHttp,
 )
 from rljob.trainer.data import Prompt, Task
+
+T = TypeVar("T")
 
 TIMEOUT_S = 60.0  # per request
 ATTEMPTS = 6  # backoff up to 1, 2, 4, 8, 16 s between them (jitter: half to all of it): < 31 s unreachable
@@ -86,7 +89,7 @@ class RemoteReward:
     def close(self) -> None:
         self._http.close()
 
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         try:
             return self._http.run(coro)
         except HttpClosed:
