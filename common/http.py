@@ -324,6 +324,7 @@ class SyncHttp:
         self._tasks.add(task)
         try:
             if self._closed.is_set():
+                coro.close()
                 raise HttpClosed("the HTTP client is closed", "")
             return await coro
         except asyncio.CancelledError:
