@@ -46,8 +46,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -415,10 +413,11 @@ def _objects(env: dict[str, str], prefix: str) -> list[str]:
     """Object names under gs://bucket/prefix on the emulator (the JSON API's objects.list)."""
     from urllib.parse import quote
 
+    from rljob.common.http import shared
+
     bucket, _, path = prefix[5:].partition("/")
     url = f"{env['STORAGE_EMULATOR_HOST']}/storage/v1/b/{bucket}/o?prefix={quote(path.rstrip('/') + '/')}"
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return [str(item["name"]) for item in json.loads(r.read()).get("items", [])]
+    return [str(item["name"]) for item in shared().get_json(url, timeout=10).get("items", [])]
 
 
 def _bin(command: list[str]) -> list[str]:
@@ -597,14 +596,10 @@ def worker_loss(samplers: list[Proc], timeout: float) -> dict[str, Any] | None:
 
 def _completion(port: int) -> list[int]:
     """One sampling request to the replica on ``port`` (the base model, a token-id prompt): its tokens."""
-    body = json.dumps(
-        {"prompt": [1, 2, 3], "n": 2, "max_tokens": 2, "temperature": 1.0, "return_token_ids": True}
-    ).encode()
-    req = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
-    )
-    with urllib.request.urlopen(req, timeout=60) as r:
-        choices = json.loads(r.read())["choices"]
+    from rljob.common.http import shared
+
+    body = {"prompt": [1, 2, 3], "n": 2, "max_tokens": 2, "temperature": 1.0, "return_token_ids": True}
+    choices = shared().post_json(f"http://127.0.0.1:{port}/v1/completions", body, timeout=60)["choices"]
     return [len(c["token_ids"]) for c in choices]
 
 
@@ -612,6 +607,7 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
     """The scaled run's sampler replicas alone, no trainer: the render's sampler commands started as in
     run_scaled, each replica healthy on its port (a multi-host one once its head saw every node), one
     sampling request served by each; then a multi-host replica's worker killed (worker_loss)."""
+    from rljob.common.http import NO_RETRY, HttpError, shared
     from rljob.recipes import naming
 
     js = jobset_of(rc)
@@ -635,9 +631,9 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
                 if time.monotonic() - t0 > timeout:
                     raise DrillFailed(f"the sampler on port {port} not healthy in {timeout:.0f} s")
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2):
-                        break
-                except OSError:
+                    shared().get(f"http://127.0.0.1:{port}/health", timeout=2, retry=NO_RETRY)
+                    break
+                except HttpError:
                     time.sleep(0.5)
             tokens.append(_completion(port))
         out = {**sampler_replicas(rc, samplers), "completion_tokens": tokens}
@@ -654,6 +650,8 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     """A service-mode job's scaled run: its processes started as for the RL loop (the CPU model: the
     service builds the tiny one), until the Tinker API answers ``healthz`` and
     ``get_server_capabilities`` on the trainer's port; then stopped."""
+    from rljob.common.http import NO_RETRY, HttpError, HttpStatusError, shared
+
     js = jobset_of(rc)
     sampler_ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
     coord_port, api_port = free_port(), free_port()
@@ -678,15 +676,13 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
                     f"the API did not answer in {timeout:.0f} s; {trainers[0].label}:\n{trainers[0].tail()}"
                 )
             try:
-                with urllib.request.urlopen(f"{base}/healthz", timeout=5) as r:
-                    r.read()
-                with urllib.request.urlopen(f"{base}/get_server_capabilities", timeout=5) as r:
-                    caps = json.loads(r.read())
-            except urllib.error.HTTPError as e:
-                if e.code != 401:  # 401: the API answers and wants a key (spec.service.apiKeySecret)
-                    raise DrillFailed(f"the API answered {e.code}: {e.read()[:300]!r}") from None
+                shared().get(f"{base}/healthz", timeout=5, retry=NO_RETRY)
+                caps = shared().get_json(f"{base}/get_server_capabilities", timeout=5, retry=NO_RETRY)
+            except HttpStatusError as e:
+                if e.status != 401:  # 401: the API answers and wants a key (spec.service.apiKeySecret)
+                    raise DrillFailed(f"the API answered {e.status}: {e.body[:300]!r}") from None
                 caps = {"X-API-Key": "required (spec.service.apiKeySecret)"}
-            except OSError:
+            except HttpError:
                 time.sleep(0.5)
     finally:
         _stop(procs)
@@ -810,6 +806,7 @@ def _adapter_versions(env: dict[str, str], adapters: str) -> list[int]:
 
 def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> list[Any]:
     """Each sampler's served adapter version once it is ``version`` (its status endpoint, port + 1)."""
+    from rljob.common.http import NO_RETRY, HttpError, shared
     from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET
 
     deadline = time.monotonic() + timeout
@@ -819,9 +816,8 @@ def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> lis
         for port in ports:
             try:
                 url = f"http://127.0.0.1:{port + ADAPTER_AGENT_PORT_OFFSET}/rljob/v1/adapter"
-                with urllib.request.urlopen(url, timeout=2) as r:
-                    last.append(json.loads(r.read()))
-            except OSError:
+                last.append(shared().get_json(url, timeout=2, retry=NO_RETRY))
+            except (HttpError, ValueError):
                 last.append(None)
         if all(isinstance(s, dict) and s.get("version") == version for s in last):
             return [s.get("version") for s in last]

@@ -16,12 +16,11 @@ import re
 import shutil
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rljob.common.http import HttpError, HttpStatusError, HttpUnavailable, Retry, shared
 from rljob.common.storage import Store, open_store
 
 log = logging.getLogger("rljob.sampler.adapters")
@@ -82,15 +81,22 @@ class ServerError(RuntimeError):
     pass
 
 
+# A load or an unload is retried a little on no connection or a 5xx: the watcher and the agent's caller
+# retry the rest.
+_RETRY = Retry(attempts=3, base_s=0.5, cap_s=2.0)
+
+
 def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
-    req = urllib.request.Request(
-        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
-    )
+    """The status and text of a POST's answer (a 4xx's too); ServerError when there is none."""
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return int(resp.status), resp.read().decode(errors="replace")
-    except urllib.error.HTTPError as e:
-        return int(e.code), e.read().decode(errors="replace")
+        resp = shared().post(url, json=body, timeout=timeout, retry=_RETRY)
+    except (HttpStatusError, HttpUnavailable) as e:
+        if e.status is not None:
+            return e.status, e.text
+        raise ServerError(str(e)) from e
+    except HttpError as e:
+        raise ServerError(str(e)) from e
+    return resp.status, resp.text
 
 
 class LoraEndpoint:

@@ -28,15 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import Any
 from urllib.parse import urlparse
 
+from aiohttp import web
 from pydantic import ValidationError
 from rljob.common import caches
+from rljob.common.http import NO_RETRY, HttpError, shared
 from rljob.common.storage import NoCredentials
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
@@ -68,62 +68,85 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes] | None, timeout: floa
         if proc is not None and proc.poll() is not None:
             return False
         try:
-            with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
-                if r.status == 200:
-                    return True
-        except OSError:
+            shared().get(f"{base}/health", timeout=2, retry=NO_RETRY)
+            return True
+        except HttpError:
             pass
         time.sleep(1.0)
     return False
 
 
-def _status_server(
-    port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
-) -> ThreadingHTTPServer:
+def status_app(watcher: AdapterWatcher, agent: AdapterAgent) -> web.Application:
     """GET /rljob/v1/adapter: the watcher's served version; POST ADAPTER_AGENT_PATH {name, uri}: the adapter
     agent (load a PEFT directory from storage under a name; the Tinker service's saved sampler weights)."""
 
-    class Handler(BaseHTTPRequestHandler):
-        def _reply(self, code: int, payload: Any) -> None:
-            body = json.dumps(payload).encode()
-            self.send_response(code)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def reply(code: int, payload: Any) -> web.Response:
+        return web.json_response(payload, status=code)
 
-        def do_GET(self) -> None:
-            self._reply(200 if self.path == "/rljob/v1/adapter" else 404, watcher.status())
+    async def get(request: web.Request) -> web.Response:
+        return reply(200 if request.path_qs == "/rljob/v1/adapter" else 404, watcher.status())
 
-        def do_POST(self) -> None:
-            if self.path != ADAPTER_AGENT_PATH:
-                self._reply(404, {"error": f"no route {self.path}"})
-                return
-            size = int(self.headers.get("Content-Length") or 0)
-            if not 0 < size <= 64 * 1024:
-                self._reply(400, {"error": "body: a JSON object {name, uri} of at most 64 KiB"})
-                return
-            try:
-                req = json.loads(self.rfile.read(size))
-                name, uri = str(req["name"]), str(req["uri"])
-            except (ValueError, KeyError, TypeError):
-                self._reply(400, {"error": "body: a JSON object {name, uri}"})
-                return
-            try:
-                loaded = agent.ensure(name, uri)
-            except (ValueError, FileNotFoundError) as e:
-                self._reply(400, {"error": str(e)})
-            except (OSError, ServerError) as e:  # storage errors are OSErrors
-                self._reply(502, {"error": f"{type(e).__name__}: {e}"})
-            else:
-                self._reply(200, {"name": name, "loaded": loaded})
+    async def post(request: web.Request) -> web.Response:
+        if request.path_qs != ADAPTER_AGENT_PATH:
+            return reply(404, {"error": f"no route {request.path_qs}"})
+        size = request.content_length or 0
+        if not 0 < size <= 64 * 1024:
+            return reply(400, {"error": "body: a JSON object {name, uri} of at most 64 KiB"})
+        try:
+            req = json.loads(await request.read())
+            name, uri = str(req["name"]), str(req["uri"])
+        except (ValueError, KeyError, TypeError):
+            return reply(400, {"error": "body: a JSON object {name, uri}"})
+        try:
+            # Downloads and a load into the server: blocking, so on a thread of the loop's pool.
+            loaded = await asyncio.to_thread(agent.ensure, name, uri)
+        except (ValueError, FileNotFoundError) as e:
+            return reply(400, {"error": str(e)})
+        except (OSError, ServerError) as e:  # storage errors are OSErrors
+            return reply(502, {"error": f"{type(e).__name__}: {e}"})
+        return reply(200, {"name": name, "loaded": loaded})
 
-        def log_message(self, format: str, *args: object) -> None:
+    app = web.Application(client_max_size=64 * 1024 + 1)
+    app.router.add_get("/{tail:.*}", get)
+    app.router.add_post("/{tail:.*}", post)
+    return app
+
+
+class StatusServer:
+    """:func:`status_app` served on ``host:port`` from an event loop in a thread of its own; raises OSError
+    when the port is taken."""
+
+    def __init__(
+        self, port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
+    ) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="adapter-status")
+        self.thread.start()
+        self.runner = web.AppRunner(status_app(watcher, agent), access_log=None)
+
+        async def start() -> None:
+            await self.runner.setup()
+            await web.TCPSite(self.runner, host, port).start()
+
+        try:
+            asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def shutdown(self) -> None:
+        if not self.loop.is_running():
             return
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
 
-    srv = ThreadingHTTPServer((host, port), Handler)
-    threading.Thread(target=srv.serve_forever, daemon=True, name="adapter-status").start()
-    return srv
+
+def _status_server(
+    port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
+) -> StatusServer:
+    """The adapter status route and the adapter agent (:func:`status_app`) on ``port``."""
+    return StatusServer(port, watcher, agent, host)
 
 
 def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port: int) -> int:
@@ -235,7 +258,6 @@ def run_cpu(
     sync = caches.jax_compilation_cache(
         caches.JAX_SAMPLER, rc.storage.cache, caches.local_root(), jax.config.update
     )
-    from aiohttp import web
     from rljob.sampler.cpu_server import CpuSampler
     from rljob.trainer.model import CheckpointError
 

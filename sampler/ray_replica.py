@@ -358,14 +358,14 @@ class LocalReplica:
     logs: list[Path]
 
     def wait_healthy(self, timeout_s: float = 300.0) -> bool:
-        import urllib.request
+        from rljob.common.http import NO_RETRY, HttpError, shared
 
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and self.pods[0].poll() is None:
             try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2):
-                    return True
-            except OSError:
+                shared().get(f"{self.url}/health", timeout=2, retry=NO_RETRY)
+                return True
+            except HttpError:
                 time.sleep(1.0)
         return False
 

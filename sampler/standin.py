@@ -14,15 +14,18 @@ requests it served and the most it held at once.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import threading
-import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from aiohttp import web
+from rljob.common.ports import free_port
 
 
 class StandinReplica:
-    """One stand-in replica on ``host:port`` (port 0: any free port), serving in a daemon thread."""
+    """One stand-in replica on ``host:port`` (port 0: a free loopback port from rljob.common.ports), served by
+    aiohttp.web from an event loop in a daemon thread between :meth:`start` and :meth:`stop`."""
 
     def __init__(
         self,
@@ -44,22 +47,30 @@ class StandinReplica:
         self.active = 0
         self.max_active = 0  # the most completion requests held at once
         self.lock = threading.Lock()
-        self.server = ThreadingHTTPServer((host, port), self._handler())
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True, name="standin")
+        self.host, self.port = host, port or free_port()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="standin")
+        self.runner = web.AppRunner(self.app(), access_log=None)
 
     @property
     def url(self) -> str:
-        host, port = self.server.server_address[:2]
-        return f"http://{host!s}:{port}" if isinstance(host, str) else f"http://127.0.0.1:{port}"
+        host = "127.0.0.1" if self.host in ("", "0.0.0.0") else self.host
+        return f"http://{host}:{self.port}"
 
     def start(self) -> StandinReplica:
+        async def serve() -> None:
+            await self.runner.setup()
+            await web.TCPSite(self.runner, self.host, self.port).start()
+
         self.thread.start()
+        asyncio.run_coroutine_threadsafe(serve(), self.loop).result(30)
         return self
 
     def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        if self.loop.is_running():
+            asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(10)
 
     def __enter__(self) -> StandinReplica:
         return self.start()
@@ -91,55 +102,47 @@ class StandinReplica:
                 )
         return {"object": "text_completion", "model": str(body.get("model", "")), "choices": choices}
 
-    def _handler(self) -> type[BaseHTTPRequestHandler]:
-        replica = self
+    def app(self) -> web.Application:
+        async def get(request: web.Request) -> web.Response:
+            if request.path_qs == "/health":
+                return web.json_response({})
+            if request.path_qs == "/v1/models":
+                ids = ["base", f"{self.prefix}-v{self.version}"]
+                return web.json_response(
+                    {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]}
+                )
+            return web.json_response({"error": request.path_qs}, status=404)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
+        async def post(request: web.Request) -> web.StreamResponse:
+            body = json.loads(await request.read() or b"{}")
+            if request.path_qs != "/v1/completions":
+                return web.json_response({"error": request.path_qs}, status=404)
+            with self.lock:
+                self.active += 1
+                self.max_active = max(self.max_active, self.active)
+            try:
+                if self.barrier is not None:
+                    try:
+                        await asyncio.to_thread(self.barrier.wait, timeout=self.barrier_timeout_s)
+                    except threading.BrokenBarrierError:
+                        # Dropped without an answer, as a replica that lost the request.
+                        if request.transport is not None:
+                            request.transport.close()
+                        raise
+                await asyncio.sleep(self.delay_s)
+                out = self.complete(body)
+            finally:
+                with self.lock:
+                    self.active -= 1
+            with self.lock:
+                self.requests += 1
+                self.sequences += len(out["choices"])
+            return web.json_response(out)
 
-            def _reply(self, code: int, payload: Any) -> None:
-                data = json.dumps(payload).encode()
-                self.send_response(code)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self) -> None:
-                if self.path == "/health":
-                    self._reply(200, {})
-                elif self.path == "/v1/models":
-                    ids = ["base", f"{replica.prefix}-v{replica.version}"]
-                    self._reply(200, {"object": "list", "data": [{"id": i, "object": "model"} for i in ids]})
-                else:
-                    self._reply(404, {"error": self.path})
-
-            def do_POST(self) -> None:
-                size = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(size) or b"{}")
-                if self.path != "/v1/completions":
-                    self._reply(404, {"error": self.path})
-                    return
-                with replica.lock:
-                    replica.active += 1
-                    replica.max_active = max(replica.max_active, replica.active)
-                try:
-                    if replica.barrier is not None:
-                        replica.barrier.wait(timeout=replica.barrier_timeout_s)
-                    time.sleep(replica.delay_s)
-                    out = replica.complete(body)
-                finally:
-                    with replica.lock:
-                        replica.active -= 1
-                with replica.lock:
-                    replica.requests += 1
-                    replica.sequences += len(out["choices"])
-                self._reply(200, out)
-
-            def log_message(self, format: str, *args: object) -> None:
-                return
-
-        return Handler
+        app = web.Application(client_max_size=1 << 30)
+        app.router.add_get("/{tail:.*}", get)
+        app.router.add_post("/{tail:.*}", post)
+        return app
 
 
 def main(argv: list[str] | None = None) -> int:

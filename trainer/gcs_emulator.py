@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
+from rljob.common.http import NO_RETRY, HttpError, shared
 from rljob.common.ports import free_port
 
 __all__ = ["BUILD_SCRIPT", "create_bucket", "emulator_env", "fake_gcs_server_binary", "start_fake_gcs_server"]
@@ -64,10 +64,9 @@ def start_fake_gcs_server(binary: Path, workdir: Path) -> tuple[subprocess.Popen
     deadline = time.monotonic() + 30
     while True:
         try:
-            with urllib.request.urlopen(f"{endpoint}/storage/v1/b", timeout=2) as resp:
-                if resp.status == 200:
-                    return proc, endpoint
-        except OSError:
+            if shared().get(f"{endpoint}/storage/v1/b", timeout=2, retry=NO_RETRY).status == 200:
+                return proc, endpoint
+        except HttpError:
             pass
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
@@ -77,16 +76,7 @@ def start_fake_gcs_server(binary: Path, workdir: Path) -> tuple[subprocess.Popen
 
 def create_bucket(endpoint: str, name: str) -> None:
     """Create a bucket on the emulator at ``endpoint`` (the JSON API's buckets.insert)."""
-    import json
-
-    req = urllib.request.Request(
-        f"{endpoint}/storage/v1/b?project=rljob-test",
-        data=json.dumps({"name": name}).encode(),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
-    with urllib.request.urlopen(req, timeout=10):
-        pass
+    shared().post(f"{endpoint}/storage/v1/b?project=rljob-test", json={"name": name}, timeout=10)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,26 +6,35 @@ The trainer POSTs each completion to the URL as JSON::
 
 (``prompt``: the prompt's text as the sampler got it, null for a token-id prompt) and takes the answer's
 reward: a JSON number, or an object with a number under ``"reward"``. A step's completions are graded
-concurrently (``MAX_CONCURRENT`` requests at once). A request that fails for a reason that may pass (no
-connection, a timeout, HTTP 5xx or 429) is retried with exponential backoff; when every attempt has failed,
-or the service answers another status or a body without a reward, the trainer stops with RewardUnavailable,
-a crash (restarted and counted, contract 3): a made-up reward would train the policy on noise.
+concurrently (``MAX_CONCURRENT`` requests at once) through rljob.common.http. A request that fails for a
+reason that may pass (no connection, a timeout, HTTP 5xx or 429) is retried with exponential backoff and
+jitter; when every attempt has failed, or the service answers another status, a body over
+``MAX_ANSWER_BYTES`` or a body without a reward, the trainer stops with RewardUnavailable, a crash
+(restarted and counted, contract 3): a made-up reward would train the policy on noise.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
-import threading
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
+from rljob.common.http import (
+    HttpClosed,
+    HttpStatusError,
+    HttpUnavailable,
+    ResponseTooLarge,
+    Retry,
+    SyncHttp,
+)
 from rljob.trainer.data import Prompt, Task
 
+T = TypeVar("T")
+
 TIMEOUT_S = 60.0  # per request
-ATTEMPTS = 6  # backoff 1, 2, 4, 8, 16 s between them: about half a minute of an unreachable service
+ATTEMPTS = 6  # backoff up to 1, 2, 4, 8, 16 s between them (jitter: half to all of it): < 31 s unreachable
 BACKOFF_S = 1.0
 MAX_CONCURRENT = 16
 MAX_ANSWER_BYTES = 1 << 16
@@ -52,8 +61,13 @@ class RemoteReward:
         self.task, self.url = task, url
         self.name, self.max_tokens = task.name, task.max_tokens
         self.timeout, self.attempts, self.backoff = timeout, max(1, attempts), backoff
-        self.pool = ThreadPoolExecutor(max_workers=max(1, concurrent), thread_name_prefix="reward")
-        self._closed = threading.Event()
+        self._http = SyncHttp(
+            "reward",
+            concurrency=max(1, concurrent),
+            timeout=timeout,
+            max_body=MAX_ANSWER_BYTES,
+            retry=Retry(attempts=self.attempts, base_s=backoff, cap_s=backoff * 2 ** (self.attempts - 2)),
+        )
 
     def train_prompts(self, step: int, count: int) -> list[Prompt]:
         return self.task.train_prompts(step, count)
@@ -62,49 +76,49 @@ class RemoteReward:
         return self.task.eval_prompts()
 
     def reward(self, prompt: Prompt, completion_tokens: list[int], completion_text: str) -> float:
-        return self._post(prompt, completion_text)
+        return self._run(self._post(prompt, completion_text))
 
     def rewards(self, graded: list[tuple[Prompt, list[int], str]]) -> list[float]:
         """The rewards of many completions, requested concurrently, in order."""
-        return list(self.pool.map(lambda g: self._post(g[0], g[2]), graded))
+
+        async def each() -> list[float]:
+            return list(await asyncio.gather(*(self._post(g[0], g[2]) for g in graded)))
+
+        return self._run(each())
 
     def close(self) -> None:
-        self._closed.set()
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self._http.close()
 
-    def _post(self, prompt: Prompt, completion: str) -> float:
-        body = json.dumps(
-            {"completion": completion, "reference": prompt.answer, "prompt": prompt.text, "id": prompt.id}
-        ).encode()
-        last = ""
-        for attempt in range(self.attempts):
-            if attempt and self._closed.wait(self.backoff * 2 ** (attempt - 1)):
-                break
-            req = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-                    answer = resp.read(MAX_ANSWER_BYTES + 1)
-            except urllib.error.HTTPError as e:
-                if e.code >= 500 or e.code == 429:
-                    last = f"HTTP {e.code}"
-                    continue
-                text = e.read(300).decode(errors="replace")
-                raise RewardUnavailable(
-                    f"spec.dataset.rewardUrl: {self.url} answered HTTP {e.code}: {text}"
-                ) from None
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as e:
-                last = f"{type(e).__name__}: {getattr(e, 'reason', e)}"
-                continue
-            return _reward_of(answer, self.url)
-        raise RewardUnavailable(
-            f"spec.dataset.rewardUrl: {self.url} did not grade a completion in {self.attempts} attempts "
-            f"({last})"
-        )
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        try:
+            return self._http.run(coro)
+        except HttpClosed:
+            raise RewardUnavailable(f"spec.dataset.rewardUrl: {self.url}: the trainer is stopping") from None
+
+    async def _post(self, prompt: Prompt, completion: str) -> float:
+        body = {"completion": completion, "reference": prompt.answer, "prompt": prompt.text, "id": prompt.id}
+        try:
+            answer = (await self._http.aio.request("POST", self.url, json=body)).body
+        except HttpStatusError as e:
+            raise RewardUnavailable(
+                f"spec.dataset.rewardUrl: {self.url} answered HTTP {e.status}: {e.text[:300]}"
+            ) from None
+        except HttpUnavailable as e:
+            raise RewardUnavailable(
+                f"spec.dataset.rewardUrl: {self.url} did not grade a completion in {e.attempts} attempts "
+                f"({e.last})"
+            ) from None
+        except ResponseTooLarge:
+            raise RewardUnavailable(
+                f"spec.dataset.rewardUrl: {self.url} answered more than {MAX_ANSWER_BYTES} bytes, not a "
+                'finite number or {"reward": number}'
+            ) from None
+        return _reward_of(answer, self.url)
 
 
 def _reward_of(answer: bytes, url: str) -> float:
     try:
-        value: Any = json.loads(answer) if len(answer) <= MAX_ANSWER_BYTES else None
+        value: Any = json.loads(answer)
     except (json.JSONDecodeError, UnicodeDecodeError):
         value = None
     if isinstance(value, dict):

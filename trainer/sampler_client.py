@@ -4,20 +4,29 @@ restarting sampler is waited for, a request it will never take (4xx) is refused.
 
 from __future__ import annotations
 
-import json
+import asyncio
 import logging
-import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from rljob.common.http import (
+    NO_RETRY,
+    HttpClosed,
+    HttpStatusError,
+    HttpUnavailable,
+    ResponseTooLarge,
+    Retry,
+    SyncHttp,
+)
 from rljob.trainer.data import Prompt
 
 log = logging.getLogger("rljob.trainer.sampler_client")
+
+T = TypeVar("T")
+MAX_ANSWER_BYTES = 1 << 30  # a /v1/completions answer: max_seqs sequences with a log-prob per token
 
 
 class LoopConfigError(ValueError):
@@ -58,7 +67,8 @@ class Completion:
 
 
 class SamplerClient:
-    """OpenAI-style completions against one or more samplers (vLLM or the CPU backend)."""
+    """OpenAI-style completions against one or more samplers (vLLM or the CPU backend), over
+    rljob.common.http on an event loop of its own (the loop's threads call it synchronously)."""
 
     def __init__(
         self,
@@ -68,59 +78,59 @@ class SamplerClient:
         retry_s: float = 0.05,
         max_seqs: int = 256,
         inflight: int = 1,
+        retry_cap_s: float = 5.0,
     ) -> None:
         if not urls:
             raise LoopConfigError("endpoints.samplers: no sampler URL in the run config")
         if max_seqs < 1 or inflight < 1:
             raise LoopConfigError(f"spec.sampler.maxNumSeqs: {max_seqs} (and {inflight} slots) must be >= 1")
         self.max_seqs, self.inflight = max_seqs, inflight
-        # Per replica: requests in flight at once (back-pressure), shared by every call of this client.
-        self._slots = [threading.BoundedSemaphore(inflight) for _ in urls]
         self.urls = [u.rstrip("/") for u in urls]
         self.prefix = name_prefix
         self.timeout = timeout
         self.retry_s = retry_s
+        # The wait for a sampler that is down, restarting or behind on the adapter version: retry_s, doubling
+        # (with jitter) up to retry_cap_s. Each attempt is one request: the wait is this client's, so that a
+        # request a replica cannot take goes back to the others.
+        self.backoff = Retry(attempts=None, base_s=retry_s, cap_s=max(retry_s, retry_cap_s))
         self.waited_s = 0.0
-        self._closed = threading.Event()
+        self._http = SyncHttp(
+            "sampler-client",
+            concurrency=max(16, 2 * len(urls) * inflight),
+            timeout=timeout,
+            max_body=MAX_ANSWER_BYTES,
+            retry=NO_RETRY,
+        )
+        # Per replica: requests in flight at once (back-pressure), shared by every call of this client; made
+        # on the client's loop.
+        self._slots: list[asyncio.Semaphore] | None = None
 
     def close(self) -> None:
-        """Stop waiting: a request that is waiting for a sampler (or for an adapter version that will never
-        come, because the trainer failed) raises SamplerClosed within retry_s, so its thread ends and the
-        process can exit. Without this a failed trainer would hang in its sampling thread at exit and its
-        pod would never fail (no restart, no status)."""
-        self._closed.set()
+        """Stop waiting: a call in progress (waiting for a sampler, or for an adapter version that will never
+        come because the trainer failed) raises SamplerClosed at once, so its thread ends and the process
+        can exit. Without this a failed trainer would hang in its sampling thread at exit and its pod would
+        never fail (no restart, no status)."""
+        self._http.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], what: str) -> T:
+        try:
+            return self._http.run(coro)
+        except HttpClosed:
+            raise SamplerClosed(f"{what}: the sampler client was closed") from None
 
     def _request(self, url: str, body: dict[str, Any] | None = None) -> Any:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
-            return json.loads(resp.read())
+        return self._run(self._arequest(url, body), url)
 
-    def _retrying(self, fn: Callable[[], Any], what: str) -> Any:
-        """Call fn until it succeeds: an unreachable or restarting sampler is waited for, never fatal."""
-        warned = False
-        t0 = time.monotonic()
-        while True:
-            if self._closed.is_set():
-                raise SamplerClosed(f"{what}: the sampler client was closed")
-            try:
-                out = fn()
-                if warned:
-                    log.warning("sampler back after %.1fs (%s)", time.monotonic() - t0, what)
-                self.waited_s += time.monotonic() - t0 if warned else 0.0
-                return out
-            except (urllib.error.URLError, ConnectionError, TimeoutError, SamplerUnavailable, OSError) as e:
-                if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code != 404:
-                    # The sampler refuses the request itself: waiting would not help.
-                    body = e.read().decode(errors="replace")[:300]
-                    raise SamplerRejected(f"{what}: HTTP {e.code}: {body}") from e
-                if not warned:
-                    log.warning("sampler unavailable (%s): %s; waiting", what, e)
-                    warned = True
-                self._closed.wait(self.retry_s)
+    async def _arequest(self, url: str, body: dict[str, Any] | None = None) -> Any:
+        if body is None:
+            return await self._http.aio.get_json(url)
+        return await self._http.aio.post_json(url, body)
 
-    def served_version(self, url: str) -> int | None:
-        models = self._request(f"{url}/v1/models")
+    async def _sleep(self, attempt: int) -> None:
+        await self._http.aio.sleep(self.backoff.delay(attempt))
+
+    async def _served_version(self, url: str) -> int | None:
+        models = await self._arequest(f"{url}/v1/models")
         best: int | None = None
         for m in models.get("data", []):
             mid = str(m.get("id", ""))
@@ -129,14 +139,36 @@ class SamplerClient:
                 best = v if best is None or v > best else best
         return best
 
-    def wait_version(self, url: str, min_version: int) -> int:
-        def check() -> int:
-            v = self.served_version(url)
-            if v is None or v < min_version:
-                raise SamplerUnavailable(f"{url} serves adapter v{v}, waiting for >= v{min_version}")
-            return v
+    def served_version(self, url: str) -> int | None:
+        return self._run(self._served_version(url), f"{url}/v1/models")
 
-        return int(self._retrying(check, f"adapter >= v{min_version}"))
+    def wait_version(self, url: str, min_version: int) -> int:
+        """The adapter version ``url`` serves once it is >= ``min_version``: an unreachable or restarting
+        sampler is waited for (never fatal) until close()."""
+        return self._run(self._wait_version(url, min_version), f"adapter >= v{min_version}")
+
+    async def _wait_version(self, url: str, min_version: int) -> int:
+        what = f"adapter >= v{min_version}"
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                v = await self._served_version(url)
+                if v is None or v < min_version:
+                    raise SamplerUnavailable(f"{url} serves adapter v{v}, waiting for >= v{min_version}")
+            except WAIT as e:
+                if (rejected := _rejection(e, what)) is not None:
+                    raise rejected from e
+                if not attempt:
+                    log.warning("sampler unavailable (%s): %s; waiting", what, e)
+                await self._sleep(attempt)
+                attempt += 1
+                continue
+            if attempt:
+                waited = time.monotonic() - t0
+                log.warning("sampler back after %.1fs (%s)", waited, what)
+                self.waited_s += waited
+            return v
 
     def complete(
         self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
@@ -148,7 +180,8 @@ class SamplerClient:
         request slots (per client, so a concurrent evaluation shares them), and a free slot takes the next
         request from the queue: a faster replica serves more, and a replica that is down, restarting or
         still on an older adapter version puts its request back for the others (and retries after
-        ``retry_s``). A 4xx answer (other than 404) fails the call (SamplerRejected).
+        ``retry_s``, doubling up to ``retry_cap_s``). A 4xx answer (other than 404) fails the call
+        (SamplerRejected).
 
         No per-request ``seed`` is sent: vLLM's TPU backend refuses any request that carries one
         (``TpuPlatform.validate_request`` in https://github.com/vllm-project/tpu-inference/blob/main/
@@ -156,13 +189,20 @@ class SamplerClient:
         sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
         if not prompts:
             return []
+        return self._run(self._complete(prompts, n, max_tokens, temperature, min_version), "completions")
+
+    async def _complete(
+        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
+    ) -> list[Completion]:
+        if self._slots is None:
+            self._slots = [asyncio.Semaphore(self.inflight) for _ in self.urls]
         per_request = max(1, min(self.max_seqs // max(1, n), -(-len(prompts) // len(self.urls))))
         queue: deque[list[int]] = deque(
             list(range(i, min(i + per_request, len(prompts)))) for i in range(0, len(prompts), per_request)
         )
         results: list[list[Completion]] = []
         failures: list[BaseException] = []
-        cond = threading.Condition()
+        changed = asyncio.Condition()
         state: dict[str, Any] = {"pending": len(queue), "wait_from": None}
 
         def body_of(idxs: list[int], version: int) -> dict[str, Any]:
@@ -178,41 +218,30 @@ class SamplerClient:
                 "return_token_ids": True,
             }
 
-        def worker(u: int) -> None:
-            url, slots = self.urls[u], self._slots[u]
+        async def worker(u: int, slots: asyncio.Semaphore) -> None:
+            url = self.urls[u]
+            attempt = 0
             while True:
-                with cond:
-                    while not queue and state["pending"] and not failures and not self._closed.is_set():
-                        cond.wait(self.retry_s)
-                    if not state["pending"] or failures or self._closed.is_set():
+                async with changed:
+                    await changed.wait_for(lambda: bool(queue) or not state["pending"] or bool(failures))
+                    if not state["pending"] or failures:
                         return
                     idxs = queue.popleft()
                 try:
-                    with slots:
-                        version = self.served_version(url)
+                    async with slots:
+                        version = await self._served_version(url)
                         if version is None or version < min_version:
                             raise SamplerUnavailable(
                                 f"{url} serves adapter v{version}, waiting for >= v{min_version}"
                             )
-                        resp = self._request(f"{url}/v1/completions", body_of(idxs, version))
+                        resp = await self._arequest(f"{url}/v1/completions", body_of(idxs, version))
                     comps = _completions(resp, idxs, n)
-                except (
-                    urllib.error.URLError,
-                    ConnectionError,
-                    TimeoutError,
-                    SamplerUnavailable,
-                    OSError,
-                ) as e:
-                    rejected = (
-                        e
-                        if isinstance(e, urllib.error.HTTPError) and 400 <= e.code < 500 and e.code != 404
-                        else None
-                    )
-                    with cond:
+                except WAIT as e:
+                    rejected = _rejection(e, "completions")
+                    async with changed:
                         if rejected is not None:
                             # The sampler refuses the request itself: waiting would not help.
-                            text = rejected.read().decode(errors="replace")[:300]
-                            failures.append(SamplerRejected(f"completions: HTTP {rejected.code}: {text}"))
+                            failures.append(rejected)
                         else:
                             if state["wait_from"] is None:
                                 state["wait_from"] = time.monotonic()
@@ -223,16 +252,19 @@ class SamplerClient:
                                     e,
                                 )
                             queue.appendleft(idxs)
-                        cond.notify_all()
-                    if rejected is None:
-                        self._closed.wait(self.retry_s)
+                        changed.notify_all()
+                    if rejected is not None:
+                        return
+                    await self._sleep(attempt)
+                    attempt += 1
                     continue
-                except (KeyError, ValueError, TypeError) as e:
-                    with cond:
+                except (KeyError, ValueError, TypeError, ResponseTooLarge) as e:
+                    async with changed:
                         failures.append(SamplerRejected(f"completions from {url}: malformed answer: {e!r}"))
-                        cond.notify_all()
+                        changed.notify_all()
                     return
-                with cond:
+                attempt = 0
+                async with changed:
                     results.append(comps)
                     state["pending"] -= 1
                     if state["wait_from"] is not None:
@@ -240,24 +272,28 @@ class SamplerClient:
                         log.warning("sampler back after %.1fs", waited)
                         self.waited_s += waited
                         state["wait_from"] = None
-                    cond.notify_all()
+                    changed.notify_all()
 
-        threads = [
-            threading.Thread(target=worker, args=(u,), daemon=True, name=f"sampler-{u}-{k}")
-            for u in range(len(self.urls))
-            for k in range(self.inflight)
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        await asyncio.gather(
+            *(worker(u, self._slots[u]) for u in range(len(self.urls)) for _ in range(self.inflight))
+        )
         if failures:
             raise failures[0]
-        if state["pending"]:
-            raise SamplerClosed("completions: the sampler client was closed")
         out = [c for part in results for c in part]
         out.sort(key=lambda c: c.prompt_index)
         return out
+
+
+# What a sampler that is down, restarting or swapping adapters answers: waited for, unless _rejection says
+# the answer is a refusal.
+WAIT = (HttpUnavailable, HttpStatusError, SamplerUnavailable)
+
+
+def _rejection(e: BaseException, what: str) -> SamplerRejected | None:
+    """A 4xx other than 404 (an adapter being swapped) is a request the sampler will never take."""
+    if isinstance(e, HttpStatusError) and e.status != 404:
+        return SamplerRejected(f"{what}: HTTP {e.status}: {e.text[:300]}")
+    return None
 
 
 def _completions(resp: Any, idxs: list[int], n: int) -> list[Completion]:

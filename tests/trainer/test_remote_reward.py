@@ -110,6 +110,7 @@ def test_retries_what_may_pass_then_stops(service: Any) -> None:
         (200, b'{"score": 1}', r"b'\{\"score\": 1\}', not a finite number"),
         (200, b"NaN", r"b'NaN', not a finite number"),
         (200, b"true", r"b'true', not a finite number"),
+        (200, b"0" * 70000, r"more than 65536 bytes, not a finite number"),
     ],
 )
 def test_answers_it_will_never_fix_stop_at_once(service: Any, status: int, body: bytes, message: str) -> None:

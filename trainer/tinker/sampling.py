@@ -7,7 +7,8 @@ sampler's adapter agent (``POST`` to the sampler's port + ADAPTER_AGENT_PORT_OFF
 rljob.sampler.adapters.AdapterAgent)
 to download and load it, evicting the least recently used adapter beyond ``spec.sampler.maxLoras``, and
 sends the request again. A restarted sampler is therefore refilled on demand. Requests go round-robin over
-the samplers; an unreachable sampler is retried until ``timeout``.
+the samplers (rljob.common.http); an unreachable sampler is retried, backing off from ``retry_s``, until
+``timeout``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
-import aiohttp
+from rljob.common.http import NO_RETRY, AsyncHttp, HttpStatusError, HttpUnavailable, Retry
 from rljob.recipes.runconfig import ADAPTER_AGENT_PATH as AGENT_PATH
 from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET as AGENT_PORT_OFFSET
 
@@ -58,24 +59,23 @@ class SamplerPool:
         self.urls = [u.rstrip("/") for u in urls]
         self.timeout, self.retry_s = timeout, retry_s
         self._next = itertools.cycle(range(len(self.urls)))
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        return self._session
+        self.backoff = Retry(attempts=None, base_s=retry_s, cap_s=max(retry_s, 5.0))
+        # Each attempt is one request (the deadline and the adapter reload are this pool's); bound to the
+        # service's event loop at its first request.
+        self._http = AsyncHttp(concurrency=100, timeout=timeout, max_body=1 << 30, retry=NO_RETRY)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        await self._http.close()
 
     async def _ensure(self, url: str, name: str, uri: str) -> None:
-        async with self.session().post(f"{agent_url(url)}{AGENT_PATH}", json={"name": name, "uri": uri}) as r:
-            if r.status != 200:
-                text = await r.text()
-                raise SamplerError(
-                    f"sampler {url}: loading adapter {name} from {uri}: HTTP {r.status}: {text[:300]}"
-                )
+        try:
+            await self._http.post(f"{agent_url(url)}{AGENT_PATH}", json={"name": name, "uri": uri})
+        except (HttpStatusError, HttpUnavailable) as e:
+            if e.status is None:
+                raise  # no connection: retried with the request
+            raise SamplerError(
+                f"sampler {url}: loading adapter {name} from {uri}: HTTP {e.status}: {e.text[:300]}"
+            ) from None
 
     async def complete(
         self,
@@ -99,27 +99,26 @@ class SamplerPool:
         }
         deadline = time.monotonic() + self.timeout
         loaded = False
+        attempt = 0
         while True:
             try:
-                async with self.session().post(f"{url}/v1/completions", json=body) as r:
-                    if r.status == 404 and adapter_uri is not None and not loaded:
+                try:
+                    out = await self._http.post_json(f"{url}/v1/completions", body)
+                except HttpStatusError as e:
+                    if e.status == 404 and adapter_uri is not None and not loaded:
                         await self._ensure(url, model, adapter_uri)
                         loaded = True
                         continue
-                    if 400 <= r.status < 500:
-                        text = await r.text()
-                        raise SamplerError(
-                            f"sampler refused the request: HTTP {r.status}: {text[:500]}", user=True
-                        )
-                    if r.status != 200:
-                        raise aiohttp.ClientResponseError(r.request_info, (), status=r.status)
-                    out = await r.json()
+                    raise SamplerError(
+                        f"sampler refused the request: HTTP {e.status}: {e.text[:500]}", user=True
+                    ) from None
                 break
-            except (TimeoutError, aiohttp.ClientConnectionError, aiohttp.ClientResponseError) as e:
+            except HttpUnavailable as e:
                 if time.monotonic() > deadline:
-                    raise SamplerError(f"sampler {url} unavailable: {e}") from e
-                log.warning("sampler %s unavailable (%s); retrying", url, e)
-                await asyncio.sleep(self.retry_s)
+                    raise SamplerError(f"sampler {url} unavailable: {e.last}") from e
+                log.warning("sampler %s unavailable (%s); retrying", url, e.last)
+                await asyncio.sleep(self.backoff.delay(attempt))
+                attempt += 1
                 loaded = False
         result = []
         for ch in sorted(out["choices"], key=lambda c: int(c["index"])):
