@@ -137,6 +137,7 @@ def main() -> None:
         ):
             print(json.dumps({**ctx, "metric": metric, "value": value}), flush=True)
 
+    client.close("success").result(timeout=60)  # before the service stops: no heartbeats to a dead service
     loop.call_soon_threadsafe(stop.set)
     done.result(60)
 

@@ -38,8 +38,11 @@ def served(gcs_emulator: Any, cpu_policy: Any, tmp_path_factory: pytest.TempPath
 
 
 @pytest.fixture(scope="module")
-def client(served: Served) -> Any:
-    return tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
+def client(served: Served) -> Iterator[Any]:
+    # Closed before the service stops: an open ServiceClient keeps sending session heartbeats (every 10 s)
+    # from its own thread, and logs their failures long after the service is gone.
+    with tinker.ServiceClient(base_url=served.url, api_key=API_KEY) as c:
+        yield c
 
 
 def datum(prompt: list[int], completion: list[int], **inputs: list[float]) -> Any:
@@ -473,3 +476,119 @@ def test_progress_report(served: Served, client: Any) -> None:
     report = json.loads(Path(served.rc.progress.file).read_text())
     steps = sum(m.step for m in served.service.engine.models.values())
     assert report["step"] == steps >= 1 and report["lastCheckpointStep"] is not None
+
+
+# ------------------------------------------------------------------- the rest of the SDK's surface
+
+
+def test_sampling_from_another_client_and_the_base_model(served: Served, client: Any) -> None:
+    """Sampler weights saved by one ServiceClient sample from another; a base-model sampling client has no
+    adapter (its prompt log-probs are a fresh adapter's, whose B is zero); seeds repeat, stop token ids
+    end a sequence, include_prompt_logprobs equals compute_logprobs; the async variants answer the same."""
+    import asyncio
+
+    base = served.service.cfg.base_model
+    tc = client.create_lora_training_client(base_model=base, rank=4, seed=41).result()
+    fresh = probe(tc)[0]  # B = 0: the base model's log-probs
+    tc.forward_backward([datum([1, 5, 17], [6, 9], weights=[1.0, 1.0])], "cross_entropy").result()
+    tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+    path = tc.save_weights_for_sampler("other-client").result().path
+    prompt = types.ModelInput.from_ints([1, 5, 17, 6, 9])
+    with tinker.ServiceClient(base_url=served.url, api_key=API_KEY) as other:
+        sc = other.create_sampling_client(model_path=path).result()
+        np.testing.assert_allclose(sc.compute_logprobs(prompt).result()[1:], probe(tc)[0][:4], rtol=1e-5)
+        bsc = other.create_sampling_client(base_model=base).result()
+        assert bsc.get_base_model() == base
+        np.testing.assert_allclose(bsc.compute_logprobs(prompt).result()[1:], fresh[:4], rtol=1e-5, atol=1e-6)
+        seeded = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
+        runs = [sc.sample(prompt, 2, seeded).result() for _ in range(2)]
+        assert [s.tokens for s in runs[0].sequences] == [s.tokens for s in runs[1].sequences]
+        greedy = bsc.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0)).result()
+        toks = greedy.sequences[0].tokens
+        assert len(toks) == 6 and greedy.sequences[0].stop_reason == "length"
+        stop = toks[2]
+        cut = bsc.sample(prompt, 1, types.SamplingParams(max_tokens=6, temperature=0.0, stop=[stop])).result()
+        first = toks.index(stop)
+        assert cut.sequences[0].tokens == toks[: first + 1] and cut.sequences[0].stop_reason == "stop"
+        with_plp = sc.sample(
+            prompt, 1, types.SamplingParams(max_tokens=1), include_prompt_logprobs=True
+        ).result()
+        assert with_plp.prompt_logprobs is not None and with_plp.prompt_logprobs[0] is None
+        np.testing.assert_allclose(with_plp.prompt_logprobs[1:], probe(tc)[0][:4], rtol=1e-5)
+
+        async def run_async() -> tuple[Any, ...]:
+            fwd = await (await tc.forward_async(PROBE, "cross_entropy"))
+            fb = await (await tc.forward_backward_async(PROBE, "cross_entropy"))
+            opt = await (await tc.optim_step_async(types.AdamParams(learning_rate=0.0)))
+            smp = await sc.sample_async(prompt, 2, seeded)
+            lps = await sc.compute_logprobs_async(prompt)
+            tc2 = await other.create_lora_training_client_async(base_model=base, rank=2)
+            sc2 = await other.create_sampling_client_async(model_path=path)
+            assert (await tc2.get_info_async()).lora_rank == 2
+            assert (await sc2.compute_logprobs_async(prompt))[1:] == lps[1:]
+            return fwd, fb, opt, smp, lps
+
+        with pytest.warns(FutureWarning):  # the SDK deprecates *_async in favour of awaiting the futures
+            fwd, fb, opt, smp, lps = asyncio.run(run_async())
+        assert fb.metrics["loss:sum"] == pytest.approx(fwd.metrics["loss:sum"], rel=1e-6)
+        assert opt.metrics["update_skipped"] == 0
+        assert [s.tokens for s in smp.sequences] == [s.tokens for s in runs[0].sequences]
+        np.testing.assert_allclose(lps[1:], probe(tc)[0][:4], rtol=1e-5)
+
+
+def test_rest_client_training_runs_and_checkpoints(served: Served, client: Any) -> None:
+    """RestClient: the live training runs, a run's checkpoints (save_state and sampler weights), their
+    info, and deleting one; an unknown run or checkpoint is the SDK's NotFoundError, with a message."""
+    base = served.service.cfg.base_model
+    tc = client.create_lora_training_client(base_model=base, rank=4, seed=51, train_mlp=False).result()
+    state = tc.save_state("rest-1").result().path
+    sampler = tc.save_weights_for_sampler("rest-s").result().path
+    rest = tinker.RestClient(base_url=served.url, api_key=API_KEY)
+    runs = rest.list_training_runs(limit=100).result()
+    assert runs.cursor.total_count == len(served.service.engine.models)
+    (run,) = [r for r in runs.training_runs if r.training_run_id == tc.model_id]
+    assert (run.base_model, run.is_lora, run.lora_rank) == (base, True, 4)
+    assert run.last_checkpoint is not None and run.last_checkpoint.tinker_path == state
+    assert run.last_sampler_checkpoint is not None and run.last_sampler_checkpoint.tinker_path == sampler
+    assert rest.get_training_run_by_tinker_path(state).result().training_run_id == tc.model_id
+    ckpts = rest.list_checkpoints(tc.model_id).result().checkpoints
+    assert [(c.checkpoint_id, c.checkpoint_type, c.tinker_path) for c in ckpts] == [
+        ("weights/rest-1", "training", state),
+        ("sampler_weights/rest-s", "sampler", sampler),
+    ]
+    info = rest.get_weights_info_by_tinker_path(state).result()
+    assert (info.base_model, info.lora_rank, info.train_mlp, info.train_attn) == (base, 4, False, True)
+    rest.delete_checkpoint_from_tinker_path(sampler).result()
+    assert [c.checkpoint_id for c in rest.list_checkpoints(tc.model_id).result().checkpoints] == [
+        "weights/rest-1"
+    ]
+    with pytest.raises(tinker.UnprocessableEntityError, match="no sampler weights"):
+        client.create_sampling_client(model_path=sampler).result()
+    with pytest.raises(tinker.NotFoundError, match="has no checkpoint sampler_weights/rest-s"):
+        rest.delete_checkpoint_from_tinker_path(sampler).result()
+    with pytest.raises(tinker.NotFoundError, match="no live training client nope"):
+        rest.get_training_run("nope").result()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda r, tc, path: r.publish_checkpoint_from_tinker_path(path),
+        lambda r, tc, path: r.unpublish_checkpoint_from_tinker_path(path),
+        lambda r, tc, path: r.set_checkpoint_ttl_from_tinker_path(path, 3600),
+        lambda r, tc, path: r.list_user_checkpoints(),
+        lambda r, tc, path: r.list_sessions(),
+        lambda r, tc, path: r.get_session("s-1"),
+        lambda r, tc, path: tc.save_weights_external("ext"),
+        lambda r, tc, path: r.copy_weights(path, destination_project_id="p-1"),
+    ],
+    ids=["publish", "unpublish", "ttl", "user-checkpoints", "sessions", "session", "external", "copy"],
+)
+def test_unsupported_sdk_calls_are_refused_at_once(served: Served, client: Any, call: Any) -> None:
+    tc = _shared_client(served, client)
+    path = tc.save_state("refused", overwrite=True).result().path
+    rest = tinker.RestClient(base_url=served.url, api_key=API_KEY)
+    t0 = time.monotonic()
+    with pytest.raises(tinker.APIStatusError, match="not supported by this Tinker service") as err:
+        call(rest, tc, path).result(timeout=60)
+    assert err.value.status_code == 404 and time.monotonic() - t0 < 30

@@ -36,11 +36,27 @@ def served(gcs_emulator: Any, cpu_policy: Any, tmp_path_factory: pytest.TempPath
         yield s
 
 
-def test_grpo_through_the_sdk_learns_the_toy_task(served: Served) -> None:
+@pytest.fixture
+def client(served: Served) -> Iterator[Any]:
+    """A ServiceClient closed while the service still runs (_close)."""
+    c = tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
+    try:
+        yield c
+    finally:
+        _close(c)
+
+
+def _close(client: Any) -> None:
+    """End an SDK session before its service stops: an open ServiceClient sends heartbeats from its own
+    thread every 10 s and logs their failures long after the service is gone."""
+    if client is not None:
+        client.close("success").result(timeout=60)
+
+
+def test_grpo_through_the_sdk_learns_the_toy_task(served: Served, client: Any) -> None:
     from rljob.trainer.data import SuccessorTask
 
     task = SuccessorTask()
-    client = tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
     tc = client.create_lora_training_client(base_model=served.service.cfg.base_model, rank=8, seed=0).result()
     adam = types.AdamParams(learning_rate=4e-3, beta1=0.9, beta2=0.999, eps=1e-8)
     group, groups, rewards = 16, 8, []
@@ -116,6 +132,7 @@ def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: 
     cfg.write_text(rc.model_dump_json())
     port, log = free_port(), tmp_path / "service.log"
     proc, ready = _start(cfg, port, log)
+    client = None
     try:
         client = tinker.ServiceClient(base_url=ready["url"], api_key=API_KEY)
         tc = client.create_lora_training_client(base_model=ready["base_model"], rank=8, seed=7).result()
@@ -169,6 +186,7 @@ def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: 
         train(tc3, batches[2:])
         assert not np.array_equal(lp(tc3), want)
     finally:
+        _close(client)
         proc.terminate()
         try:
             proc.wait(timeout=30)
@@ -220,6 +238,7 @@ def test_make_tinker_cpu_serves_text_until_interrupted(gcs_emulator: Any, tmp_pa
         for seq in out.sequences:
             assert len(seq.tokens) == 5 and len(seq.logprobs) == 5 and all(0 <= t < 256 for t in seq.tokens)
             bytes(seq.tokens).decode(errors="replace")
+        _close(client)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0
     finally:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 import hashlib
 import json
 import logging
@@ -37,6 +38,7 @@ from typing import Any
 
 import jax
 import numpy as np
+import pydantic
 from aiohttp import web
 from rljob.common.storage import join, open_store
 from rljob.trainer.checkpoint import Checkpointer
@@ -81,6 +83,22 @@ FUTURE_ROUTES = frozenset(
     )
 )
 _NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+CHECKPOINTS_INDEX = "checkpoints.json"  # per model, next to its weights/ and auto/: what RestClient lists
+
+
+def _iso(t: float) -> str:
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat()
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name, str(default))
+    if not raw.isdigit():
+        raise RequestError(f"{name}: {raw!r}; a non-negative integer")
+    return int(raw)
+
+
+class _WeightsInfoRequest(pydantic.BaseModel):
+    tinker_path: str
 
 
 def api_key_ok(key: str | None, allowed: frozenset[str]) -> bool:
@@ -143,6 +161,8 @@ class Service:
         self.sampling: dict[str, _SamplingSession] = {}
         self.lora_cache: dict[str, Any] = {}  # adapter name -> LoRA state (prompt log-probs on the trainer)
         self.last_checkpoint_step: int | None = None
+        self.started = time.time()
+        self.last_request: dict[str, float] = {}  # model id -> wall time of its newest training request
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
 
@@ -170,6 +190,12 @@ class Service:
         r.add_get("/api/v1/samplers/{sampler_id}", self.get_sampler)
         r.add_post("/api/v1/asample", self.asample)
         r.add_post("/api/v1/retrieve_future", self.retrieve_future)
+        r.add_get("/api/v1/training_runs", self.list_training_runs)
+        r.add_get("/api/v1/training_runs/{run_id}", self.get_training_run)
+        r.add_get("/api/v1/training_runs/{run_id}/checkpoints", self.list_checkpoints)
+        r.add_delete("/api/v1/training_runs/{run_id}/checkpoints/{kind}/{name}", self.delete_checkpoint)
+        r.add_post("/api/v1/weights_info", self.weights_info)
+        r.add_route("*", "/{tail:.*}", self.unsupported)  # last: every other route of the SDK
         app.on_startup.append(self._start)
         app.on_cleanup.append(self._stop)
         return app
@@ -186,12 +212,24 @@ class Service:
             return await handler(request)
         except RequestError as e:
             if request.path in FUTURE_ROUTES:  # the SDK's error shape: a failed future
-                f = _Future(request_id=uuid.uuid4().hex, kind=request.path, done=asyncio.Event())
-                f.error = (str(e), "user")
-                f.done.set()
-                self.futures[f.request_id] = f
-                return self._future_response(f)
+                return self._failed(request.path, str(e), "user")
             return web.json_response({"error": str(e)}, status=422)
+        except web.HTTPException:
+            raise
+        except Exception as e:
+            # A failure of the service answers at once: the SDK retries HTTP 5xx for minutes.
+            log.error("%s %s failed:\n%s", request.method, request.path, traceback.format_exc())
+            msg = f"{request.method} {request.path} failed in the service: {type(e).__name__}: {e}"
+            if request.path in FUTURE_ROUTES:
+                return self._failed(request.path, msg, "server")
+            return web.json_response({"error": msg}, status=400)
+
+    def _failed(self, kind: str, message: str, category: str) -> web.Response:
+        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event())
+        f.error = (message, category)
+        f.done.set()
+        self.futures[f.request_id] = f
+        return self._future_response(f)
 
     async def _start(self, _app: web.Application) -> None:
         self.seq_cond = asyncio.Condition()
@@ -294,6 +332,8 @@ class Service:
     def _training(
         self, kind: str, model_id: str | None, seq_id: int | None, fn: Callable[[], Any]
     ) -> web.Response:
+        if model_id is not None:
+            self.last_request[model_id] = time.time()
         if model_id is not None and seq_id:
             prior = self.dedup.get((model_id, seq_id))
             if prior is not None and prior in self.futures:
@@ -472,7 +512,9 @@ class Service:
                 store.delete(k)
             meta = {"config": m.config(), "optim_steps": m.step, "user_metadata": req.user_metadata or {}}
             self._save_state(directory, m, meta)
-            return {"path": f"tinker://{m.model_id}/weights/{name}", "type": "save_weights"}
+            path = f"tinker://{m.model_id}/weights/{name}"
+            self._index_put(m, f"weights/{name}", path)
+            return {"path": path, "type": "save_weights"}
 
         return self._training("save_weights", req.model_id, req.seq_id, work)
 
@@ -577,6 +619,7 @@ class Service:
             store.write(ADAPTER_CONFIG, json.dumps(cfg, indent=1, sort_keys=True).encode())
             adapter = self._adapter_name(path)
             self._cache_lora(adapter, m.lora)
+            self._index_put(m, f"sampler_weights/{name}", path)
             if req.path is not None:
                 return {"path": path, "type": "save_weights_for_sampler"}
             sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:6]}"
@@ -715,6 +758,135 @@ class Service:
                 s.adapter, self.engine._put(self.engine.policy.peft.from_peft(dict(st_load(raw))))
             )
         return self.lora_cache[s.adapter]
+
+    # ================================================================== REST: training runs, checkpoints
+
+    def _index_store(self, model_id: str) -> Any:
+        return open_store(join(self.cfg.checkpoints, "tinker", _key(model_id)))
+
+    def _index(self, model_id: str) -> dict[str, Any]:
+        """``{checkpoint_id: entry}`` of a model's save_state and sampler weights (CHECKPOINTS_INDEX)."""
+        raw = self._index_store(model_id).read(CHECKPOINTS_INDEX)
+        return json.loads(raw) if raw else {}
+
+    def _index_put(self, m: TrainingModel, checkpoint_id: str, path: str) -> None:
+        """Record a saved checkpoint (worker thread: saves and deletes of a model never race)."""
+        index = self._index(m.model_id)
+        kind = "training" if checkpoint_id.startswith("weights/") else "sampler"
+        index[checkpoint_id] = {
+            "checkpoint_id": checkpoint_id,
+            "checkpoint_type": kind,
+            "time": time.time(),
+            "tinker_path": path,
+            "config": m.config(),
+        }
+        self._index_store(m.model_id).write(CHECKPOINTS_INDEX, json.dumps(index, indent=1).encode())
+
+    @staticmethod
+    def _checkpoint_view(e: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "checkpoint_id": e["checkpoint_id"],
+            "checkpoint_type": e["checkpoint_type"],
+            "time": _iso(e["time"]),
+            "tinker_path": e["tinker_path"],
+        }
+
+    def _run_view(self, m: TrainingModel) -> dict[str, Any]:
+        index = sorted(self._index(m.model_id).values(), key=lambda e: e["time"])
+        newest = {e["checkpoint_type"]: self._checkpoint_view(e) for e in index}
+        return {
+            "training_run_id": m.model_id,
+            "base_model": m.base_model,
+            "model_owner": self.model_session.get(m.model_id, ""),
+            "is_lora": True,
+            "lora_rank": m.rank,
+            "last_request_time": _iso(self.last_request.get(m.model_id, self.started)),
+            "last_checkpoint": newest.get("training"),
+            "last_sampler_checkpoint": newest.get("sampler"),
+        }
+
+    async def list_training_runs(self, request: web.Request) -> web.Response:
+        """The live training clients (created or loaded, not ended), by id."""
+        limit, offset = _int_param(request, "limit", 20), _int_param(request, "offset", 0)
+        ids = sorted(self.engine.models)
+        models = [self.engine.models[i] for i in ids[offset : offset + limit]]
+        runs = await asyncio.to_thread(lambda: [self._run_view(m) for m in models])
+        cursor = {"offset": offset, "limit": limit, "total_count": len(ids)}
+        return web.json_response({"training_runs": runs, "cursor": cursor})
+
+    def _live(self, request: web.Request) -> TrainingModel:
+        run_id = request.match_info["run_id"]
+        m = self.engine.models.get(run_id)
+        if m is None:
+            raise web.HTTPNotFound(
+                text=json.dumps(
+                    {"error": f"training_run_id: no live training client {run_id} on this service"}
+                ),
+                content_type="application/json",
+            )
+        return m
+
+    async def get_training_run(self, request: web.Request) -> web.Response:
+        m = self._live(request)
+        return web.json_response(await asyncio.to_thread(self._run_view, m))
+
+    async def list_checkpoints(self, request: web.Request) -> web.Response:
+        """A run's save_state checkpoints and sampler weights, oldest first (also of an ended run)."""
+        run_id = request.match_info["run_id"]
+        index = await asyncio.to_thread(self._index, run_id)
+        entries = sorted(index.values(), key=lambda e: e["time"])
+        return web.json_response({"checkpoints": [self._checkpoint_view(e) for e in entries]})
+
+    async def delete_checkpoint(self, request: web.Request) -> web.Response:
+        run_id, kind, name = (request.match_info[k] for k in ("run_id", "kind", "name"))
+        checkpoint_id = f"{kind}/{name}"
+
+        def work() -> bool:
+            index = self._index(run_id)
+            if checkpoint_id not in index:
+                return False
+            if kind == "weights":
+                store = open_store(self._weights_dir(run_id, name))
+            else:
+                store = open_store(self._sampler_uri(run_id, name))
+                self.lora_cache.pop(self._adapter_name(index[checkpoint_id]["tinker_path"]), None)
+            for k in store.list():
+                store.delete(k)
+            del index[checkpoint_id]
+            self._index_store(run_id).write(CHECKPOINTS_INDEX, json.dumps(index, indent=1).encode())
+            return True
+
+        if not await self._on_worker(work):
+            msg = f"checkpoint_id: {run_id} has no checkpoint {checkpoint_id} on this service"
+            return web.json_response({"error": msg}, status=404)
+        return web.json_response({})
+
+    async def weights_info(self, request: web.Request) -> web.Response:
+        body = await self._body(request, _WeightsInfoRequest)
+        m = re.fullmatch(r"tinker://(?P<run>[^/]+)/(?P<id>(weights|sampler_weights)/[^/]+)", body.tinker_path)
+        if not m:
+            raise RequestError(f"tinker_path: {body.tinker_path!r} is not a checkpoint path of this service")
+        entry = (await asyncio.to_thread(self._index, m.group("run"))).get(m.group("id"))
+        if entry is None:
+            return web.json_response({"error": f"tinker_path: no checkpoint {body.tinker_path}"}, status=404)
+        c = entry["config"]
+        return web.json_response(
+            {
+                "base_model": c["base_model"],
+                "is_lora": True,
+                "lora_rank": c["rank"],
+                "train_unembed": False,  # the output head stays frozen (docs/tinker.md)
+                "train_mlp": c["train_mlp"],
+                "train_attn": c["train_attn"],
+            }
+        )
+
+    async def unsupported(self, request: web.Request) -> web.Response:
+        msg = (
+            f"{request.method} {request.path}: not supported by this Tinker service (rljob); "
+            "docs/tinker.md lists what it serves"
+        )
+        return web.json_response({"error": msg}, status=404)
 
     # ================================================================== futures
 
