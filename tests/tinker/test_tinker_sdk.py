@@ -592,3 +592,28 @@ def test_unsupported_sdk_calls_are_refused_at_once(served: Served, client: Any, 
     with pytest.raises(tinker.APIStatusError, match="not supported by this Tinker service") as err:
         call(rest, tc, path).result(timeout=60)
     assert err.value.status_code == 404 and time.monotonic() - t0 < 30
+
+
+def test_a_failure_inside_the_service_answers_at_once(
+    served: Served, client: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unexpected exception in a route is an answer naming it (HTTP 400, or a failed future of category
+    server), not a 5xx: the SDK retries those for minutes."""
+    from rljob.trainer.tinker import wire
+
+    svc = served.service
+
+    def broken(*_a: Any, **_k: Any) -> Any:
+        raise OSError("storage unreachable")
+
+    monkeypatch.setattr(svc, "_index", broken)
+    rest = tinker.RestClient(base_url=served.url, api_key=API_KEY)
+    t0 = time.monotonic()
+    with pytest.raises(tinker.BadRequestError, match="failed in the service: OSError: storage unreachable"):
+        rest.list_checkpoints("any").result(timeout=60)
+    monkeypatch.setattr(wire, "parse_forward_backward", broken)
+    tc = _shared_client(served, client)
+    with pytest.raises(tinker.RequestFailedError, match="OSError: storage unreachable") as err:
+        tc.forward(PROBE, "cross_entropy").result(timeout=60)
+    assert err.value.category == types.RequestErrorCategory.Server
+    assert time.monotonic() - t0 < 30
