@@ -617,3 +617,42 @@ def test_a_failure_inside_the_service_answers_at_once(
         tc.forward(PROBE, "cross_entropy").result(timeout=60)
     assert err.value.category == types.RequestErrorCategory.Server
     assert time.monotonic() - t0 < 30
+
+
+def test_the_wire_calls_of_forward_backward_custom(served: Served, client: Any) -> None:
+    """forward_backward_custom (client-side loss; the SDK needs torch for it, absent here) sends a forward
+    with cross_entropy and weights 0 where the datum has none, then a forward_backward with cross_entropy
+    and weights -dC/dlogprobs, signed and fractional. Both, as the SDK sends them: the forward's log-probs
+    do not depend on the weights, and the backward is linear in them (C = sum(lp^2) / 2 here)."""
+    base = served.service.cfg.base_model
+    tc = client.create_lora_training_client(base_model=base, rank=4, seed=61).result()
+    m = served.service.engine.models[tc.model_id]
+    seqs = [[1, 5, 17, 6, 9], [1, 4, 20, 3, 5, 7]]
+
+    def data(weights: list[list[float]]) -> list[Any]:
+        return [
+            types.Datum(
+                model_input=types.ModelInput.from_ints(s[:-1]),
+                loss_fn_inputs={"target_tokens": s[1:], "weights": w},
+            )
+            for s, w in zip(seqs, weights, strict=True)
+        ]
+
+    zeros = [[0.0] * (len(s) - 1) for s in seqs]
+    lps = lp_of(tc.forward(data(zeros), "cross_entropy").result())
+    ones = lp_of(tc.forward(data([[1.0] * (len(s) - 1) for s in seqs]), "cross_entropy").result())
+    for a, b in zip(lps, ones, strict=True):
+        np.testing.assert_array_equal(a, b)
+    custom = [(-lp).tolist() for lp in lps]  # -dC/dlp for C = sum(lp^2) / 2
+    fb = tc.forward_backward(data(custom), "cross_entropy").result()
+    assert fb.metrics["loss:sum"] == pytest.approx(sum(float((lp * lp).sum()) for lp in lps), rel=1e-5)
+    both = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(m.grads))]
+    tc.optim_step(types.AdamParams(learning_rate=0.0)).result()  # clears the buffer
+    halves = [[0.5 * w for w in ws] for ws in custom]
+    for _ in range(2):  # gradients add up until optim_step: twice the half weights is the whole
+        tc.forward_backward(data(halves), "cross_entropy").result()
+    twice = [np.asarray(x) for x in jax.tree.leaves(jax.device_get(m.grads))]
+    assert sum(float(np.abs(g).sum()) for g in both) > 0
+    for a, b in zip(both, twice, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    tc.optim_step(types.AdamParams(learning_rate=0.0)).result()
