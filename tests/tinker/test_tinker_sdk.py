@@ -498,6 +498,11 @@ def test_sampling_from_another_client_and_the_base_model(served: Served, client:
         sc = other.create_sampling_client(model_path=path).result()
         np.testing.assert_allclose(sc.compute_logprobs(prompt).result()[1:], probe(tc)[0][:4], rtol=1e-5)
         bsc = other.create_sampling_client(base_model=base).result()
+        # a handle (for another process) names the same sampler
+        by_handle = tinker.SamplingClient.from_sampler_handle(sc.get_sampler_handle(), api_key=API_KEY)
+        np.testing.assert_allclose(
+            by_handle.compute_logprobs(prompt).result()[1:], probe(tc)[0][:4], rtol=1e-5
+        )
         assert bsc.get_base_model() == base
         np.testing.assert_allclose(bsc.compute_logprobs(prompt).result()[1:], fresh[:4], rtol=1e-5, atol=1e-6)
         seeded = types.SamplingParams(max_tokens=6, temperature=1.0, seed=5)
