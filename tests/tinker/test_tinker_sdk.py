@@ -424,8 +424,10 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
         ),
         (lambda tc: tc.forward([datum([1, 5], [40])], "cross_entropy"), "token ids must lie in"),
         (lambda tc: tc.forward([datum([1] * 20, [2] * 20)], "cross_entropy"), "at most 31 per datum"),
+        (lambda tc: tc.save_state("..", overwrite=True), "a checkpoint name is"),
+        (lambda tc: tc.save_weights_for_sampler("."), "a name is"),
     ],
-    ids=["loss", "extra-input", "missing-input", "targets", "vocab", "too-long"],
+    ids=["loss", "extra-input", "missing-input", "targets", "vocab", "too-long", "dots", "dot"],
 )
 def test_unsupported_requests_fail_with_the_sdk_error(
     served: Served, client: Any, call: Any, match: str

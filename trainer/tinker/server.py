@@ -82,7 +82,9 @@ FUTURE_ROUTES = frozenset(
         "asample",
     )
 )
-_NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+# A checkpoint name is one path segment: not all dots ("." and ".." would name the model's own folder,
+# where a save_state with overwrite=True would first delete the automatic checkpoints).
+_NAME = re.compile(r"^(?!\.+$)[A-Za-z0-9._-]{1,128}$")
 CHECKPOINTS_INDEX = "checkpoints.json"  # per model, next to its weights/ and auto/: what RestClient lists
 
 
@@ -491,7 +493,7 @@ class Service:
 
     def _parse_path(self, path: str, kind: str) -> tuple[str, str]:
         m = re.fullmatch(rf"tinker://(?P<model>[^/]+)/{kind}/(?P<name>[A-Za-z0-9._-]+)", path)
-        if not m:
+        if not m or not _NAME.match(m.group("name")):
             raise RequestError(f"path: {path!r} is not a tinker://MODEL/{kind}/NAME path of this service")
         return m.group("model"), m.group("name")
 
