@@ -278,6 +278,7 @@ def test_session_heartbeats_and_close(served: Served) -> None:
     """The SDK's session heartbeats (every 10 s) keep its session alive on the service; closing the
     ServiceClient ends the session and frees its training clients."""
     svc = served.service
+    batches = svc.telemetry_batches
     own = tinker.ServiceClient(base_url=served.url, api_key=API_KEY)
     tc = own.create_lora_training_client(base_model=svc.cfg.base_model, rank=4, seed=31).result()
     sid = own.holder.get_session_id()
@@ -292,6 +293,7 @@ def test_session_heartbeats_and_close(served: Served) -> None:
     while tc.model_id in svc.engine.models and time.monotonic() < deadline:
         time.sleep(0.2)
     assert sid not in svc.sessions and sid in svc.finished
+    assert svc.telemetry_batches > batches  # close drains the SDK's telemetry to the service, accepted
     assert tc.model_id not in svc.engine.models and tc.model_id not in svc.model_session
 
 

@@ -164,6 +164,7 @@ class Service:
         self.lora_cache: dict[str, Any] = {}  # adapter name -> LoRA state (prompt log-probs on the trainer)
         self.last_checkpoint_step: int | None = None
         self.started = time.time()
+        self.telemetry_batches = 0
         self.last_request: dict[str, float] = {}  # model id -> wall time of its newest training request
         self._lock = threading.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -378,6 +379,8 @@ class Service:
         return web.json_response({"supported_models": [model]})
 
     async def telemetry(self, _r: web.Request) -> web.Response:
+        """The SDK's telemetry batches (sent while it runs and when a client closes): counted, discarded."""
+        self.telemetry_batches += 1
         return web.json_response({"status": "accepted"})
 
     async def create_session(self, request: web.Request) -> web.Response:
