@@ -4,7 +4,9 @@ Every request that starts work answers ``{"request_id"}`` at once (an ``UntypedA
 in the background and ``/api/v1/retrieve_future`` holds the poll open until it ends (at most
 ``POLL_S``, then ``{"type": "try_again"}``). A result is the SDK's JSON response model, or protobuf for
 forward / forward_backward and sample; a refused request is ``{"error", "category": "user"}`` (the SDK
-raises ``RequestFailedError``), a failure of the service ``"category": "server"``. Unknown routes are 404.
+raises ``RequestFailedError``), a failure of the service ``"category": "server"``. Routes the service does
+not serve answer 404 with a message naming them (docs/tinker.md, "The SDK's surface"); an unexpected
+exception in a route that answers directly is HTTP 400, never 5xx, which the SDK retries for minutes.
 
 Training requests of one model run in ``seq_id`` order (the SDK numbers them 1, 2, ... per training client
 and may send them out of order), one at a time on one worker thread, which owns every JAX call; a request
@@ -13,7 +15,8 @@ first one's future.
 
 State on storage (``{storage.checkpoints}/tinker``): ``registry.json`` (the live training models and
 sampling sessions), each model's newest state under ``{model}/auto`` (saved after every
-``checkpoint_every`` optim steps) and the named ``save_state`` checkpoints under ``{model}/weights/{name}``;
+``checkpoint_every`` optim steps), the named ``save_state`` checkpoints under ``{model}/weights/{name}`` and
+``{model}/checkpoints.json``, the index of its save_state and sampler checkpoints that RestClient lists;
 sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}``. A restarted service
 restores the registry and each model's newest auto checkpoint, so training clients continue where they
 were (futures in flight are lost: the SDK's poll then gets 410).
@@ -278,6 +281,7 @@ class Service:
     def _unload(self, model_ids: list[str]) -> None:
         for m in model_ids:
             self.engine.unload(m)
+            self.last_request.pop(m, None)
         self._save_registry()
 
     async def _on_worker(self, fn: Callable[[], Any]) -> Any:
