@@ -99,6 +99,10 @@ def _none(value: Any) -> bool:
 MOE_EXPERT_WEIGHT_PREFETCH = ("forward", "forward_backward")
 
 
+# MaxText 0.2.5's decoder blocks with gated delta net layers (configs/types.py: QWEN3_NEXT, QWEN3_5).
+GATED_DELTA_NET_BLOCKS = ("qwen3_next", "qwen3_5")
+
+
 def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]]:
     """MaxText's inter-key rules on the final key dict: a list of (key, message)."""
 
@@ -188,6 +192,17 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
             )
         )
     model = str(get("model_name"))
+    block = keys.get("decoder_block", keyset.models.get(model, {}).get("decoder_block", get("decoder_block")))
+    balance = get("context_parallel_load_balance")
+    if cp > 1 and str(block) in GATED_DELTA_NET_BLOCKS and (balance is None or _truthy(balance)):
+        problems.append(
+            (
+                "context_parallel_load_balance",
+                f"the {block} decoder's gated delta net layers with context parallelism {cp} need "
+                "context_parallel_load_balance=false: their recurrence runs in device order, which the "
+                "load-balancing reorder breaks, and MaxText refuses it at start",
+            )
+        )
     if model in keyset.models and not _truthy(get("override_model_config")):
         for k, fixed in keyset.models[model].items():
             if k in keys and k != "model_name" and keys[k] != fixed:
