@@ -90,3 +90,26 @@ def test_a_sampler_layout_that_cannot_serve_the_model_says_what_to_set() -> None
     ]
     doc["spec"]["sampler"] = {"tpu": "tpu7x-8", "tensorParallel": 2, "expertParallel": 4}
     assert plan.resolve(plan.parse_manifest(yaml.safe_dump(doc))).sampler.expert_parallel == 4
+
+
+def test_a_mesh_axis_the_recipes_custom_mesh_rule_lacks_is_refused_naming_both() -> None:
+    """The Qwen3.5 recipe's cp-as-ep rule builds MaxText's mesh without a tensor axis: a tensor
+    parallelism from the manifest used to validate and then fail MaxText's mesh at start."""
+    doc = {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "t", "namespace": "ns"},
+        "spec": {
+            "recipe": "qwen3.5-397b-a17b-tpu7x",
+            "trainer": {"mesh": {"fsdp": -1, "tensor": 2}},
+            "storage": {"root": "gs://bucket/runs"},
+        },
+    }
+    with pytest.raises(plan.PlanError) as e:
+        plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)))
+    assert e.value.problems == [
+        "spec.trainer.maxtext.custom_mesh_and_rule: cp-as-ep builds the mesh over data, stage, fsdp, "
+        "context, expert only: spec.trainer.mesh.tensor 2 would leave devices out (MaxText refuses the mesh "
+        "at start); set spec.trainer.mesh.tensor to 1 or use another rule (from recipe "
+        "qwen3.5-397b-a17b-tpu7x)"
+    ]
