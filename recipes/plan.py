@@ -729,6 +729,10 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
     model = maxtext_keys.attention_tile_model(keys, keyset, context)
     budget = spec.packing.token_budget
     out = []
+    blocks = [n for q, k in model["kernel_blocks"] for n in (2 * context * q, k)]
+    # the smallest budget from this one up that every kernel's blocks split (with positive blocks)
+    unit = math.lcm(spec.packing.segment_align or 1, *blocks) if min(blocks) > 0 else 1
+    fits = _round_up(budget, unit)
     for names, (bq, bk) in zip(maxtext_keys.SPLASH_BLOCK_KEYS, model["kernel_blocks"], strict=True):
         if bq <= 0 or bk <= 0:
             out.append(
@@ -737,7 +741,8 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
         elif budget % (2 * context * bq) or budget % bk:
             out.append(
                 f"spec.packing.tokenBudget: {budget} must be a multiple of 2 x context {context} x "
-                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced"
+                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced (the next budget that "
+                f"fits every kernel: {fits})"
             )
     return out
 

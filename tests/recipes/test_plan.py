@@ -340,7 +340,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"packing": {"padPosition": "balanced", "tokenBudget": 3584, "padAlign": 2048}},
         [
             f"spec.packing.tokenBudget: 3584 must be a multiple of 2 x context 1 x {q} 512 and of {k} 512 "
-            "for padPosition balanced"
+            "for padPosition balanced (the next budget that fits every kernel: 4096)"
             for q, k in (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
         ],
     ),
