@@ -347,9 +347,16 @@ def _trainer_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
     try:
         if containers is None:
             containers = tpu.default_containers(spec.trainer.tpu, "trainer")
-        trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
+        else:
+            tpu.plan(spec.trainer.tpu)  # the shape alone: its own problem names spec.trainer.tpu
     except tpu.TpuError as e:
         problems.append(f"spec.trainer.tpu: {e}")
+        return None
+    try:
+        trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
+    except tpu.TpuError as e:
+        # a valid shape: what is refused is the containers the manifest (or its recipe) asked for
+        problems.append(f"spec.trainer.containersPerHost: {e}")
         return None
     spec.trainer.containers_per_host = containers
     return trainer_tpu

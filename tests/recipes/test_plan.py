@@ -278,6 +278,11 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
+        "two containers per host on v5p: the containers are named, not the valid TPU shape",
+        {"trainer": {"containersPerHost": 2}},
+        ["spec.trainer.containersPerHost: two containers per host need a 4-chip tpu7x host, not v5p 2x2x1"],
+    ),
+    (
         "sampler len",
         {"sampler": {"maxModelLen": 2048}},
         [
