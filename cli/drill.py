@@ -13,7 +13,7 @@ For one manifest (``-f FILE``), one catalog recipe (``--recipe NAME [--profile P
 3. A scaled run: the same manifest with the counts shrunk to fit a small machine (the generation, the
    containers per host, the number of slices and the mesh's axes kept; hosts per slice at most 2, each
    kept axis at most 2 but fsdp, one sampler replica of 1 host, or of 2 where the real one is multi-host;
-   a few rollouts of the toy task), rendered
+   a few rollouts of the toy task; padPosition start or balanced keeps the token budget), rendered
    again, and the real ``rljob-trainer`` and ``rljob-sampler`` entrypoints (the render's commands) started
    as local processes, one per container of every pod of every slice, each with exactly the environment
    its container gets in that render, except the addresses (the coordinator and the samplers on
@@ -308,6 +308,11 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     spec["dataset"] = {"task": "successor"}
     alg = spec.setdefault("algorithm", {})
     alg.update(steps=steps, groupSize=4, groupsPerBatch=2, maxTokens=1, maxPromptTokens=8)
+    pack = rc.spec.packing
+    if pack.pad_position != "end":
+        # The shorter sequences would shrink a derived token budget below padAlign (and, balanced, below
+        # the Splash blocks): the full run's budget is kept, as the rows the packer lays out are its.
+        spec["packing"] = {**(spec.get("packing") or {}), "tokenBudget": pack.token_budget}
     for k in ("queueName", "priorityClassName"):
         spec.pop(k, None)
     # The miniature starts from random weights: a real checkpoint neither fits it nor is reachable here.
@@ -320,6 +325,11 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
         f"replica) -> {sampler_tpu} x 1 ({_hosts(sampler_hosts)}"
         + (": a Ray head and its workers)" if sampler_hosts > 1 else ")"),
         "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
+        **(
+            {"packing": f"token budget {pack.token_budget} kept (padPosition {pack.pad_position})"}
+            if pack.pad_position != "end"
+            else {}
+        ),
         "base_weights": "random (the miniature)" + (", not spec.model.checkpoint" if had_checkpoint else ""),
     }
     from rljob.recipes import miniature

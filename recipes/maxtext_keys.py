@@ -99,6 +99,26 @@ def _none(value: Any) -> bool:
 MOE_EXPERT_WEIGHT_PREFETCH = ("forward", "forward_backward")
 
 
+# The mesh axes of MaxText 0.2.5's custom mesh rules (``mesh_axes`` of
+# maxtext/configs/custom_mesh_and_rule/<name>.yml; tests/recipes/test_maxtext_keys.py compares with the
+# installed MaxText): a rule builds the mesh over these axes only, so a parallelism on any other axis
+# leaves devices out and MaxText refuses the mesh at start.
+CUSTOM_MESH_AXES: dict[str, tuple[str, ...]] = {
+    "cp-as-ep": ("data", "stage", "fsdp", "context", "expert"),
+    "ep-as-cp": ("data", "stage", "fsdp", "expert"),
+    "ep-as-dp": ("data", "fsdp", "fsdp_transpose", "expert"),
+    "fsdp-as-dp-for-attn": ("data", "fsdp", "fsdp_transpose", "expert"),
+    "pipeline-large-moe": ("data", "stage", "fsdp", "context", "tensor", "expert"),
+    "pure-fsdp": ("fsdp",),
+    "shard-exp-on-fsdp": ("data", "stage", "fsdp", "fsdp_transpose", "context", "expert"),
+}
+# The mesh axes rljob sets (spec.trainer.mesh; MaxText ici_<axis>_parallelism / dcn_<axis>_parallelism).
+_RLJOB_MESH_AXES = ("data", "fsdp", "tensor", "context", "expert")
+
+# MaxText 0.2.5's decoder blocks with gated delta net layers (configs/types.py: QWEN3_NEXT, QWEN3_5).
+GATED_DELTA_NET_BLOCKS = ("qwen3_next", "qwen3_5")
+
+
 def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]]:
     """MaxText's inter-key rules on the final key dict: a list of (key, message)."""
 
@@ -187,7 +207,32 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
                 f"max_target_length is {target}",
             )
         )
+    rule = get("custom_mesh_and_rule")
+    if not _none(rule) and str(rule) in CUSTOM_MESH_AXES:
+        axes = CUSTOM_MESH_AXES[str(rule)]
+        for axis in _RLJOB_MESH_AXES:
+            size = int(num(f"ici_{axis}_parallelism") or 1) * int(num(f"dcn_{axis}_parallelism") or 1)
+            if size > 1 and axis not in axes:
+                problems.append(
+                    (
+                        "custom_mesh_and_rule",
+                        f"{rule} builds the mesh over {', '.join(axes)} only: spec.trainer.mesh.{axis} "
+                        f"{size} would leave devices out (MaxText refuses the mesh at start); set "
+                        f"spec.trainer.mesh.{axis} to 1 or use another rule",
+                    )
+                )
     model = str(get("model_name"))
+    block = keys.get("decoder_block", keyset.models.get(model, {}).get("decoder_block", get("decoder_block")))
+    balance = get("context_parallel_load_balance")
+    if cp > 1 and str(block) in GATED_DELTA_NET_BLOCKS and (balance is None or _truthy(balance)):
+        problems.append(
+            (
+                "context_parallel_load_balance",
+                f"the {block} decoder's gated delta net layers with context parallelism {cp} need "
+                "context_parallel_load_balance=false: their recurrence runs in device order, which the "
+                "load-balancing reorder breaks, and MaxText refuses it at start",
+            )
+        )
     if model in keyset.models and not _truthy(get("override_model_config")):
         for k, fixed in keyset.models[model].items():
             if k in keys and k != "model_name" and keys[k] != fixed:

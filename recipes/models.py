@@ -3,7 +3,10 @@
 ``MODELS``: what the sampler plan checks its parallelism against. ``num_kv_heads`` and ``num_experts``
 are MaxText 0.2.5's own values (``base_num_kv_heads``, ``num_experts`` in
 ``maxtext/configs/models/<maxtextModel>.yml``; tests/recipes/test_models.py reads the installed MaxText
-and compares). A model outside this table is not checked.
+and compares). Any other MaxText model's facts are read from the same keys in the MaxText key table the
+plan checks keys against (``rljob.recipes.maxtext_keys``, generated from MaxText 0.2.5's model configs), so
+a Qwen3 size the catalog has no recipe for is checked too. A model MaxText does not know is not checked
+(the plan refuses its name).
 
 ``RECURRENT_DECODER_BLOCKS``: the decoder blocks whose rollouts the trainer packs one per row (the plan's
 spec.packing, which the trainer follows).
@@ -12,6 +15,8 @@ spec.packing, which the trainer follows).
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from rljob.recipes import maxtext_keys
 
 
 @dataclass(frozen=True)
@@ -31,7 +36,16 @@ MODELS: dict[str, ModelFacts] = {
 
 
 def facts(maxtext_model: str | None) -> ModelFacts | None:
-    return MODELS.get(maxtext_model or "")
+    """The model's facts: this table's, else MaxText's model config in the key table; None: unknown."""
+    name = maxtext_model or ""
+    if name in MODELS:
+        return MODELS[name]
+    cfg = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION).models.get(name)
+    kv = maxtext_keys.number(cfg.get("base_num_kv_heads")) if cfg else None
+    if not kv:
+        return None
+    experts = int(maxtext_keys.number(cfg.get("num_experts")) or 0) if cfg else 0
+    return ModelFacts(num_kv_heads=int(kv), num_experts=experts if experts > 1 else 0)
 
 
 # MaxText decoder blocks with gated delta net layers (MaxText 0.2.5 models/qwen3.py

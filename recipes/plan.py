@@ -315,13 +315,18 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
         )
     if pack.pad_position == "end" and pack.pad_align != DEFAULT_PAD_ALIGN:
         problems.append(
-            f"spec.packing.padAlign: {pack.pad_align} is only read with padPosition start; with end it "
-            "would do nothing (remove it, or set padPosition: start)"
+            f"spec.packing.padAlign: {pack.pad_align} is only read with padPosition start or balanced; with "
+            "end it would do nothing (remove it, or set padPosition: start)"
         )
     if pack.pad_position != "end" and pack.pad_align >= pack.token_budget:
+        default = " (the default)" if pack.pad_align == DEFAULT_PAD_ALIGN else ""
+        fix = _pad_align_below(pack.segment_align, pack.token_budget)
         problems.append(
-            f"spec.packing.padAlign: {pack.pad_align} is not below the token budget {pack.token_budget}: "
-            f"padPosition {pack.pad_position} would never move a row"
+            f"spec.packing.padAlign: {pack.pad_align}{default} is not below the token budget "
+            f"{pack.token_budget}: padPosition {pack.pad_position} would never move a row; set padAlign to a "
+            f"multiple of segmentAlign {pack.segment_align} below {pack.token_budget}"
+            + (f" (e.g. {fix})" if fix else "")
+            + " or raise spec.packing.tokenBudget above it"
         )
     return seq
 
@@ -365,6 +370,16 @@ def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
     return lora_targets.decoder_block(keys, {**default, **model})
 
 
+def _pad_align_below(segment_align: int, budget: int) -> int | None:
+    """The largest segmentAlign x 2^k below the token budget (a padAlign padPosition start can use)."""
+    best = None
+    align = segment_align
+    while 0 < align < budget:
+        best = align
+        align *= 2
+    return best
+
+
 def _trainer_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
     """spec.trainer.tpu: one slice's TPU plan; fills containersPerHost. None: not a TPU shape."""
     assert spec.trainer and spec.trainer.tpu
@@ -372,9 +387,16 @@ def _trainer_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
     try:
         if containers is None:
             containers = tpu.default_containers(spec.trainer.tpu, "trainer")
-        trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
+        else:
+            tpu.plan(spec.trainer.tpu)  # the shape alone: its own problem names spec.trainer.tpu
     except tpu.TpuError as e:
         problems.append(f"spec.trainer.tpu: {e}")
+        return None
+    try:
+        trainer_tpu = tpu.plan(spec.trainer.tpu, containers)
+    except tpu.TpuError as e:
+        # a valid shape: what is refused is the containers the manifest (or its recipe) asked for
+        problems.append(f"spec.trainer.containersPerHost: {e}")
         return None
     spec.trainer.containers_per_host = containers
     return trainer_tpu
@@ -704,7 +726,36 @@ def _sampler_layout_problems(
             out.append(
                 f"spec.sampler.expertParallel: {ep} does not divide the {f.num_experts} experts of {model}"
             )
+        if out:
+            out.append(_sampler_layout_hint(f, str(model), devices, tpu_name))
     return out
+
+
+def _sampler_layout_hint(f: models.ModelFacts, model: str, devices: int, tpu_name: str) -> str:
+    """What to set when a replica's layout is refused: a tensorParallel x expertParallel layout of its
+    devices that the rules above accept (the largest tensor parallelism), or, where none exists, the most
+    devices a replica of the model can use."""
+    layouts = [
+        (tp, devices // tp)
+        for tp in range(devices, 0, -1)
+        if devices % tp == 0
+        and f.num_kv_heads % tp == 0
+        and (devices // tp == 1 or (f.num_experts and f.num_experts % (devices // tp) == 0))
+    ]
+    if layouts:
+        tp, ep = layouts[0]
+        return (
+            f"spec.sampler.tensorParallel: a {tpu_name} replica of {model} can be laid out as tensorParallel "
+            f"{tp} x expertParallel {ep}" + (" (set both)" if ep > 1 else "")
+        )
+    most = f.num_kv_heads * (f.num_experts or 1)
+    what = f"{f.num_kv_heads} KV heads" + (f" x {f.num_experts} experts" if f.num_experts else "")
+    return (
+        f"spec.sampler.tpu: no layout of the {devices} devices of a {tpu_name} replica serves {model} "
+        f"(tensorParallel divides its {what}, and LoRA takes no dataParallel): use a sampler slice of at "
+        f"most {most} devices per replica, and more "
+        "replicas"
+    )
 
 
 def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
@@ -718,6 +769,10 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
     model = maxtext_keys.attention_tile_model(keys, keyset, context)
     budget = spec.packing.token_budget
     out = []
+    blocks = [n for q, k in model["kernel_blocks"] for n in (2 * context * q, k)]
+    # the smallest budget from this one up that every kernel's blocks split (with positive blocks)
+    unit = math.lcm(spec.packing.segment_align or 1, *blocks) if min(blocks) > 0 else 1
+    fits = _round_up(budget, unit)
     for names, (bq, bk) in zip(maxtext_keys.SPLASH_BLOCK_KEYS, model["kernel_blocks"], strict=True):
         if bq <= 0 or bk <= 0:
             out.append(
@@ -726,7 +781,8 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
         elif budget % (2 * context * bq) or budget % bk:
             out.append(
                 f"spec.packing.tokenBudget: {budget} must be a multiple of 2 x context {context} x "
-                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced"
+                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced (the next budget that "
+                f"fits every kernel: {fits})"
             )
     return out
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
@@ -40,7 +41,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = maxtext_config(keys)
         mesh = maxtext_utils.get_mesh_from_config(cfg)
     except (ValueError, AssertionError) as e:
-        print(f"spec.trainer.mesh: MaxText refuses the mesh: {str(e).splitlines()[0]}", file=sys.stderr)
+        # A pydantic ValidationError's first line only counts the errors; its next line says what.
+        lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+        why = next(
+            (x for x in lines if not re.match(r"^\d+ validation errors? for ", x)), lines[0] if lines else ""
+        )
+        print(f"spec.trainer.mesh: MaxText refuses the mesh: {why}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     shape = {str(k): int(v) for k, v in mesh.shape.items()}
     print(json.dumps({"mesh": shape, "devices": jax.device_count()}))

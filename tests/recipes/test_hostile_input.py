@@ -237,7 +237,8 @@ def test_timestamps_stay_strings_as_kubectl_decodes_them() -> None:
 
 def test_four_independent_mistakes_in_one_run(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A bad queueName (parse), a string for an integer (parse), a LoRA rank vLLM cannot serve and a
-    tensor parallelism that does not divide the slice (plan): all four lines, exit 2, no traceback."""
+    tensor parallelism that does not divide the slice nor the model's KV heads (plan): every line, the
+    layout to set among them, exit 2, no traceback."""
     doc = with_spec(
         queueName="my queue",
         algorithm={"steps": "8"},
@@ -256,6 +257,9 @@ def test_four_independent_mistakes_in_one_run(capsys: pytest.CaptureFixture[str]
         "spec.lora.rank: 7 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
         "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of a "
         "v5p-8 sampler replica",
+        "spec.sampler.tensorParallel: 3 does not divide the 8 KV heads of qwen3-4b",
+        "spec.sampler.tensorParallel: a v5p-8 replica of qwen3-4b can be laid out as tensorParallel 4 x "
+        "expertParallel 1",
     ]
     assert problems_of_body(doc) == err.splitlines()
 

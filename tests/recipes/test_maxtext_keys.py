@@ -277,3 +277,61 @@ def test_non_finite_numbers_fire_no_rule_and_never_crash(value: object) -> None:
     keyset = maxtext_keys.load("0.2.5")
     keys = {"num_moe_token_chunks": value, "num_vocab_tiling": value, "max_target_length": 4096}
     assert maxtext_keys.check_rules(keys, keyset) == []
+
+
+def test_custom_mesh_axes_are_maxtexts() -> None:
+    pytest.importorskip("maxtext")
+    from importlib import resources
+
+    import yaml
+
+    folder = resources.files("maxtext").joinpath("configs", "custom_mesh_and_rule")
+    got = {
+        p.name.removesuffix(".yml"): tuple(yaml.safe_load(p.read_text(encoding="utf-8"))["mesh_axes"])
+        for p in folder.iterdir()
+        if p.name.endswith(".yml")
+    }
+    assert got == maxtext_keys.CUSTOM_MESH_AXES
+
+
+@pytest.mark.parametrize(
+    ("keys", "problems"),
+    [
+        ({"custom_mesh_and_rule": "cp-as-ep", "ici_context_parallelism": 4, "ici_expert_parallelism": 2}, []),
+        (
+            {"custom_mesh_and_rule": "cp-as-ep", "ici_tensor_parallelism": 2, "ici_context_parallelism": 4},
+            [
+                (
+                    "custom_mesh_and_rule",
+                    "cp-as-ep builds the mesh over data, stage, fsdp, context, expert only: "
+                    "spec.trainer.mesh.tensor 2 would leave devices out (MaxText refuses the mesh at start); "
+                    "set spec.trainer.mesh.tensor to 1 or use another rule",
+                )
+            ],
+        ),
+        (
+            {"custom_mesh_and_rule": "pure-fsdp", "ici_fsdp_parallelism": 4, "dcn_data_parallelism": 2},
+            [
+                (
+                    "custom_mesh_and_rule",
+                    "pure-fsdp builds the mesh over fsdp only: spec.trainer.mesh.data 2 would leave devices "
+                    "out (MaxText refuses the mesh at start); set spec.trainer.mesh.data to 1 or use another "
+                    "rule",
+                )
+            ],
+        ),
+    ],
+)
+def test_a_custom_mesh_rule_keeps_only_its_axes(
+    keys: dict[str, Any], problems: list[tuple[str, str]]
+) -> None:
+    assert maxtext_keys.check_rules({**OK_BASE, **keys}, maxtext_keys.load("0.2.5")) == problems
+
+
+def test_gated_delta_net_context_parallelism_needs_load_balance_off() -> None:
+    ks = maxtext_keys.load("0.2.5")
+    keys = {**OK_BASE, "model_name": "qwen3.5-397b-a17b", "ici_context_parallelism": 2}
+    assert [k for k, _ in maxtext_keys.check_rules(keys, ks)] == ["context_parallel_load_balance"]
+    assert maxtext_keys.check_rules({**keys, "context_parallel_load_balance": False}, ks) == []
+    assert maxtext_keys.check_rules({**keys, "ici_context_parallelism": 1}, ks) == []
+    assert maxtext_keys.check_rules({**keys, "model_name": "qwen3-8b"}, ks) == []

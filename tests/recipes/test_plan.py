@@ -227,17 +227,27 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of "
             "a v5p-8 sampler replica",
             "spec.sampler.tensorParallel: 3 does not divide the 8 KV heads of qwen3-8b",
+            "spec.sampler.tensorParallel: a v5p-8 replica of qwen3-8b can be laid out as tensorParallel 4 x "
+            "expertParallel 1",
         ],
     ),
     (
         "sampler layout of a dense model",
         {"sampler": {"tensorParallel": 2, "expertParallel": 2}},
-        ["spec.sampler.expertParallel: 2, but qwen3-8b has no experts"],
+        [
+            "spec.sampler.expertParallel: 2, but qwen3-8b has no experts",
+            "spec.sampler.tensorParallel: a v5p-8 replica of qwen3-8b can be laid out as tensorParallel 4 x "
+            "expertParallel 1",
+        ],
     ),
     (
         "sampler kv heads",
         {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-8"}},
-        ["spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b"],
+        [
+            "spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b",
+            "spec.sampler.tensorParallel: a tpu7x-8 replica of qwen3.5-397b-a17b can be laid out as "
+            "tensorParallel 2 x expertParallel 4 (set both)",
+        ],
     ),
     (
         "sampler experts and data parallel, every problem at once",
@@ -250,7 +260,27 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "of a tpu7x-16 sampler replica",
             "spec.sampler.dataParallel: 3; vLLM's TPU backend serves LoRA adapters only without data "
             "parallelism (use tensorParallel / expertParallel, or more replicas)",
+            "spec.sampler.tensorParallel: a tpu7x-16 replica of gpt-oss-20b can be laid out as "
+            "tensorParallel 8 x expertParallel 2 (set both)",
         ],
+    ),
+    (
+        "gated delta net layers under context parallelism need the load-balancing reorder off",
+        {
+            "model": {"maxtextModel": "qwen3.5-397b-a17b"},
+            "trainer": {"mesh": {"fsdp": -1, "context": 2}},
+            "sampler": {"tensorParallel": 2, "expertParallel": 2},
+        },
+        [
+            "spec.trainer.maxtext.context_parallel_load_balance: the qwen3_5 decoder's gated delta net "
+            "layers with context parallelism 2 need context_parallel_load_balance=false: their recurrence "
+            "runs in device order, which the load-balancing reorder breaks, and MaxText refuses it at start",
+        ],
+    ),
+    (
+        "two containers per host on v5p: the containers are named, not the valid TPU shape",
+        {"trainer": {"containersPerHost": 2}},
+        ["spec.trainer.containersPerHost: two containers per host need a 4-chip tpu7x host, not v5p 2x2x1"],
     ),
     (
         "sampler len",
@@ -280,8 +310,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "pad align with end does nothing",
         {"packing": {"padAlign": 2048}},
         [
-            "spec.packing.padAlign: 2048 is only read with padPosition start; with end it would do nothing "
-            "(remove it, or set padPosition: start)",
+            "spec.packing.padAlign: 2048 is only read with padPosition start or balanced; with end it would "
+            "do nothing (remove it, or set padPosition: start)",
         ],
     ),
     (
@@ -293,8 +323,21 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "pad align at least the row: start never moves a row",
         {"packing": {"padPosition": "start", "tokenBudget": 4096}},
         [
-            "spec.packing.padAlign: 4096 is not below the token budget 4096: padPosition start would never "
-            "move a row",
+            "spec.packing.padAlign: 4096 (the default) is not below the token budget 4096: padPosition start "
+            "would never move a row; set padAlign to a multiple of segmentAlign 64 below 4096 (e.g. 2048) or "
+            "raise spec.packing.tokenBudget above it",
+        ],
+    ),
+    (
+        "balanced with a small budget: the default pad align never fits, the message says what to set",
+        {
+            "algorithm": {"maxTokens": 512, "maxPromptTokens": 256},
+            "packing": {"padPosition": "balanced", "tokenBudget": 1024},
+        },
+        [
+            "spec.packing.padAlign: 4096 (the default) is not below the token budget 1024: padPosition "
+            "balanced would never move a row; set padAlign to a multiple of segmentAlign 64 below 1024 "
+            "(e.g. 512) or raise spec.packing.tokenBudget above it",
         ],
     ),
     (
@@ -302,7 +345,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"packing": {"padPosition": "balanced", "tokenBudget": 3584, "padAlign": 2048}},
         [
             f"spec.packing.tokenBudget: 3584 must be a multiple of 2 x context 1 x {q} 512 and of {k} 512 "
-            "for padPosition balanced"
+            "for padPosition balanced (the next budget that fits every kernel: 4096)"
             for q, k in (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
         ],
     ),
@@ -415,6 +458,7 @@ def test_all_problems_at_once() -> None:
         "spec.lora.rank",
         "spec.sampler.tensorParallel",
         "spec.sampler.tensorParallel",  # 5 is not the 4 devices, nor divides the 8 KV heads
+        "spec.sampler.tensorParallel",  # the layout to set instead
         "spec.trainer.mesh",
         "spec.trainer.maxtext.nope",
         "metadata.name",

@@ -228,8 +228,9 @@ def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) 
         (
             {"packing": {"padPosition": "start"}},  # padAlign 4096 above the 3072 budget
             [
-                "spec.packing.padAlign: 4096 is not below the token budget 3072: padPosition start would "
-                "never move a row"
+                "spec.packing.padAlign: 4096 (the default) is not below the token budget 3072: padPosition "
+                "start would never move a row; set padAlign to a multiple of segmentAlign 64 below 3072 "
+                "(e.g. 2048) or raise spec.packing.tokenBudget above it"
             ],
         ),
     ],
