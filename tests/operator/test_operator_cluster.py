@@ -205,6 +205,7 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
     rng = random.Random(4)
     names = [f"k{i:02d}" for i in range(50)]
     done = threading.Event()
+    killed = threading.Condition()
     kills = 0
 
     def killer() -> None:
@@ -212,13 +213,21 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
         while not done.is_set():
             time.sleep(0.2 + rng.random() * 1.5)
             rljob_operator.kill(signal.SIGKILL)
-            kills += 1
+            with killed:
+                kills += 1
+                killed.notify_all()
             rljob_operator.start()
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
     try:
-        for name in names:
+        for i, name in enumerate(names):
+            if i and i % 10 == 0:
+                # Paced by the kills: each batch of ten starts after one more kill, so the kills land
+                # while RLJobs are being created however fast the API server answers.
+                with killed:
+                    while kills < i // 10:
+                        assert killed.wait(timeout=60), (i, kills)
             wait_for(
                 functools.partial(_create_tolerating_webhook_outage, cluster, namespace, name),
                 120,
@@ -229,7 +238,7 @@ def test_operator_sigkilled_while_50_rljobs_are_created(
         thread.join(timeout=120)
     if not rljob_operator.alive():
         rljob_operator.start()
-    assert kills >= 3
+    assert kills >= 4
 
     def converged() -> bool:
         items = as_dict(cluster.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL))[
