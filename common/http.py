@@ -18,6 +18,7 @@ https://aws.amazon.com/blogs/architecture/exponential-backoff-and-jitter/.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import json as jsonlib
 import logging
 import random
@@ -402,10 +403,12 @@ _shared_lock = threading.Lock()
 
 
 def shared() -> SyncHttp:
-    """The process's client for occasional synchronous calls (readiness polls, one-off requests); never
-    closed."""
+    """The process's client for occasional synchronous calls (readiness polls, one-off requests); closed
+    when the interpreter exits (its connections then close cleanly, without aiohttp's unclosed-session
+    warnings)."""
     global _shared
     with _shared_lock:
         if _shared is None:
             _shared = SyncHttp("http-shared")
+            atexit.register(_shared.close)
         return _shared
