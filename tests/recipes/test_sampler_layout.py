@@ -10,6 +10,8 @@ field. The derivations (what the plan fills when the manifest leaves the layout 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -189,11 +191,12 @@ REFUSED: list[tuple[str, str, dict[str, Any], str, str]] = [
         "",  # 128 experts divide by 32: accepted (a control for the next row)
     ),
     (
-        "expert parallelism 64 for a model of 32 experts",
+        # 32 experts divide by the expert parallelism alone, not by the 64 devices they split over
+        "32 experts over tensorParallel 2 x expertParallel 32 = 64 devices",
         "gpt-oss-20b",
-        {"tpu": "tpu7x-64", "tensorParallel": 1, "expertParallel": 64},
+        {"tpu": "tpu7x-64", "tensorParallel": 2, "expertParallel": 32},
         "fused_moe_gmm.py: num_experts // ep_size experts a device",
-        "spec.sampler.tensorParallel: 1 x expertParallel 64 = 64 does not divide the 32 experts of "
+        "spec.sampler.tensorParallel: 2 x expertParallel 32 = 64 does not divide the 32 experts of "
         "gpt-oss-20b",
     ),
     (
@@ -365,3 +368,27 @@ def test_a_dense_model_nothing_is_derived() -> None:
     run = _resolve(manifest({}))
     assert run.derived is None and "derived" not in explain(run)
     assert "derived" not in run.model_dump_json(exclude_none=True)
+
+
+def test_rljob_plan_shows_the_derived_values_of_the_held_out_manifest(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rljob.cli.main import main
+
+    path = tmp_path / "q397.yaml"
+    path.write_text(yaml.safe_dump(manifest({**HELD_OUT, "sampler": {"tpu": "tpu7x-16"}})))
+    assert main(["validate", "-f", str(path)]) == 0
+    capsys.readouterr()
+    assert main(["plan", "-f", str(path)]) == 0
+    out = capsys.readouterr().out
+    derived = out[out.index("derived (4; unset, and the default would not run") :].splitlines()[1:]
+    assert [line.split(" [derived]: ")[0] for line in derived] == [
+        "  spec.packing.maxSegmentsPerRow = 1",
+        "  spec.sampler.expertParallel = 16",
+        "  spec.sampler.tensorParallel = 1",
+        "  spec.trainer.maxtext.context_parallel_load_balance = False",
+    ]
+    assert "replicas: 1, tensor x expert x data parallel 1 x 16 x 1" in out
+    assert main(["plan", "-f", str(path), "-o", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sorted(doc["derived"]) == [line.split(" = ")[0].strip() for line in derived]
