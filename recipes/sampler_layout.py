@@ -5,9 +5,10 @@ tensorParallel x expertParallel (vLLM's world size); with expertParallel > 1 it 
 ``--enable-expert-parallel``, tpu-inference's ``sharding_strategy`` {tensor_parallelism, expert_parallelism}
 and ``NEW_MODEL_DESIGN=1`` (tpu-inference's mesh with an ``expert`` axis beside ``model``). The rules below
 are those of the pinned engine, vllm-tpu 0.32.0 and its tpu-inference 0.32.0 (pyproject's ``sampler-tpu``
-extra), each citing the file and function that applies it (tpu-inference paths are under
-https://github.com/vllm-project/tpu-inference/blob/v0.32.0/, vLLM's under
-https://github.com/vllm-project/vllm/blob/v0.32.0/):
+extra), each citing the file and function that applies it: tpu_inference/... paths are those of the
+tpu-inference 0.32.0 package (https://pypi.org/project/tpu-inference/0.32.0/, from
+https://github.com/vllm-project/tpu-inference), vllm/... paths those of vllm-tpu 0.32.0
+(https://pypi.org/project/vllm-tpu/0.32.0/):
 
 1. devices: tensorParallel x expertParallel x dataParallel is the replica's devices
    (tpu_inference/layers/common/sharding.py, ``ShardingConfigManager.__init__``: the product of the strategy).
@@ -36,7 +37,8 @@ https://github.com/vllm-project/vllm/blob/v0.32.0/):
 7. gated delta net layers (Qwen3-Next, Qwen3.5): their key and value heads split over the ``ATTN_HEAD``
    devices (tpu_inference/layers/common/gdn_attention.py ``run_jax_gdn_attention``: ``n_kq // tp_size``,
    ``n_v // tp_size`` in a shard_map over ``ATTN_HEAD``), so both divide by tensorParallel x
-   expertParallel.
+   expertParallel: fewer key heads than devices leave a device 0 of them, and the GDN kernel divides by
+   that (tpu_inference/kernels/gdn/v3/config.py, ``GDNConfig.v_per_kq_head``).
 
 ``resolve`` fills what the manifest left unset: the default (every device as tensor parallelism) where it
 runs, else a layout the rules accept, recorded with the reason (``Layout.derived``); a value the manifest
@@ -138,7 +140,7 @@ def model_problems(f: LayoutFacts, model: str, tp: int, ep: int) -> list[str]:
             )
         elif kv < h:
             copies = h // kv
-            axis = next((size for size in (tp, ep) if size >= copies), None)
+            axis = next((width for width in (tp, ep) if width >= copies), None)
             if axis is None or axis % copies:
                 out.append(
                     f"{_TENSOR}: {tp} x expertParallel {ep} cannot hold the {copies} copies of each of the "
