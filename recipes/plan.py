@@ -255,7 +255,6 @@ def resolve(job: RLJob) -> RunConfig:
     whose input an earlier one could not resolve (a TPU shape) checks what it can and plans nothing. The
     problems of every section are raised together at the end."""
     spec, layers, problems = _working_spec(job)
-    layers.derived = {}
     _dataset(spec, problems)
     _model(spec)
     seq = _algorithm_and_packing(spec, layers, job, problems)  # before the trainer: max_target_length
