@@ -250,19 +250,14 @@ def scaled_mesh(full: dict[str, int], devices: int) -> dict[str, int]:
 
 
 def sampler_layout(model: str | None, devices: int) -> tuple[int, int]:
-    """(tensorParallel, expertParallel) of a one-host sampler replica of ``devices`` devices that the plan
-    accepts: the largest tensor parallelism dividing both the devices and the model's KV heads, the rest
-    expert parallel (a model without experts, or whose experts it does not divide: all tensor parallel)."""
-    from rljob.recipes import models
+    """(tensorParallel, expertParallel) of a sampler replica of ``devices`` devices that the plan accepts:
+    the layout it prefers among those vLLM's TPU backend runs (rljob.recipes.sampler_layout), else all
+    tensor parallel (the plan then says why)."""
+    from rljob.recipes import sampler_layout as rules
 
-    f = models.facts(model)
-    if f is None:
-        return devices, 1
-    tp = max(t for t in range(1, devices + 1) if devices % t == 0 and f.num_kv_heads % t == 0)
-    ep = devices // tp
-    if ep > 1 and (not f.num_experts or f.num_experts % ep):
-        return devices, 1
-    return tp, ep
+    f = rules.facts(model)
+    ok = rules.layouts(f, str(model), devices) if f is not None else []
+    return ok[0] if ok else (devices, 1)
 
 
 def scaled_sampler_hosts(rc: Any) -> int:

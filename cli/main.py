@@ -228,7 +228,31 @@ def explain(run: RunConfig) -> str:
     width = max((len(k) for k in t.maxtext), default=0)
     for k, v in t.maxtext.items():
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
+    lines += _derived(run)
     return "\n".join(lines) + "\n"
+
+
+def _derived(run: RunConfig) -> list[str]:
+    """The values the plan derived (source derived: unset, and the default would not run), each with its
+    value and reason; set the field in the manifest to choose another."""
+    if not run.derived:
+        return []
+    out = [f"derived ({len(run.derived)}; unset, and the default would not run; set the field to choose):"]
+    for path, why in run.derived.items():
+        out.append(f"  {path} = {_derived_value(run, path)} [derived]: {why}")
+    return out
+
+
+def _derived_value(run: RunConfig, path: str) -> str:
+    """The resolved value of a derived spec path (spec.trainer.maxtext.<key> or a field of the resolved
+    spec / sampler plan)."""
+    prefix = "spec.trainer.maxtext."
+    if path.startswith(prefix):
+        return str(run.trainer.maxtext.get(path[len(prefix) :], "?"))
+    node: Any = run.spec.model_dump(by_alias=True)
+    for part in path.split(".")[1:]:
+        node = node.get(part) if isinstance(node, dict) else None
+    return "?" if node is None else str(node)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -246,6 +246,33 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
     return problems
 
 
+def derived_keys(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, tuple[Any, str]]:
+    """Keys absent from ``keys`` (no layer set them) whose MaxText default check_rules would refuse, with
+    the one value that runs and why: the plan fills these (source ``derived``) instead of refusing a value
+    the user never chose. A key a layer set is left to check_rules."""
+
+    def get(k: str) -> Any:
+        return keys[k] if k in keys else keyset.defaults.get(k)
+
+    def num(k: str) -> float:
+        v = _number(get(k))
+        return 0.0 if v is None else v
+
+    out: dict[str, tuple[Any, str]] = {}
+    cp = int(num("ici_context_parallelism") * max(num("dcn_context_parallelism"), 1))
+    model = str(get("model_name"))
+    block = keys.get("decoder_block", keyset.models.get(model, {}).get("decoder_block", get("decoder_block")))
+    key = "context_parallel_load_balance"
+    if cp > 1 and str(block) in GATED_DELTA_NET_BLOCKS and key not in keys and key in keyset:
+        out[key] = (
+            False,
+            f"the {block} decoder's gated delta net layers with context parallelism {cp}: MaxText refuses "
+            "the default true at start (their recurrence runs in device order, which the load-balancing "
+            "reorder breaks)",
+        )
+    return out
+
+
 # The Splash attention blocks of the forward and of the dkv backward kernel (MaxText key names).
 SPLASH_BLOCK_KEYS = (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
 

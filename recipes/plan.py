@@ -13,7 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
+from rljob.recipes import (
+    lora_targets,
+    maxtext_keys,
+    mesh,
+    models,
+    naming,
+    overrides,
+    sampler_layout,
+    startup,
+    syntax,
+    tpu,
+)
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
@@ -65,8 +76,9 @@ _UNION_PARTS = _UNION_STR | {"TpuSlice"}
 # Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
 MAX_KEY_HINTS = 10
 
-# Where each maxtext key came from, lowest precedence first.
-SOURCES = ("rljob", "recipe", "profile", "manifest")
+# Where each maxtext key came from, lowest precedence first; "derived": no layer set it and MaxText's
+# default would not run, so the plan filled the value that does (RunConfig.derived says why).
+SOURCES = ("rljob", "recipe", "profile", "manifest", "derived")
 
 
 # A refusal lists at most this many problems, each at most this long (a webhook answer, a terminal screen).
@@ -148,6 +160,19 @@ class _Layers:
         self.recipe_name: str | None = None
         self.profile_name: str | None = None
         self.unknown_recipe = False
+        # What the plan filled because the default would not run: spec path -> reason (RunConfig.derived).
+        self.derived: dict[str, str] = {}
+
+    def sets(self, job: RLJob, *path: str) -> bool:
+        """Whether the recipe, its profile or the manifest sets the spec field at ``path`` (camelCase
+        keys under spec): a value the plan may not replace by a derived one."""
+        for layer in (self.recipe, self.profile, _dump(job.spec)):
+            node: Any = layer
+            for key in path:
+                node = node.get(key) if isinstance(node, dict) else None
+            if node is not None:
+                return True
+        return False
 
 
 def _layers(job: RLJob, problems: list[str]) -> _Layers:
@@ -232,18 +257,18 @@ def resolve(job: RLJob) -> RunConfig:
     spec, layers, problems = _working_spec(job)
     _dataset(spec, problems)
     _model(spec)
-    seq = _algorithm_and_packing(spec, problems)  # before the trainer: max_target_length
+    seq = _algorithm_and_packing(spec, layers, job, problems)  # before the trainer: max_target_length
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
     _service(spec, trainer_tpu, problems)
     _lora(spec, problems)
-    sampler_plan = _sampler(spec, sampler_tpu, seq, problems)
+    sampler_plan = _sampler(spec, sampler_tpu, seq, layers, job, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
     _pod_overrides(spec, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
-    return _run_config(spec, trainer_plan, sampler_plan, job)
+    return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived)
 
 
 def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
@@ -287,9 +312,9 @@ def _model(spec: RLJobSpec) -> None:
         spec.model.maxtext_model = spec.model.name.rsplit("/", 1)[-1].lower()
 
 
-def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
-    """spec.algorithm and spec.packing: fills tokenBudget; the longest sequence (maxPromptTokens +
-    maxTokens)."""
+def _algorithm_and_packing(spec: RLJobSpec, layers: _Layers, job: RLJob, problems: list[str]) -> int:
+    """spec.algorithm and spec.packing: fills tokenBudget (and padAlign where its default cannot work);
+    the longest sequence (maxPromptTokens + maxTokens)."""
     alg, pack = spec.algorithm, spec.packing
     assert alg and alg.max_prompt_tokens and alg.max_tokens and alg.group_size and alg.groups_per_batch
     assert pack and pack.pad_align and pack.segment_align and pack.pad_position
@@ -304,7 +329,20 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
             f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
             "a full-length sequence would not fit a packed row"
         )
-    _rows_of_the_model(spec, problems)
+    _rows_of_the_model(spec, layers, problems)
+    fix = _pad_align_below(pack.segment_align, pack.token_budget)
+    if (
+        pack.pad_position != "end"
+        and pack.pad_align >= pack.token_budget
+        and fix
+        and not layers.sets(job, "packing", "padAlign")
+    ):
+        layers.derived["spec.packing.padAlign"] = (
+            f"the default {pack.pad_align} is not below the token budget {pack.token_budget}, so padPosition "
+            f"{pack.pad_position} would never move a row: the largest segmentAlign {pack.segment_align} "
+            "x 2^k below the budget"
+        )
+        pack.pad_align = fix
     if pack.segment_align > pack.token_budget:
         problems.append(
             f"spec.packing.segmentAlign: {pack.segment_align} exceeds the token budget {pack.token_budget}"
@@ -319,8 +357,7 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
             "end it would do nothing (remove it, or set padPosition: start)"
         )
     if pack.pad_position != "end" and pack.pad_align >= pack.token_budget:
-        default = " (the default)" if pack.pad_align == DEFAULT_PAD_ALIGN else ""
-        fix = _pad_align_below(pack.segment_align, pack.token_budget)
+        default = "" if layers.sets(job, "packing", "padAlign") else " (the default)"
         problems.append(
             f"spec.packing.padAlign: {pack.pad_align}{default} is not below the token budget "
             f"{pack.token_budget}: padPosition {pack.pad_position} would never move a row; set padAlign to a "
@@ -331,7 +368,7 @@ def _algorithm_and_packing(spec: RLJobSpec, problems: list[str]) -> int:
     return seq
 
 
-def _rows_of_the_model(spec: RLJobSpec, problems: list[str]) -> None:
+def _rows_of_the_model(spec: RLJobSpec, layers: _Layers, problems: list[str]) -> None:
     """spec.packing for the model's decoder: fills maxSegmentsPerRow 1 for a decoder with gated delta net
     layers (models.RECURRENT_DECODER_BLOCKS) and refuses another value, or padding anywhere but at the
     end, for it; any other decoder keeps what the spec says (None: as many rollouts as fit)."""
@@ -348,6 +385,7 @@ def _rows_of_the_model(spec: RLJobSpec, problems: list[str]) -> None:
         problems.append(f"spec.packing.padPosition: {pack.pad_position}; {why} (set end, or remove it)")
     if pack.max_segments_per_row is None:
         pack.max_segments_per_row = 1
+        layers.derived["spec.packing.maxSegmentsPerRow"] = why
     elif pack.max_segments_per_row != 1:
         problems.append(
             f"spec.packing.maxSegmentsPerRow: {pack.max_segments_per_row}; {why} (set 1, or remove it)"
@@ -446,18 +484,27 @@ def _lora(spec: RLJobSpec, problems: list[str]) -> None:
 
 
 def _sampler(
-    spec: RLJobSpec, sampler_tpu: TpuPlan | None, seq: int, problems: list[str]
+    spec: RLJobSpec, sampler_tpu: TpuPlan | None, seq: int, layers: _Layers, job: RLJob, problems: list[str]
 ) -> SamplerPlan | None:
-    """spec.sampler: fills the layout (tensorParallel) and maxModelLen; None without a TPU plan."""
+    """spec.sampler: fills the layout (rljob.recipes.sampler_layout: the rules of vLLM's TPU backend) and
+    maxModelLen; None without a TPU plan."""
     if sampler_tpu is None:
         return None
     assert spec.sampler and spec.sampler.expert_parallel and spec.sampler.data_parallel
     assert spec.sampler.max_num_seqs and spec.lora
-    devices = sampler_tpu.devices
-    ep, dp = spec.sampler.expert_parallel, spec.sampler.data_parallel
-    tp = spec.sampler.tensor_parallel or max(1, devices // (ep * dp))
+    layout = sampler_layout.resolve(
+        spec.model.maxtext_model if spec.model else None,
+        sampler_tpu.devices,
+        sampler_tpu.type_name,
+        sampler_tpu.type_name.rsplit("-", 1)[0],
+        spec.sampler.tensor_parallel,
+        spec.sampler.expert_parallel if layers.sets(job, "sampler", "expertParallel") else None,
+        spec.sampler.data_parallel,
+    )
+    tp, ep, dp = layout.tp, layout.ep, layout.dp
     spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
-    problems.extend(_sampler_layout_problems(spec, tp, ep, dp, devices, sampler_tpu.type_name))
+    layers.derived.update(layout.derived)
+    problems.extend(layout.problems)
     if spec.sampler.max_model_len is None:
         spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
     if spec.sampler.max_model_len < seq:
@@ -568,7 +615,7 @@ def _names(
 
 
 def _run_config(
-    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob
+    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob, derived: dict[str, str]
 ) -> RunConfig:
     """The RunConfig of a resolved spec without problems."""
     assert spec.storage and spec.storage.root
@@ -586,6 +633,7 @@ def _run_config(
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
+        derived=dict(sorted(derived.items())) or None,
     )
 
 
@@ -691,71 +739,6 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
     return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
-
-
-def _sampler_layout_problems(
-    spec: RLJobSpec, tp: int, ep: int, dp: int, devices: int, tpu_name: str
-) -> list[str]:
-    """How one sampler replica is parallelised, checked as vLLM's TPU backend (tpu-inference) builds its
-    mesh: tensor x data x expert parallelism is every device of the replica (its ShardingConfigManager
-    multiplies them); the KV heads split over tensor parallelism, the experts over expert parallelism;
-    and the pinned build refuses LoRA with data parallelism (tpu-inference 0.32.0,
-    ShardingConfigManager.validate in https://github.com/vllm-project/tpu-inference/blob/main/
-    tpu_inference/layers/common/sharding.py: "LoRA is not supported with data parallelism")."""
-    out = []
-    if tp * dp * ep != devices:
-        out.append(
-            f"spec.sampler.tensorParallel: {tp} x dataParallel {dp} x expertParallel {ep} = {tp * dp * ep} "
-            f"is not the {devices} devices of a {tpu_name} sampler replica"
-        )
-    if dp > 1:
-        out.append(
-            f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA adapters only without data "
-            "parallelism (use tensorParallel / expertParallel, or more replicas)"
-        )
-    model = spec.model.maxtext_model if spec.model else None
-    f = models.facts(model)
-    if f is not None:
-        if f.num_kv_heads % tp:
-            out.append(
-                f"spec.sampler.tensorParallel: {tp} does not divide the {f.num_kv_heads} KV heads of {model}"
-            )
-        if ep > 1 and not f.num_experts:
-            out.append(f"spec.sampler.expertParallel: {ep}, but {model} has no experts")
-        elif f.num_experts and f.num_experts % ep:
-            out.append(
-                f"spec.sampler.expertParallel: {ep} does not divide the {f.num_experts} experts of {model}"
-            )
-        if out:
-            out.append(_sampler_layout_hint(f, str(model), devices, tpu_name))
-    return out
-
-
-def _sampler_layout_hint(f: models.ModelFacts, model: str, devices: int, tpu_name: str) -> str:
-    """What to set when a replica's layout is refused: a tensorParallel x expertParallel layout of its
-    devices that the rules above accept (the largest tensor parallelism), or, where none exists, the most
-    devices a replica of the model can use."""
-    layouts = [
-        (tp, devices // tp)
-        for tp in range(devices, 0, -1)
-        if devices % tp == 0
-        and f.num_kv_heads % tp == 0
-        and (devices // tp == 1 or (f.num_experts and f.num_experts % (devices // tp) == 0))
-    ]
-    if layouts:
-        tp, ep = layouts[0]
-        return (
-            f"spec.sampler.tensorParallel: a {tpu_name} replica of {model} can be laid out as tensorParallel "
-            f"{tp} x expertParallel {ep}" + (" (set both)" if ep > 1 else "")
-        )
-    most = f.num_kv_heads * (f.num_experts or 1)
-    what = f"{f.num_kv_heads} KV heads" + (f" x {f.num_experts} experts" if f.num_experts else "")
-    return (
-        f"spec.sampler.tpu: no layout of the {devices} devices of a {tpu_name} replica serves {model} "
-        f"(tensorParallel divides its {what}, and LoRA takes no dataParallel): use a sampler slice of at "
-        f"most {most} devices per replica, and more "
-        "replicas"
-    )
 
 
 def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
@@ -864,6 +847,9 @@ def _maxtext(
             f"spec.model.maxtextModel: {spec.model.maxtext_model!r} is not a MaxText "
             f"{keyset.version} model name"
         )
+    for k, (value, why) in maxtext_keys.derived_keys(keys, keyset).items():
+        keys[k], sources[k] = value, "derived"
+        layers.derived[key_path("spec.trainer.maxtext", k)] = why
     if rules:
         for k, msg in maxtext_keys.check_rules(keys, keyset):
             origin = where.get(sources.get(k, ""), "")

@@ -102,7 +102,8 @@ class TrainerPlan(ApiModel):
     maxtext_version: str = Field(description="MaxText version whose key set was checked.")
     maxtext: dict[str, Any] = Field(description="The final MaxText key dict (key -> value).")
     maxtext_sources: dict[str, str] = Field(
-        description="Where each MaxText key came from: rljob, recipe, profile or manifest."
+        description="Where each MaxText key came from: rljob, recipe, profile, manifest, or derived (no "
+        "layer set it and MaxText's default would not run; RunConfig.derived says why)."
     )
 
 
@@ -323,6 +324,12 @@ class RunConfig(ApiModel):
     storage: StoragePaths = Field(description="Storage paths.")
     endpoints: Endpoints = Field(description="Endpoints.")
     progress: ProgressTarget = Field(description="Progress report target.")
+    derived: dict[str, str] | None = Field(
+        default=None,
+        description="The values the plan filled because their default would not run, each spec path (as in "
+        "the manifest, e.g. spec.sampler.expertParallel or spec.trainer.maxtext.<key>) with the reason; "
+        "None: none. A value a recipe, profile or manifest sets is never derived.",
+    )
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:

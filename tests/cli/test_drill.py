@@ -166,19 +166,20 @@ def test_a_service_mode_job_is_drilled_until_its_api_answers(tmp_path: Path) -> 
     assert out.report["service"]["capabilities"] == {"X-API-Key": "required (spec.service.apiKeySecret)"}
 
 
-def test_the_qwen3_5_sampler_replica_is_rehearsed_with_2_of_its_4_hosts() -> None:
+def test_the_qwen3_5_sampler_replica_is_rehearsed_with_its_2_hosts() -> None:
     doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x")
     rc = drill.resolve_doc(doc)
     small_doc, scaled = drill.scaled_doc(doc, rc, 2)
     small = drill.resolve_doc(small_doc)
-    assert (rc.sampler.tpu.hosts, rc.sampler.replicas) == (4, 4)
+    assert (rc.sampler.tpu.hosts, rc.sampler.replicas) == (2, 8)
     assert (small.sampler.tpu.type_name, small.sampler.tpu.hosts, small.sampler.replicas) == (
         "tpu7x-16",
         2,
         1,
     )
+    assert (small.sampler.tensor_parallel, small.sampler.expert_parallel) == (1, 16)
     assert scaled["sampler"] == (
-        "tpu7x-32 x 4 (4 hosts per replica) -> tpu7x-16 x 1 (2 hosts: a Ray head and its workers)"
+        "tpu7x-16 x 8 (2 hosts per replica) -> tpu7x-16 x 1 (2 hosts: a Ray head and its workers)"
     )
 
 
@@ -187,7 +188,7 @@ def test_the_qwen3_5_sampler_replica_is_rehearsed_with_2_of_its_4_hosts() -> Non
 def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_worker_fails_it(
     tmp_path: Path,
 ) -> None:
-    """The scaled run's sampler replica of the Qwen3.5 recipe (tpu7x-32, 4 hosts: rehearsed with 2), its
+    """The scaled run's sampler replica of the Qwen3.5 recipe (tpu7x-16, 2 hosts), its
     sampler part alone: the render's rljob-sampler in each pod with that pod's environment, the Ray head
     and worker started by the pods' bootstrap (rljob.sampler.ray_replica), the head's stand-in for
     `vllm serve` serving the cpu backend once it saw both nodes; then a killed worker pod fails the replica

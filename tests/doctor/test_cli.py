@@ -24,7 +24,7 @@ def rljob(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[s
     ("example", "trainer", "sampler"),
     [
         ("qwen3-8b-v5p.yaml", ("tpu-v5p-slice", "2x2x1", 1, 1), ("tpu-v5p-slice", "2x2x1", 1, 1)),
-        ("qwen3.5-397b-tpu7x-256chips.yaml", ("tpu7x", "4x8x8", 64, 1), ("tpu7x", "2x2x4", 4, 8)),
+        ("qwen3.5-397b-tpu7x-256chips.yaml", ("tpu7x", "4x8x8", 64, 1), ("tpu7x", "2x2x2", 2, 16)),
     ],
 )
 def test_needs_come_from_the_resolved_plan(

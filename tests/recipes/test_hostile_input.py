@@ -257,6 +257,8 @@ def test_four_independent_mistakes_in_one_run(capsys: pytest.CaptureFixture[str]
         "spec.lora.rank: 7 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
         "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of a "
         "v5p-8 sampler replica",
+        "spec.sampler.tensorParallel: 3 does not divide the 32 attention heads of qwen3-4b (vLLM refuses a "
+        "tensor-parallel size that does not divide them)",
         "spec.sampler.tensorParallel: 3 does not divide the 8 KV heads of qwen3-4b",
         "spec.sampler.tensorParallel: a v5p-8 replica of qwen3-4b can be laid out as tensorParallel 4 x "
         "expertParallel 1",

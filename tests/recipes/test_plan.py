@@ -226,6 +226,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             "spec.sampler.tensorParallel: 3 x dataParallel 1 x expertParallel 1 = 3 is not the 4 devices of "
             "a v5p-8 sampler replica",
+            "spec.sampler.tensorParallel: 3 does not divide the 32 attention heads of qwen3-8b (vLLM refuses "
+            "a tensor-parallel size that does not divide them)",
             "spec.sampler.tensorParallel: 3 does not divide the 8 KV heads of qwen3-8b",
             "spec.sampler.tensorParallel: a v5p-8 replica of qwen3-8b can be laid out as tensorParallel 4 x "
             "expertParallel 1",
@@ -241,12 +243,16 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
-        "sampler kv heads",
-        {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-8"}},
+        "a replica larger than the model's gated delta net heads: no layout, the slice to use instead",
+        {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-32"}},
         [
-            "spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b",
-            "spec.sampler.tensorParallel: a tpu7x-8 replica of qwen3.5-397b-a17b can be laid out as "
-            "tensorParallel 2 x expertParallel 4 (set both)",
+            "spec.sampler.tensorParallel: 32 does not divide the 16 key and 64 value heads of "
+            "qwen3.5-397b-a17b's gated delta net layers (vLLM's TPU backend splits them over every attention "
+            "device)",
+            "spec.sampler.tpu: no layout of the 32 devices of a tpu7x-32 replica serves qwen3.5-397b-a17b "
+            "(vLLM's TPU backend splits its 32 attention heads, 2 KV heads, 16 gated delta net key heads "
+            "over tensorParallel x expertParallel, and LoRA takes no dataParallel): use a sampler slice of "
+            "at most 16 devices per replica (tpu7x-16), and more replicas",
         ],
     ),
     (
@@ -261,14 +267,17 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "spec.sampler.dataParallel: 3; vLLM's TPU backend serves LoRA adapters only without data "
             "parallelism (use tensorParallel / expertParallel, or more replicas)",
             "spec.sampler.tensorParallel: a tpu7x-16 replica of gpt-oss-20b can be laid out as "
-            "tensorParallel 8 x expertParallel 2 (set both)",
+            "tensorParallel 16 x expertParallel 1",
         ],
     ),
     (
-        "gated delta net layers under context parallelism need the load-balancing reorder off",
+        "gated delta net layers under context parallelism: an explicit load-balancing reorder is refused",
         {
             "model": {"maxtextModel": "qwen3.5-397b-a17b"},
-            "trainer": {"mesh": {"fsdp": -1, "context": 2}},
+            "trainer": {
+                "mesh": {"fsdp": -1, "context": 2},
+                "maxtext": {"context_parallel_load_balance": True},
+            },
             "sampler": {"tensorParallel": 2, "expertParallel": 2},
         },
         [
@@ -321,21 +330,21 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "pad align at least the row: start never moves a row",
-        {"packing": {"padPosition": "start", "tokenBudget": 4096}},
+        {"packing": {"padPosition": "start", "tokenBudget": 4096, "padAlign": 4096}},
         [
-            "spec.packing.padAlign: 4096 (the default) is not below the token budget 4096: padPosition start "
+            "spec.packing.padAlign: 4096 is not below the token budget 4096: padPosition start "
             "would never move a row; set padAlign to a multiple of segmentAlign 64 below 4096 (e.g. 2048) or "
             "raise spec.packing.tokenBudget above it",
         ],
     ),
     (
-        "balanced with a small budget: the default pad align never fits, the message says what to set",
+        "balanced, a small budget, an explicit pad align that never fits: the message says what to set",
         {
             "algorithm": {"maxTokens": 512, "maxPromptTokens": 256},
-            "packing": {"padPosition": "balanced", "tokenBudget": 1024},
+            "packing": {"padPosition": "balanced", "tokenBudget": 1024, "padAlign": 4096},
         },
         [
-            "spec.packing.padAlign: 4096 (the default) is not below the token budget 1024: padPosition "
+            "spec.packing.padAlign: 4096 is not below the token budget 1024: padPosition "
             "balanced would never move a row; set padAlign to a multiple of segmentAlign 64 below 1024 "
             "(e.g. 512) or raise spec.packing.tokenBudget above it",
         ],
@@ -456,8 +465,9 @@ def test_all_problems_at_once() -> None:
     )
     assert [p.split(":")[0] for p in got] == [
         "spec.lora.rank",
-        "spec.sampler.tensorParallel",
-        "spec.sampler.tensorParallel",  # 5 is not the 4 devices, nor divides the 8 KV heads
+        "spec.sampler.tensorParallel",  # 5 is not the 4 devices,
+        "spec.sampler.tensorParallel",  # nor divides the 32 attention heads
+        "spec.sampler.tensorParallel",  # nor the 8 KV heads
         "spec.sampler.tensorParallel",  # the layout to set instead
         "spec.trainer.mesh",
         "spec.trainer.maxtext.nope",

@@ -226,9 +226,10 @@ def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) 
     ("spec", "expected"),
     [
         (
-            {"packing": {"padPosition": "start"}},  # padAlign 4096 above the 3072 budget
+            # set explicitly: refused, naming what would work (unset, the plan derives it: test below)
+            {"packing": {"padPosition": "start", "padAlign": 4096}},  # 4096 above the 3072 budget
             [
-                "spec.packing.padAlign: 4096 (the default) is not below the token budget 3072: padPosition "
+                "spec.packing.padAlign: 4096 is not below the token budget 3072: padPosition "
                 "start would never move a row; set padAlign to a multiple of segmentAlign 64 below 3072 "
                 "(e.g. 2048) or raise spec.packing.tokenBudget above it"
             ],
@@ -237,6 +238,17 @@ def test_a_recipe_may_name_its_default_profile(monkeypatch: pytest.MonkeyPatch) 
 )
 def test_refused(spec: dict[str, Any], expected: list[str]) -> None:
     assert problems(manifest(spec)) == expected
+
+
+def test_an_unset_pad_align_the_default_of_which_cannot_work_is_derived() -> None:
+    """padPosition start with the default padAlign 4096 at or above the 3072-token budget would never move
+    a row: the plan fills the largest segmentAlign x 2^k below it and says so (RunConfig.derived)."""
+    run = resolve(manifest({"packing": {"padPosition": "start"}}))
+    assert run.spec.packing.pad_align == 2048
+    assert run.derived == {
+        "spec.packing.padAlign": "the default 4096 is not below the token budget 3072, so padPosition start "
+        "would never move a row: the largest segmentAlign 64 x 2^k below the budget"
+    }
 
 
 @pytest.mark.parametrize("other", ["a-recipe", "z-recipe"])

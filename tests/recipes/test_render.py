@@ -118,7 +118,9 @@ def test_tpu7x_two_containers() -> None:
     assert pod["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4x8"
     assert _role(js, "trainer")["template"]["spec"]["parallelism"] == 32
     sampler = _role(js, "sampler")["template"]["spec"]
-    assert sampler["parallelism"] == 4 and len(sampler["template"]["spec"]["containers"]) == 1
+    assert (
+        sampler["parallelism"] == 2 and len(sampler["template"]["spec"]["containers"]) == 1
+    )  # tpu7x-16: 2 hosts
 
 
 def test_run_configmap_holds_the_plan() -> None:

@@ -68,31 +68,31 @@ def test_an_accepted_manifest_passes_the_topology_check_and_a_refusal_names_fiel
 
 
 def test_a_sampler_layout_that_cannot_serve_the_model_says_what_to_set() -> None:
+    """vLLM's TPU backend replicates KV heads where the tensor parallelism exceeds them (Qwen3-4B's 8 over
+    16 devices, Qwen3.5-397B's 2 over 8, as vLLM's and Google's recipes serve it), but splits the gated
+    delta net heads over every attention device: no layout of a 32-device replica serves Qwen3.5-397B, and
+    the refusal names the slice that does (rljob.recipes.sampler_layout)."""
     from fixtures.recipes import MINIMAL
 
-    doc = {
-        **MINIMAL,
-        "spec": {**MINIMAL["spec"], "model": {"name": "Qwen/Qwen3-4B"}, "sampler": {"tpu": "tpu7x-16"}},
-    }
+    def resolve(model: dict[str, str], sampler: dict[str, object]) -> RunConfig:
+        doc = {**MINIMAL, "spec": {**MINIMAL["spec"], "model": model, "sampler": sampler}}
+        return plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)))
+
+    assert resolve({"name": "Qwen/Qwen3-4B"}, {"tpu": "tpu7x-16"}).sampler.tensor_parallel == 16
+    q397 = {"name": "Qwen/Qwen3.5-397B-A17B", "maxtextModel": "qwen3.5-397b-a17b"}
+    run = resolve(q397, {"tpu": "tpu7x-8", "tensorParallel": 8})
+    assert (run.sampler.tensor_parallel, run.sampler.expert_parallel) == (8, 1)
     with pytest.raises(plan.PlanError) as e:
-        plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)))
+        resolve(q397, {"tpu": "tpu7x-32"})
     assert e.value.problems == [
-        "spec.sampler.tensorParallel: 16 does not divide the 8 KV heads of qwen3-4b",
-        "spec.sampler.tpu: no layout of the 16 devices of a tpu7x-16 replica serves qwen3-4b (tensorParallel "
-        "divides its 8 KV heads, and LoRA takes no dataParallel): use a sampler slice of at most 8 devices "
-        "per replica, and more replicas",
+        "spec.sampler.tensorParallel: 32 does not divide the 16 key and 64 value heads of "
+        "qwen3.5-397b-a17b's gated delta net layers (vLLM's TPU backend splits them over every attention "
+        "device)",
+        "spec.sampler.tpu: no layout of the 32 devices of a tpu7x-32 replica serves qwen3.5-397b-a17b "
+        "(vLLM's TPU backend splits its 32 attention heads, 2 KV heads, 16 gated delta net key heads over "
+        "tensorParallel x expertParallel, and LoRA takes no dataParallel): use a sampler slice of at most 16 "
+        "devices per replica (tpu7x-16), and more replicas",
     ]
-    doc["spec"]["model"] = {"name": "Qwen/Qwen3.5-397B-A17B", "maxtextModel": "qwen3.5-397b-a17b"}
-    doc["spec"]["sampler"] = {"tpu": "tpu7x-8"}
-    with pytest.raises(plan.PlanError) as e:
-        plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)))
-    assert e.value.problems == [
-        "spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b",
-        "spec.sampler.tensorParallel: a tpu7x-8 replica of qwen3.5-397b-a17b can be laid out as "
-        "tensorParallel 2 x expertParallel 4 (set both)",
-    ]
-    doc["spec"]["sampler"] = {"tpu": "tpu7x-8", "tensorParallel": 2, "expertParallel": 4}
-    assert plan.resolve(plan.parse_manifest(yaml.safe_dump(doc))).sampler.expert_parallel == 4
 
 
 def test_a_mesh_axis_the_recipes_custom_mesh_rule_lacks_is_refused_naming_both() -> None:

@@ -317,15 +317,15 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
 
 
 def test_the_moe_layout_reaches_vllm_as_tpu_inference_names_it() -> None:
-    """The 397B recipe: tensor 2 x expert 16 over a tpu7x-32 replica's 32 devices."""
+    """The 397B recipe: tensor 1 x expert 16 over a tpu7x-16 replica's 16 devices."""
     rc = resolve(recipe_manifest("qwen3.5-397b-a17b-tpu7x"))
-    assert (rc.sampler.tensor_parallel, rc.sampler.expert_parallel, rc.sampler.data_parallel) == (2, 16, 1)
+    assert (rc.sampler.tensor_parallel, rc.sampler.expert_parallel, rc.sampler.data_parallel) == (1, 16, 1)
     cmd = vllm.build_command(rc)
     flags = _flags(cmd.argv)
-    assert flags["--tensor-parallel-size"] == "32"  # vLLM's world size: every device of the replica
+    assert flags["--tensor-parallel-size"] == "16"  # vLLM's world size: every device of the replica
     assert "--enable-expert-parallel" in flags and "--data-parallel-size" not in flags
     assert json.loads(flags["--additional-config"] or "") == {
-        "sharding": {"sharding_strategy": {"tensor_parallelism": 2, "expert_parallelism": 16}}
+        "sharding": {"sharding_strategy": {"tensor_parallelism": 1, "expert_parallelism": 16}}
     }
     assert cmd.env["NEW_MODEL_DESIGN"] == "1"
     dense = vllm.build_command(resolve(recipe_manifest("qwen3-8b-v5p")))
