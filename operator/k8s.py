@@ -85,6 +85,7 @@ SERVICEACCOUNT: Final = Kind("", "v1", "serviceaccounts")
 ROLE: Final = Kind("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
 SERVICE: Final = Kind("", "v1", "services")
+NETWORKPOLICY: Final = Kind("networking.k8s.io", "v1", "networkpolicies")
 
 KINDS: Final = {
     ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
@@ -94,6 +95,7 @@ KINDS: Final = {
     ("rbac.authorization.k8s.io/v1", "Role"): ROLE,
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDING,
     ("v1", "Service"): SERVICE,
+    ("networking.k8s.io/v1", "NetworkPolicy"): NETWORKPOLICY,
 }
 
 

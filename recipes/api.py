@@ -770,6 +770,20 @@ class ServiceSpec(ApiModel):
         description="Secret (same namespace) whose key `api-keys` lists the accepted API keys, comma-"
         "separated, each starting with tml- (the SDK's rule). Default: any tml- key is accepted.",
     )
+    client_namespaces: (
+        list[
+            Annotated[
+                str, StringConstraints(max_length=syntax.DNS1123_LABEL_MAX, pattern=syntax.DNS1123_LABEL)
+            ]
+        ]
+        | None
+    ) = Field(
+        default=None,
+        max_length=64,
+        description="Namespaces whose pods may reach the API, besides the run's own: the run's "
+        "NetworkPolicy admits connections to the API port from these namespaces only (docs/operator.md). "
+        + _default("service.clientNamespaces"),
+    )
 
 
 class RLJobSpec(ApiModel):

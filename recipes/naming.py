@@ -59,6 +59,16 @@ def api_service(rljob: str) -> str:
     return f"{rljob}-api"
 
 
+def network_policy(rljob: str) -> str:
+    """The NetworkPolicy that admits to a run's pods only the run's own pods."""
+    return f"{rljob}-pods"
+
+
+def api_network_policy(rljob: str) -> str:
+    """The NetworkPolicy that admits the API's clients to the trainer's API port (spec.service)."""
+    return f"{rljob}-api-clients"
+
+
 def service_url(service: str, namespace: str, port: int) -> str:
     """The in-cluster URL of a Service's port."""
     return f"http://{service}.{namespace}.svc:{port}"

@@ -1,5 +1,5 @@
 """Render an RLJob into Kubernetes objects: the pods' ServiceAccount, Role and RoleBinding, the run
-ConfigMap, the API Service (spec.service) and the JobSet.
+ConfigMap, the API Service (spec.service), the NetworkPolicies (rljob.recipes.network) and the JobSet.
 
 The small objects are built here as data. The JobSet comes from a template
 (recipes/templates/jobset.yaml.j2) that renders YAML whose every value goes through `tojson`; the YAML
@@ -19,7 +19,7 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, overrides, placement, plan, podspec, topology
+from rljob.recipes import failure, naming, network, overrides, placement, plan, podspec, topology
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -373,6 +373,18 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
     ]
 
 
+def network_policies(run: RunConfig) -> list[dict[str, Any]]:
+    """The run's NetworkPolicies (rljob.recipes.network): its pods admit only each other, and the API port
+    (spec.service) admits the client namespaces."""
+    ns, own_labels = run.namespace, labels(run)
+    return network.policies(
+        run,
+        _metadata(naming.network_policy(run.name), ns, own_labels),
+        _metadata(naming.api_network_policy(run.name), ns, labels(run, naming.TRAINER)),
+        API_PORT_NAME,
+    )
+
+
 def api_url(run: RunConfig) -> str | None:
     """The in-cluster URL of the run's API (status.url), or None without spec.service."""
     svc = run.spec.service
@@ -409,7 +421,8 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
 
 def render(job: RLJob) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
-    ConfigMap, the API Service of a run with spec.service, then the JobSet. `rljob render` prints exactly
+    ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
+    cover), then the JobSet. `rljob render` prints exactly
     these and the operator applies exactly these (plus the progress ConfigMap it owns). Raises
     PlanError."""
     return objects(plan.resolve(job))
@@ -417,4 +430,4 @@ def render(job: RLJob) -> list[dict[str, Any]]:
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:
     """The objects of a resolved run, in apply order (see `render`)."""
-    return [*access(run), configmap(run), *api_service(run), jobset(run)]
+    return [*access(run), configmap(run), *api_service(run), *network_policies(run), jobset(run)]

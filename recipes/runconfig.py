@@ -275,6 +275,9 @@ class ResolvedService(_Resolved):
     api_key_secret: str | None = Field(
         default=None, description="Secret of the accepted API keys; None: any tml- key."
     )
+    client_namespaces: list[str] = Field(
+        description="Namespaces whose pods may reach the API besides the run's own (none: empty)."
+    )
 
 
 class ResolvedStorage(_Resolved):

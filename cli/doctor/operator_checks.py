@@ -36,12 +36,12 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
     return [Permission(v, group, resource, sub, namespaced) for v in verbs.split()]
 
 
-# What the operator does with each kind: exactly the chart's ClusterRole (charts/rljob/templates/
-# rbac.yaml; tests/doctor/ checks the two agree). RLJobs are watched and only their status written; the
-# JobSet and the run/progress ConfigMaps are server-side applied; failed pods are watched to classify
-# failures (never created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount
-# and a Role/RoleBinding for their progress ConfigMap; events are posted; a queued run's Kueue Workload
-# gets spec.active (spec.suspend under Kueue, rljob.operator.kueue).
+# What the operator does with each kind: exactly the chart's ClusterRole (charts/rljob/templates/rbac.yaml;
+# tests/doctor/ checks the two agree). RLJobs are watched and only their status written; the JobSet and the
+# run/progress ConfigMaps are server-side applied; failed pods are watched to classify failures (never
+# created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount and a Role/RoleBinding
+# for their progress ConfigMap, and NetworkPolicies admitting only the run's own pods; events are posted; a
+# queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue).
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     _perms("get list watch", GROUP, PLURAL)
     + _perms("get patch", GROUP, PLURAL, "status")
@@ -52,6 +52,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("list watch", "", "pods")
     + _perms("get create patch", "", "serviceaccounts")
     + _perms("get create patch", "", "services")
+    + _perms("get create patch", "networking.k8s.io", "networkpolicies")
     + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
     + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
     + _perms("create patch", "events.k8s.io", "events")

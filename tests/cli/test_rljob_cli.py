@@ -28,13 +28,15 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, err) == (0, "")
     docs = list(yaml.safe_load_all(out))
-    service = ["Service"] if "service" in yaml.safe_load(path.read_text())["spec"] else []  # spec.service
+    served = "service" in yaml.safe_load(path.read_text())["spec"]  # spec.service
     assert [d["kind"] for d in docs] == [
         "ServiceAccount",
         "Role",
         "RoleBinding",
         "ConfigMap",
-        *service,
+        *(["Service"] if served else []),
+        "NetworkPolicy",
+        *(["NetworkPolicy"] if served else []),
         "JobSet",
     ]
     code, out, err = run(capsys, "validate", "-f", str(path))

@@ -254,6 +254,7 @@ GCLOUD: dict[tuple[str, ...], tuple[str, set[str]]] = {
             "node-locations",
             "release-channel",
             "workload-pool",
+            "enable-dataplane-v2",
             "machine-type",
             "num-nodes",
             "cluster-version",

@@ -105,9 +105,18 @@ def test_first_reconcile_creates_children_and_writes_status_once() -> None:
     rec, kube = setup(rljob())
     run(rec.reconcile(("ns", "demo")))
     created = [w[1] for w in kube.writes if w[0] in ("create", "apply")]
-    # The progress ConfigMap, SA, Role, run ConfigMap together; the RoleBinding after its Role (the API
-    # server resolves the Role to check escalation); the JobSet last. All created (POST), none applied.
-    assert created == ["ConfigMap", "ServiceAccount", "Role", "ConfigMap", "RoleBinding", "JobSet"]
+    # The progress ConfigMap, SA, Role, run ConfigMap and NetworkPolicy together; the RoleBinding after its
+    # Role (the API server resolves the Role to check escalation); the JobSet last. All created (POST), none
+    # applied.
+    assert created == [
+        "ConfigMap",
+        "ServiceAccount",
+        "Role",
+        "ConfigMap",
+        "NetworkPolicy",
+        "RoleBinding",
+        "JobSet",
+    ]
     assert not [w for w in kube.writes if w[0] == "apply"]
     assert [w for w in kube.writes if w[0] == "status"] == [("status", "RLJob", "ns", "demo")]
     assert kube.writes[-1] == ("event", c.EVENT_JOBSET_CREATED, "", "")

@@ -160,7 +160,8 @@ def test_accepted_specs_render_valid_jobsets(spec: dict[str, Any], name: str) ->
         return
     event("rendered")
     *_, jobset = objs
-    assert [o["kind"] for o in objs] == ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "JobSet"]
+    kinds = ["ServiceAccount", "Role", "RoleBinding", "ConfigMap", "NetworkPolicy", "JobSet"]
+    assert [o["kind"] for o in objs] == kinds
     assert all(len(o["metadata"]["name"]) <= 63 for o in objs)
     assert schema.validate_jobset(jobset) == []
     js = jobset["metadata"]["name"]

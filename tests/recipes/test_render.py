@@ -125,7 +125,7 @@ def test_tpu7x_two_containers() -> None:
 
 def test_run_configmap_holds_the_plan() -> None:
     doc = manifest({"queueName": "team-a", "priorityClassName": "high", "suspend": True})
-    *_, cm, js = objects(doc)
+    (cm,), js = [o for o in objects(doc) if o["kind"] == "ConfigMap"], objects(doc)[-1]
     assert (cm["kind"], cm["metadata"]["name"], list(cm["data"])) == ("ConfigMap", "t-run", ["run.json"])
     run = RunConfig.model_validate(json.loads(cm["data"]["run.json"]))
     assert run == RunConfig.model_validate_json(resolve(doc).model_dump_json(exclude_none=True))
@@ -155,7 +155,7 @@ def test_values_cannot_break_the_yaml() -> None:
 def test_pods_identity_is_rendered_with_least_privilege() -> None:
     """`rljob render | kubectl apply` alone starts pods: their ServiceAccount and its progress RBAC are
     part of the render (the operator applies the same objects)."""
-    sa, role, binding, _cm, js = objects(manifest({}))
+    sa, role, binding, _cm, _netpol, js = objects(manifest({}))
     pod = js["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert (sa["kind"], sa["metadata"]["name"]) == ("ServiceAccount", pod["serviceAccountName"])
     assert role["kind"] == "Role" and role["rules"] == [

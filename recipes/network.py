@@ -1,0 +1,91 @@
+"""The NetworkPolicies of a run: who may open a connection to its pods.
+
+A run's pods listen on ports that must not be reachable from the rest of the cluster: the JAX coordinator
+(trainer process 0, `COORDINATOR_PORT`), the samplers' OpenAI-compatible API (`SAMPLER_PORT`, which loads
+LoRA adapters at run time) and their adapter agent (`SAMPLER_PORT + ADAPTER_AGENT_PORT_OFFSET`), the Ray
+head and workers of a multi-host sampler replica (`RAY_PORT` and Ray's worker ports) and, in service mode,
+the trainer's API port. Two policies cover them:
+
+- `<rljob>-pods` selects every pod of the run (label `rljob.dev/rljob`) and admits ingress only from pods
+  with the same label in the same namespace, on any port: the run talks to itself (trainer to samplers,
+  samplers among a Ray replica, trainer processes to the coordinator) and nobody else reaches it.
+- `<rljob>-api-clients` (service mode only) selects the trainer's pods and admits ingress to the API port
+  from every pod of the run's own namespace and of the namespaces in `spec.service.clientNamespaces`.
+
+NetworkPolicies are additive: a connection is admitted when one policy selecting the pod admits it. Egress
+is not restricted (the pods read GCS and, on a multi-slice trainer, each other over DCN through the same
+pod network). A NetworkPolicy takes effect only where the cluster's network plugin enforces them (GKE:
+Dataplane V2, or network policy enforcement turned on); docs/operator.md says how to check.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rljob.recipes import naming
+
+if TYPE_CHECKING:
+    from rljob.recipes.runconfig import RunConfig
+
+API_VERSION = "networking.k8s.io/v1"
+RUN_LABEL = "rljob.dev/rljob"
+ROLE_LABEL = "rljob.dev/role"
+# The label the API server sets on every Namespace (since Kubernetes 1.22): its name.
+NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
+
+
+def policies(
+    run: RunConfig, metadata: dict[str, Any], api_metadata: dict[str, Any], api_port: str
+) -> list[dict[str, Any]]:
+    """The run's NetworkPolicies (see the module docstring). ``metadata`` / ``api_metadata``: the two
+    objects' metadata as the render builds it (names from naming.network_policy / api_network_policy);
+    ``api_port``: the trainer container's named API port."""
+
+    def run_pods() -> dict[str, Any]:  # a fresh dict each use: the YAML of `rljob render` has no aliases
+        return {"matchLabels": {RUN_LABEL: run.name}}
+
+    out: list[dict[str, Any]] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "NetworkPolicy",
+            "metadata": metadata,
+            "spec": {
+                "podSelector": run_pods(),
+                "policyTypes": ["Ingress"],
+                "ingress": [{"from": [{"podSelector": run_pods()}]}],
+            },
+        }
+    ]
+    svc = run.spec.service
+    if svc is not None:
+        namespaces = sorted({run.namespace, *svc.client_namespaces})
+        out.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "NetworkPolicy",
+                "metadata": api_metadata,
+                "spec": {
+                    "podSelector": {"matchLabels": {RUN_LABEL: run.name, ROLE_LABEL: naming.TRAINER}},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [
+                        {
+                            "from": [
+                                {
+                                    "namespaceSelector": {
+                                        "matchExpressions": [
+                                            {
+                                                "key": NAMESPACE_NAME_LABEL,
+                                                "operator": "In",
+                                                "values": namespaces,
+                                            }
+                                        ]
+                                    }
+                                }
+                            ],
+                            "ports": [{"port": api_port, "protocol": "TCP"}],
+                        }
+                    ],
+                },
+            }
+        )
+    return out
