@@ -13,7 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
+from rljob.recipes import (
+    lora_targets,
+    maxtext_keys,
+    maxtext_policy,
+    mesh,
+    models,
+    naming,
+    overrides,
+    startup,
+    syntax,
+    tpu,
+)
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
@@ -857,6 +868,10 @@ def _maxtext(
                     f"{path}: not a MaxText {keyset.version} config key{where[source]}"
                     + (f" (did you mean {', '.join(hint)}?)" if hint else "")
                 )
+                continue
+            why = maxtext_policy.problem(k, v, keyset)
+            if why is not None:
+                problems.append(f"{path}: {why}{where[source]}")
                 continue
             keys[k], sources[k] = v, source
     if spec.model and spec.model.maxtext_model not in keyset.models:
