@@ -812,6 +812,7 @@ def storage_paths(root: str, job: RLJob) -> StoragePaths:
         rollouts=f"{base}/rollouts",
         cache=f"{base}/cache",
         tensorboard=f"{base}/tensorboard",
+        profile=f"{base}/tensorboard/plugins/profile",
     )
 
 
