@@ -52,7 +52,9 @@ MAX_DEFAULT_TOKEN_TILE = 2048
 # only to a spec that sets spec.service.
 _BASE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "service"}
 
-# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them.
+# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them. Those of
+# NOT_IN_KEYS are not put in the final key dict either: nothing rljob runs reads them there (the trainer
+# reads the spec field itself; rljob.recipes.maxtext_policy), so `rljob plan` does not list them.
 DERIVED_KEYS: dict[str, str] = {
     "model_name": "spec.model.maxtextModel",
     "run_name": "metadata.name",
@@ -537,25 +539,23 @@ def _trainer(
     )
 
 
+NOT_IN_KEYS = frozenset(
+    {"run_name", "base_output_directory", "load_parameters_path", "learning_rate", "steps"}
+)
+
+
 def _derived_keys(
     spec: RLJobSpec, job: RLJob, ici: MeshPlan, dcn: MeshPlan, per_device_batch: float
 ) -> dict[str, Any]:
-    """The MaxText keys rljob sets from the spec (DERIVED_KEYS)."""
-    assert spec.model and spec.storage and spec.storage.root and spec.packing and spec.algorithm
-    derived: dict[str, Any] = {
+    """The MaxText keys rljob sets from the spec (DERIVED_KEYS but NOT_IN_KEYS)."""
+    assert spec.model and spec.packing
+    return {
         "model_name": spec.model.maxtext_model,
-        "run_name": job.metadata.name,
-        "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
         "max_target_length": spec.packing.token_budget,
         "per_device_batch_size": per_device_batch,
-        "learning_rate": spec.algorithm.learning_rate,
-        "steps": spec.algorithm.steps,
         "packing": True,
         **mesh.maxtext_keys(ici, dcn),
     }
-    if spec.model.checkpoint:
-        derived["load_parameters_path"] = spec.model.checkpoint
-    return derived
 
 
 def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:

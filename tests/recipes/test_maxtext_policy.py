@@ -76,6 +76,22 @@ def test_plan_never_lists_a_key_nothing_reads() -> None:
             assert (kind == "derived") == (source == "rljob"), (name, key, source)
 
 
+def test_derived_keys_nothing_reads_are_refused_but_not_listed() -> None:
+    """run_name, base_output_directory, load_parameters_path, learning_rate, steps: the trainer reads the
+    spec fields themselves, so the plan refuses them in a manifest and leaves them out of the key dict."""
+    from rljob.recipes.plan import NOT_IN_KEYS
+
+    rc = resolve(manifest({"model": {"checkpoint": "gs://ckpt/q/0/items"}}))
+    assert NOT_IN_KEYS.isdisjoint(rc.trainer.maxtext) and set(DERIVED_KEYS) > NOT_IN_KEYS
+    assert set(DERIVED_KEYS) - NOT_IN_KEYS <= set(rc.trainer.maxtext)
+    for key in NOT_IN_KEYS:
+        assert key not in KEYSET.model_reads, key
+    (line,) = problems(manifest({"trainer": {"maxtext": {"learning_rate": 0.1}}}))
+    assert line == (
+        "spec.trainer.maxtext.learning_rate: set by rljob from spec.algorithm.learningRate; set that instead"
+    )
+
+
 ISSUE_KEYS: dict[str, Any] = {
     "opt_type": "sgd",
     "adam_b1": 0.5,
