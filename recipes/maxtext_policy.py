@@ -57,6 +57,31 @@ TRAINER_SETS: Final[dict[str, str]] = {
     "skip_jax_distributed_system": "rljob's trainer initializes jax.distributed itself",
 }
 
+_CLIENT = "the Tinker service (spec.service) takes the optimizer from each optim_step's AdamParams"
+# Trainer keys the Tinker service does not read (it reads gradient_accumulation_steps: its accumulate
+# calls are the step's), with why.
+SERVICE_UNREAD: Final[dict[str, str]] = {
+    **{
+        k: _CLIENT
+        for k in (
+            "opt_type",
+            "adam_b1",
+            "adam_b2",
+            "adam_eps",
+            "adam_eps_root",
+            "adam_weight_decay",
+            "mu_dtype",
+            "grad_dtype",
+            "gradient_clipping_threshold",
+        )
+    },
+    "checkpoint_period": "the Tinker service checkpoints every spec.service.checkpointEvery optim steps",
+    **{
+        k: "the Tinker service writes no profiler traces"
+        for k in ("profiler", "profiler_steps", "skip_first_n_steps_for_profiler")
+    },
+}
+
 _SCHEDULE = "rljob's trainer owns the learning-rate schedule: set spec.algorithm.warmupSteps and "
 _SCHEDULE += "spec.algorithm.learningRateSchedule"
 _OPTIMIZER = "rljob's trainer owns the optimizer (AdamW on the LoRA parameters, adam_* keys): "
@@ -186,14 +211,29 @@ def _value_problem(key: str, value: Any) -> str | None:
     return None
 
 
-def problem(key: str, value: Any, keyset: KeySet) -> str | None:
-    """Why the plan refuses ``key: value`` (a key of ``keyset`` rljob does not derive), or None."""
+def problem(key: str, value: Any, keyset: KeySet, service: bool = False) -> str | None:
+    """Why the plan refuses ``key: value`` (a key of ``keyset`` rljob does not derive), or None;
+    ``service``: the trainer serves the Tinker API (spec.service) instead of running the RL loop."""
     kind, text = classify(key, keyset)
     if kind == "refused":
         return f"nothing rljob runs reads this key: {text}"
+    if kind == "trainer" and service and key in SERVICE_UNREAD:
+        return f"nothing rljob runs reads this key in service mode: {SERVICE_UNREAD[key]}"
     if kind == "trainer":
         return _value_problem(key, value)
     return None
+
+
+def service_algorithm_problems(algorithm: Any) -> list[str]:
+    """spec.algorithm's schedule in service mode, where each optim_step's AdamParams set the rate."""
+    out = []
+    if algorithm.warmup_steps:
+        out.append(f"spec.algorithm.warmupSteps: {_CLIENT} (its learning_rate: the client's schedule)")
+    if algorithm.learning_rate_schedule not in (None, "constant"):
+        out.append(
+            f"spec.algorithm.learningRateSchedule: {_CLIENT} (its learning_rate: the client's schedule)"
+        )
+    return out
 
 
 def trainer_int(keys: dict[str, Any], key: str, default: int) -> int:
@@ -208,4 +248,14 @@ def trainer_float(keys: dict[str, Any], key: str, default: float) -> float:
     return default if key not in keys or n is None else n
 
 
-__all__ = ["TRAINER_KEYS", "TRAINER_SETS", "Kind", "classify", "problem", "trainer_float", "trainer_int"]
+__all__ = [
+    "SERVICE_UNREAD",
+    "TRAINER_KEYS",
+    "TRAINER_SETS",
+    "Kind",
+    "classify",
+    "problem",
+    "service_algorithm_problems",
+    "trainer_float",
+    "trainer_int",
+]

@@ -437,6 +437,8 @@ def _service(spec: RLJobSpec, trainer_tpu: TpuPlan | None, problems: list[str]) 
             f"{trainer_tpu.type_name} x {spec.trainer.slices} slice(s) has "
             f"{trainer_tpu.hosts * spec.trainer.slices} hosts"
         )
+    assert spec.algorithm is not None
+    problems.extend(maxtext_policy.service_algorithm_problems(spec.algorithm))
     assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
     if spec.sampler.max_loras < svc.max_training_clients:
         problems.append(
@@ -870,7 +872,9 @@ def _maxtext(
                     + (f" (did you mean {', '.join(hint)}?)" if hint else "")
                 )
                 continue
-            why = maxtext_policy.problem(k, v, keyset)
+            if spec.service is not None and source != "manifest" and k in maxtext_policy.SERVICE_UNREAD:
+                continue  # a recipe's loop-mode key the Tinker service does not read: left out, not listed
+            why = maxtext_policy.problem(k, v, keyset, service=spec.service is not None)
             if why is not None:
                 problems.append(f"{path}: {why}{where[source]}")
                 continue

@@ -201,3 +201,35 @@ def test_a_recipe_key_nothing_reads_is_refused_naming_the_recipe() -> None:
     doc["spec"]["trainer"] = {"maxtext": {"eval_interval": 5}}
     (line,) = problems(doc)
     assert re.match(r"spec\.trainer\.maxtext\.eval_interval: nothing rljob runs reads this key: ", line)
+
+
+def test_service_mode_refuses_the_trainer_keys_the_service_does_not_read() -> None:
+    """spec.service: the Tinker service takes AdamParams from each optim_step and checkpoints every
+    checkpointEvery steps; it reads gradient_accumulation_steps (its accumulate calls) only."""
+    service = {"service": {"api": "tinker"}, "sampler": {"maxLoras": 8}}
+    keys = {"adam_b1": 0.5, "checkpoint_period": 3, "profiler": "xplane", "gradient_accumulation_steps": 2}
+    out = problems(manifest({**service, "trainer": {"maxtext": keys}, "algorithm": {"warmupSteps": 2}}))
+    assert out == [
+        "spec.algorithm.warmupSteps: the Tinker service (spec.service) takes the optimizer from each "
+        "optim_step's AdamParams (its learning_rate: the client's schedule)",
+        "spec.trainer.maxtext.adam_b1: nothing rljob runs reads this key in service mode: the Tinker service "
+        "(spec.service) takes the optimizer from each optim_step's AdamParams",
+        "spec.trainer.maxtext.checkpoint_period: nothing rljob runs reads this key in service mode: the "
+        "Tinker service checkpoints every spec.service.checkpointEvery optim steps",
+        "spec.trainer.maxtext.profiler: nothing rljob runs reads this key in service mode: the Tinker "
+        "service writes no profiler traces",
+    ]
+    rc = resolve(manifest({**service, "trainer": {"maxtext": {"gradient_accumulation_steps": 2}}}))
+    assert rc.trainer.maxtext["gradient_accumulation_steps"] == 2
+    assert set(maxtext_policy.SERVICE_UNREAD) < set(maxtext_policy.TRAINER_KEYS)
+
+
+def test_service_mode_leaves_out_a_recipes_loop_keys() -> None:
+    """The recipe's grad_dtype / mu_dtype (loop mode's) are neither refused nor listed in service mode."""
+    from fixtures.recipes import recipe_manifest
+
+    doc = recipe_manifest("qwen3-8b-v5p")
+    doc["spec"].update(service={"api": "tinker"}, sampler={"maxLoras": 8})
+    rc = resolve(doc)
+    assert {"grad_dtype", "mu_dtype"}.isdisjoint(rc.trainer.maxtext)
+    assert resolve(recipe_manifest("qwen3-8b-v5p")).trainer.maxtext["grad_dtype"] == "float32"
