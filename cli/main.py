@@ -204,7 +204,7 @@ def explain(run: RunConfig) -> str:
         f"{', '.join(spec.lora.targets)}",
         f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "
         f"{spec.algorithm.group_size} completions, {spec.algorithm.steps} steps, "
-        f"lr {spec.algorithm.learning_rate:g}",
+        f"lr {spec.algorithm.learning_rate:g}{_schedule(spec.algorithm)}",
         f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
         f"restarts: {spec.failure_policy.max_restarts} counted; preemption/maintenance restarts are free; "
@@ -229,6 +229,12 @@ def explain(run: RunConfig) -> str:
     for k, v in t.maxtext.items():
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
     return "\n".join(lines) + "\n"
+
+
+def _schedule(alg: Any) -> str:
+    """The learning-rate warm-up and decay of spec.algorithm, as the plan text shows them."""
+    out = f", warm-up {alg.warmup_steps} steps" if alg.warmup_steps else ""
+    return out + (f", {alg.learning_rate_schedule} decay" if alg.learning_rate_schedule != "constant" else "")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
