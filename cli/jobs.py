@@ -130,7 +130,9 @@ def _steps(obj: dict[str, Any]) -> Any:
     return merged["algorithm"]["steps"]
 
 
-def describe(obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "") -> str:
+def describe(
+    obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "", profile: str = ""
+) -> str:
     """The human-readable status of one RLJob."""
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = status.get("progress") or {}
@@ -145,6 +147,8 @@ def describe(obj: dict[str, Any], history: list[tuple[int, float]] | None, histo
     ]
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
+    if profile:
+        lines.append(f"Profile:     {profile}")
     if status.get("jobSetName"):
         lines.append(f"JobSet:      {status['jobSetName']}")
     if status.get("url"):
@@ -360,8 +364,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.output in ("json", "yaml"):
         _emit(obj, args.output)
         return EXIT_OK
+    from rljob.cli import metrics
+
     history, note = reward_history(obj)
-    sys.stdout.write(describe(obj, history, note))
+    sys.stdout.write(describe(obj, history, note, metrics.profile_note(obj)))
     return EXIT_OK
 
 

@@ -204,7 +204,7 @@ def explain(run: RunConfig) -> str:
         f"{', '.join(spec.lora.targets)}",
         f"algorithm: {spec.algorithm.loss}, {spec.algorithm.groups_per_batch} groups x "
         f"{spec.algorithm.group_size} completions, {spec.algorithm.steps} steps, "
-        f"lr {spec.algorithm.learning_rate:g}",
+        f"lr {spec.algorithm.learning_rate:g}{_schedule(spec.algorithm)}",
         f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
         f"restarts: {spec.failure_policy.max_restarts} counted; preemption/maintenance restarts are free; "
@@ -253,6 +253,12 @@ def _derived_value(run: RunConfig, path: str) -> str:
     for part in path.split(".")[1:]:
         node = node.get(part) if isinstance(node, dict) else None
     return "?" if node is None else str(node)
+
+
+def _schedule(alg: Any) -> str:
+    """The learning-rate warm-up and decay of spec.algorithm, as the plan text shows them."""
+    out = f", warm-up {alg.warmup_steps} steps" if alg.warmup_steps else ""
+    return out + (f", {alg.learning_rate_schedule} decay" if alg.learning_rate_schedule != "constant" else "")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:

@@ -71,6 +71,33 @@ def read_event_files(logdir: str) -> list[bytes]:
     return [data for key in store.list(EVENT_FILE) if (data := store.read(key)) is not None]
 
 
+def profile_note(obj: dict[str, Any]) -> str:
+    """Where the run's profiler traces go and which steps, when its MaxText keys ask for them (profiler:
+    xplane; rljob.trainer.profiling), else ""."""
+    from rljob.recipes import maxtext_policy
+    from rljob.recipes.api import RLJob
+    from rljob.recipes.plan import merged_spec, storage_paths
+
+    try:
+        job = RLJob.model_validate(
+            {k: obj[k] for k in ("apiVersion", "kind", "metadata", "spec") if k in obj}
+        )
+        merged, _, _ = merged_spec(job)
+        keys = dict((merged.get("trainer") or {}).get("maxtext") or {})
+        root = (merged.get("storage") or {}).get("root")
+    except ValueError:
+        return ""
+    if str(keys.get("profiler") or "") != "xplane" or not root:
+        return ""
+    first = maxtext_policy.trainer_int(keys, "skip_first_n_steps_for_profiler", 1)
+    count = maxtext_policy.trainer_int(keys, "profiler_steps", 5)
+    paths = storage_paths(root, job)
+    return (
+        f"{paths.profile} (steps {first}..{first + count - 1}; TensorBoard's profile plugin or XProf: "
+        f"tensorboard --logdir {paths.tensorboard})"
+    )
+
+
 def tensorboard_dir(obj: dict[str, Any]) -> str:
     """The run's event directory, from its spec and uid as the plan derives it."""
     from rljob.recipes.api import RLJob

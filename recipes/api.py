@@ -509,6 +509,20 @@ class AlgorithmSpec(ApiModel):
         le=1_000_000_000,
         description="Optimizer steps to run. " + _default("algorithm.steps"),
     )
+    warmup_steps: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000_000,
+        description="Optimizer steps of a linear learning-rate warm-up from 0 to learningRate: step s "
+        "(0-based) updates with learningRate x (s + 1) / (warmupSteps + 1); the steps after it follow "
+        "learningRateSchedule. " + _default("algorithm.warmupSteps", "no warm-up"),
+    )
+    learning_rate_schedule: Literal["constant", "linear", "cosine"] | None = Field(
+        default=None,
+        description="The learning rate after the warm-up: constant, or decaying to 0 at the last step "
+        "(steps) linearly or along a half cosine (optax linear_schedule / cosine_decay_schedule). "
+        + _default("algorithm.learningRateSchedule"),
+    )
     kl_penalty_coef: float | None = Field(
         default=None,
         ge=0,

@@ -51,6 +51,8 @@ DEFAULTS: dict[str, Any] = {
         "maxTokens": 2048,
         "learningRate": 1e-5,
         "steps": 100,
+        "warmupSteps": 0,
+        "learningRateSchedule": "constant",
         "klPenaltyCoef": 0.0,
         "advantageNormalization": "mean",
     },

@@ -12,6 +12,7 @@ the version does not define never fires: setting such a key is refused as unknow
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 import math
@@ -36,6 +37,8 @@ class KeySet:
     version: str
     defaults: Mapping[str, Any]
     models: Mapping[str, Mapping[str, Any]]
+    # Key -> where the MaxText model code rljob's trainer builds reads it (rljob.recipes.maxtext_policy).
+    model_reads: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __contains__(self, key: object) -> bool:
         return key in self.defaults
@@ -60,7 +63,12 @@ def load(version: str) -> KeySet:
         raise KeyError(version)
     res = resources.files("rljob.recipes").joinpath("data", f"{_PREFIX}{version}{_SUFFIX}")
     doc = json.loads(res.read_text(encoding="utf-8"))
-    return KeySet(version=str(doc["maxtext"]), defaults=doc["keys"], models=doc.get("models", {}))
+    return KeySet(
+        version=str(doc["maxtext"]),
+        defaults=doc["keys"],
+        models=doc.get("models", {}),
+        model_reads=doc.get("model_reads", {}),
+    )
 
 
 def truthy(value: Any) -> bool:

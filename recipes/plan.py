@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rljob.recipes import (
     lora_targets,
     maxtext_keys,
+    maxtext_policy,
     mesh,
     models,
     naming,
@@ -52,7 +53,9 @@ MAX_DEFAULT_TOKEN_TILE = 2048
 # only to a spec that sets spec.service.
 _BASE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "service"}
 
-# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them.
+# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them. Those of
+# NOT_IN_KEYS are not put in the final key dict either: nothing rljob runs reads them there (the trainer
+# reads the spec field itself; rljob.recipes.maxtext_policy), so `rljob plan` does not list them.
 DERIVED_KEYS: dict[str, str] = {
     "model_name": "spec.model.maxtextModel",
     "run_name": "metadata.name",
@@ -462,6 +465,8 @@ def _service(spec: RLJobSpec, trainer_tpu: TpuPlan | None, problems: list[str]) 
             f"{trainer_tpu.type_name} x {spec.trainer.slices} slice(s) has "
             f"{trainer_tpu.hosts * spec.trainer.slices} hosts"
         )
+    assert spec.algorithm is not None
+    problems.extend(maxtext_policy.service_algorithm_problems(spec.algorithm))
     assert svc.max_training_clients is not None and spec.sampler.max_loras is not None
     if spec.sampler.max_loras < svc.max_training_clients:
         problems.append(
@@ -573,25 +578,23 @@ def _trainer(
     )
 
 
+NOT_IN_KEYS = frozenset(
+    {"run_name", "base_output_directory", "load_parameters_path", "learning_rate", "steps"}
+)
+
+
 def _derived_keys(
     spec: RLJobSpec, job: RLJob, ici: MeshPlan, dcn: MeshPlan, per_device_batch: float
 ) -> dict[str, Any]:
-    """The MaxText keys rljob sets from the spec (DERIVED_KEYS)."""
-    assert spec.model and spec.storage and spec.storage.root and spec.packing and spec.algorithm
-    derived: dict[str, Any] = {
+    """The MaxText keys rljob sets from the spec (DERIVED_KEYS but NOT_IN_KEYS)."""
+    assert spec.model and spec.packing
+    return {
         "model_name": spec.model.maxtext_model,
-        "run_name": job.metadata.name,
-        "base_output_directory": storage_paths(spec.storage.root, job).checkpoints,
         "max_target_length": spec.packing.token_budget,
         "per_device_batch_size": per_device_batch,
-        "learning_rate": spec.algorithm.learning_rate,
-        "steps": spec.algorithm.steps,
         "packing": True,
         **mesh.maxtext_keys(ici, dcn),
     }
-    if spec.model.checkpoint:
-        derived["load_parameters_path"] = spec.model.checkpoint
-    return derived
 
 
 def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
@@ -784,6 +787,7 @@ def storage_paths(root: str, job: RLJob) -> StoragePaths:
         rollouts=f"{base}/rollouts",
         cache=f"{base}/cache",
         tensorboard=f"{base}/tensorboard",
+        profile=f"{base}/tensorboard/plugins/profile",
     )
 
 
@@ -840,6 +844,12 @@ def _maxtext(
                     f"{path}: not a MaxText {keyset.version} config key{where[source]}"
                     + (f" (did you mean {', '.join(hint)}?)" if hint else "")
                 )
+                continue
+            if spec.service is not None and source != "manifest" and k in maxtext_policy.SERVICE_UNREAD:
+                continue  # a recipe's loop-mode key the Tinker service does not read: left out, not listed
+            why = maxtext_policy.problem(k, v, keyset, service=spec.service is not None)
+            if why is not None:
+                problems.append(f"{path}: {why}{where[source]}")
                 continue
             keys[k], sources[k] = v, source
     if spec.model and spec.model.maxtext_model not in keyset.models:

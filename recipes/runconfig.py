@@ -136,6 +136,11 @@ class StoragePaths(ApiModel):
         "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
         "TensorBoard read them.",
     )
+    profile: str = Field(
+        description="JAX profiler traces of the steps the MaxText key profiler (xplane) chose, "
+        "<run>/<host>.xplane.pb: the TensorBoard log directory's profile plugin directory, which "
+        "TensorBoard's profile plugin and XProf read (rljob.trainer.profiling).",
+    )
 
 
 class Endpoints(ApiModel):
@@ -233,6 +238,10 @@ class ResolvedAlgorithm(_Resolved):
     max_prompt_tokens: _Count = Field(description="Prompt token limit.")
     learning_rate: float = Field(gt=0, description="Adam learning rate.")
     steps: _Count = Field(description="Optimizer steps.")
+    warmup_steps: int = Field(ge=0, description="Steps of the linear learning-rate warm-up (0: none).")
+    learning_rate_schedule: Literal["constant", "linear", "cosine"] = Field(
+        description="The learning rate after the warm-up."
+    )
     kl_penalty_coef: float = Field(ge=0, description="Weight of the KL penalty (0: none).")
     advantage_normalization: Literal["mean", "std"] = Field(description="GRPO advantage normalization.")
 

@@ -63,23 +63,23 @@ def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
     return hf_tokenizer(rc.spec.model.name, rc.spec.dataset.task)
 
 
-def cpu_step_config(rc: RunConfig, max_len: int) -> Any:
+def cpu_step_config(rc: RunConfig, max_len: int, steps: int | None = None) -> Any:
     """The compiled step of the CPU loop's tiny model (rows of ``max_len`` tokens) with the run config's
-    algorithm: its loss, learning rate, KL penalty against the base policy, the log-prob head's block
-    sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes) and the rollouts per row
+    algorithm: its loss, learning rate and schedule over ``steps``, the optimizer keys
+    (rljob.trainer.main.optimizer_options), the KL penalty against the base policy, the log-prob head's
+    block sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes) and the rollouts per row
     (spec.packing.maxSegmentsPerRow)."""
     from rljob.trainer.losses import LossConfig
-    from rljob.trainer.main import head_blocks
+    from rljob.trainer.main import head_blocks, optimizer_options
     from rljob.trainer.train_step import StepConfig
 
     alg = rc.spec.algorithm
     return StepConfig(
         budget=max_len,
         rows=4,
-        micro_batches=8,
         segment_align=1,
         max_segments=rc.spec.packing.max_segments_per_row,
-        learning_rate=alg.learning_rate,
+        **optimizer_options(rc, steps if steps is not None else alg.steps, micro_batches=8),
         loss=LossConfig(kind=alg.loss, kl_coef=alg.kl_penalty_coef),
         **head_blocks(rc),
     )
@@ -92,7 +92,7 @@ class LoopOptions:
     model: str = "config"  # config | tiny | miniature (rljob.trainer.main's --model)
     steps: int | None = None  # override spec.algorithm.steps
     seed: int = 0  # seed of the task's prompts (e.g. math sampling)
-    checkpoint_every: int = 1
+    checkpoint_every: int | None = None  # None: MaxText checkpoint_period, else every step
     eval_every: int = 10  # evaluate held-out prompts every N steps (0: never)
     parity_threshold: float = DEFAULT_PARITY_THRESHOLD
     tensorboard_dir: str | None = None  # default: storage.root's tensorboard/ (outlives the pod)
@@ -102,7 +102,14 @@ class LoopOptions:
 def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     """The RL loop of one trainer process (jax.distributed already initialized by rljob.trainer.main)."""
     from rljob.common import caches
-    from rljob.trainer.main import BadConfig, align, max_non_finite_steps, model_setup
+    from rljob.trainer.main import (
+        BadConfig,
+        align,
+        checkpoint_every,
+        max_non_finite_steps,
+        model_setup,
+        profile,
+    )
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
     from rljob.trainer.runtime import Diverged, RunPaths, RunSettings, run
@@ -128,7 +135,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         elif args.model == "miniature":
             model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
-            step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]))
+            step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]), steps)
         else:
             vocab, max_len = cpu_shape(rc)
             model_spec = cpu_model_spec(
@@ -138,7 +145,8 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
                 vocab_size=vocab,
                 max_len=max_len,
             )
-            step_cfg = cpu_step_config(rc, max_len)
+            step_cfg = cpu_step_config(rc, max_len, steps)
+        every = checkpoint_every(rc, args.checkpoint_every)
         problem = model_problem(step_cfg, model_spec.decoder_block)  # the plan's packing fits the model
         if problem is not None:
             raise BadConfig(problem)
@@ -178,9 +186,10 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
             RunSettings(
                 steps=steps,
-                checkpoint_every=args.checkpoint_every,
+                checkpoint_every=every,
                 export_adapters=first,
                 max_non_finite_steps=max_non_finite_steps(rc),
+                profile=profile(rc, args.tensorboard_dir),
             ),
             source,
             steplog=steplog,

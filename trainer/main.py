@@ -43,7 +43,18 @@ from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK, NO_CREDENTIALS
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 from rljob.trainer.sync import align
 
-__all__ = ["BadConfig", "DistributedEnv", "align", "distributed_env", "head_blocks", "main", "model_setup"]
+__all__ = [
+    "BadConfig",
+    "DistributedEnv",
+    "align",
+    "checkpoint_every",
+    "distributed_env",
+    "head_blocks",
+    "main",
+    "model_setup",
+    "optimizer_options",
+    "profile",
+]
 
 log = logging.getLogger("rljob.trainer")
 
@@ -156,7 +167,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--seed", type=int, default=0, help="seed of the task's prompts, or of the synthetic rollouts"
     )
-    p.add_argument("--checkpoint-every", type=int, default=1)
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        default=None,
+        help="steps between checkpoints (default: MaxText key checkpoint_period, else 1)",
+    )
     p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
     p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
     p.add_argument(
@@ -240,6 +256,57 @@ def head_blocks(rc: RunConfig) -> dict[str, Any]:
     return {"token_tile": lp.token_tile, "vocab_chunk": lp.vocab_chunk}
 
 
+DEFAULT_MICRO_BATCHES = 4  # micro-batches per compiled accumulate call without gradient_accumulation_steps
+
+
+def optimizer_options(
+    rc: RunConfig, steps: int, micro_batches: int = DEFAULT_MICRO_BATCHES
+) -> dict[str, Any]:
+    """StepConfig's optimizer, schedule and accumulation fields: spec.algorithm (learning rate, warm-up,
+    schedule over ``steps``) and the MaxText keys rljob's trainer reads (rljob.recipes.maxtext_policy
+    TRAINER_KEYS; the plan checked their values); ``micro_batches``: without gradient_accumulation_steps."""
+    from rljob.recipes.maxtext_policy import trainer_float, trainer_int
+
+    alg, keys = rc.spec.algorithm, dict(rc.trainer.maxtext)
+
+    def dtype(key: str) -> str | None:
+        return str(keys[key]) if keys.get(key) not in (None, "") else None
+
+    return {
+        "learning_rate": alg.learning_rate,
+        "warmup_steps": alg.warmup_steps,
+        "lr_schedule": alg.learning_rate_schedule,
+        "total_steps": steps,
+        "micro_batches": trainer_int(keys, "gradient_accumulation_steps", micro_batches),
+        "max_grad_norm": trainer_float(keys, "gradient_clipping_threshold", 1.0),
+        "weight_decay": trainer_float(keys, "adam_weight_decay", 0.0),
+        "adam_b1": trainer_float(keys, "adam_b1", 0.9),
+        "adam_b2": trainer_float(keys, "adam_b2", 0.999),
+        "adam_eps": trainer_float(keys, "adam_eps", 1e-8),
+        "adam_eps_root": trainer_float(keys, "adam_eps_root", 0.0),
+        "mu_dtype": dtype("mu_dtype"),
+        "grad_dtype": dtype("grad_dtype"),
+    }
+
+
+def checkpoint_every(rc: RunConfig, flag: int | None) -> int:
+    """Steps between checkpoints: --checkpoint-every, else MaxText checkpoint_period, else every step."""
+    from rljob.recipes.maxtext_policy import trainer_int
+
+    every = flag if flag is not None else trainer_int(dict(rc.trainer.maxtext), "checkpoint_period", 1)
+    if every < 1:
+        raise BadConfig(f"--checkpoint-every: must be >= 1, got {every}")
+    return every
+
+
+def profile(rc: RunConfig, tensorboard_dir: str | None) -> Any:
+    """The run's ProfileSettings (rljob.trainer.profiling; None without profiler: xplane): traces go under
+    the TensorBoard directory (default {storage}/tensorboard: StoragePaths.profile)."""
+    from rljob.trainer.profiling import profile_settings
+
+    return profile_settings(dict(rc.trainer.maxtext), tensorboard_dir or rc.storage.tensorboard)
+
+
 def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
     """(ModelSpec, StepConfig, settings) of the run config (``model`` "config") or of the tiny CPU model
     with the config's other settings; raises BadConfig naming the field."""
@@ -274,8 +341,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
         step_cfg = StepConfig(
             budget=budget,
             rows=rows,
-            micro_batches=4,
-            learning_rate=st["lr"],
+            **optimizer_options(rc, st["steps"]),
             loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
             pad_position=st["pad_position"],
             max_segments=st["max_segments"],
@@ -318,7 +384,7 @@ def run_main(args: argparse.Namespace) -> int:
                 model=args.model,
                 steps=args.steps,
                 seed=args.seed,
-                checkpoint_every=args.checkpoint_every,
+                checkpoint_every=checkpoint_every(rc, args.checkpoint_every),
                 eval_every=args.eval_every,
                 parity_threshold=(
                     args.parity_threshold
@@ -386,9 +452,10 @@ def run_main(args: argparse.Namespace) -> int:
         RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
         RunSettings(
             steps=st["steps"],
-            checkpoint_every=args.checkpoint_every,
+            checkpoint_every=checkpoint_every(rc, args.checkpoint_every),
             export_adapters=jax.process_index() == 0,
             max_non_finite_steps=max_non_finite_steps(rc),
+            profile=profile(rc, args.tensorboard_dir),
         ),
         source,
         steplog=steplog,

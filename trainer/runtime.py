@@ -7,10 +7,13 @@ Step ``s`` (0-based; the policy after ``s`` updates is adapter version ``v{s}``)
    fixed synthetic rollouts) and written to the cache BEFORE the gradient step, so a restart in the
    middle of the step never samples again;
 2. one optimizer step (rljob.trainer.train_step);
-3. a checkpoint (state + meta) every ``checkpoint_every`` steps and at the end;
+3. a checkpoint (state + meta) every ``checkpoint_every`` steps (MaxText ``checkpoint_period``) and at
+   the end; a restart resumes from the last one and trains the steps after it again on their cached
+   rollouts, so the result is the same;
 4. adapter ``v{s+1}`` handed to the background publisher (PEFT layout, LATEST last; the next step does
    not wait for the upload, the run waits for the last one before returning);
-5. a JSON log line, TensorBoard scalars and the ProgressReport.
+5. a JSON log line, TensorBoard scalars and the ProgressReport;
+6. with ``profiler: xplane``, a JAX profiler trace of the chosen steps (rljob.trainer.profiling).
 
 On start the newest committed checkpoint is restored (train state, optimizer state, step), so a run
 killed at any point continues at exactly the step after its last checkpoint and computes the same
@@ -34,6 +37,7 @@ from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import AdapterPublisher
 from rljob.trainer.losses import NAN_SENTINEL, AdvantageNormalization, group_advantages
 from rljob.trainer.packing import Rollout
+from rljob.trainer.profiling import ProfileSettings, StepProfiler
 from rljob.trainer.progress import Reporter, StepLog
 from rljob.trainer.train_step import Trainer, TrainState
 
@@ -69,6 +73,8 @@ class RunSettings:
     export_adapters: bool = True
     # spec.failurePolicy.maxNonFiniteSteps: consecutive skipped (non-finite) updates before Diverged.
     max_non_finite_steps: int = 10
+    # MaxText profiler keys (rljob.trainer.profiling): the steps traced and where; None: no trace.
+    profile: ProfileSettings | None = None
 
 
 class Diverged(RuntimeError):
@@ -192,6 +198,7 @@ def run(
         if settings.export_adapters and to_peft is not None
         else None
     )
+    profiler = StepProfiler(settings.profile)
     try:
         state = _steps(
             trainer,
@@ -206,8 +213,13 @@ def run(
             steplog,
             reporter,
             streak,
+            profiler,
         )
     except BaseException:
+        try:
+            profiler.stop()  # what was traced before the failure
+        except Exception as e:
+            log.warning("profile upload after failure: %s", e)
         if publisher is not None:  # keep what was exported (a complete version) if it uploads in time
             try:
                 publisher.close(timeout=120.0)
@@ -252,6 +264,7 @@ def _steps(
     steplog: StepLog,
     reporter: Reporter,
     streak: int = 0,
+    profiler: StepProfiler | None = None,
 ) -> TrainState:
     """The steps from `start`; `streak`: consecutive non-finite updates before `start` (checkpoint meta)."""
     if start == 0 and publisher is not None and to_peft is not None:
@@ -272,7 +285,11 @@ def _steps(
         collective = getattr(source, "collective", None)
         if collective is not None:  # a source's work that every process must join (the parity gate)
             collective(s, state.lora)
+        if profiler is not None:
+            profiler.before(s)
         state, metrics = trainer.train_on_batch(state, rollouts)
+        if profiler is not None:
+            profiler.after(s, last=s + 1 == settings.steps)
         done = s + 1
         # A step without signal (no token carried a loss weight) makes no update at all: it neither
         # extends nor ends a streak of non-finite ones.

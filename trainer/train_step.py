@@ -7,7 +7,8 @@ One step takes a step's rollouts, packs them (rljob.trainer.packing) into micro-
   micro-batches and adds each micro-batch's gradient into the buffer; a step that packs into more
   micro-batches than one call holds calls it again with the same shape (padding micro-batches are
   all-pad and contribute exactly zero), so every run compiles each function once;
-- :meth:`Trainer.apply` (jit, the train state donated) runs the optax update on the LoRA parameters
+- :meth:`Trainer.apply` (jit, the train state donated) runs the AdamW update at the step's learning
+  rate (:func:`learning_rate_at`: warm-up, then constant, linear or cosine) on the LoRA parameters
   only (the base weights are not an argument), and skips the update, keeping parameters and
   optimizer state, when the loss, a gradient or an update is non-finite; skips are counted. Its
   outputs reuse the donated state buffers.
@@ -54,7 +55,15 @@ from rljob.trainer.packing import (
 )
 from rljob.trainer.placement import put_global
 
-__all__ = ["BATCH_FIELDS", "StepConfig", "TrainState", "Trainer", "batch_sharding", "stack_micro_batches"]
+__all__ = [
+    "BATCH_FIELDS",
+    "StepConfig",
+    "TrainState",
+    "Trainer",
+    "batch_sharding",
+    "learning_rate_at",
+    "stack_micro_batches",
+]
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "weights", "advantages", "old_logprobs")
 _INT_FIELDS = ("tokens", "segment_ids", "positions")
@@ -68,8 +77,21 @@ class StepConfig:
     rows: int = 1  # rows per micro-batch
     micro_batches: int = 1  # micro-batches per compiled accumulate call
     learning_rate: float = 1e-4
-    max_grad_norm: float = 1.0
-    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0  # MaxText gradient_clipping_threshold (0: no clipping)
+    weight_decay: float = 0.0  # MaxText adam_weight_decay
+    # The learning rate per step (learning_rate_at): spec.algorithm.warmupSteps, .learningRateSchedule
+    # and .steps (the step the decay reaches 0 after; 0: no decay).
+    warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | linear | cosine
+    total_steps: int = 0
+    # AdamW (MaxText adam_b1, adam_b2, adam_eps, adam_eps_root, mu_dtype) and the gradient buffer's dtype
+    # (grad_dtype); None: the parameters' dtype.
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    adam_eps_root: float = 0.0
+    mu_dtype: str | None = None
+    grad_dtype: str | None = None
     loss: LossConfig = dataclasses.field(default_factory=LossConfig)
     token_tile: int = DEFAULT_TOKEN_TILE  # spec.trainer.logprobs.tokenTile
     vocab_chunk: int = DEFAULT_VOCAB_CHUNK  # spec.trainer.logprobs.vocabChunk
@@ -101,6 +123,30 @@ class StepConfig:
             max_segments=self.max_segments,
             **kw,
         )
+
+
+def learning_rate_at(cfg: StepConfig, step: jax.Array | int) -> jax.Array:
+    """The learning rate of optimizer step ``step`` (0-based; TrainState.step, skipped steps included):
+    ``learning_rate x (step + 1) / (warmup_steps + 1)`` during the warm-up, then constant, or decaying
+    linearly or along a half cosine (optax linear_schedule / cosine_decay_schedule) from
+    ``learning_rate`` at step ``warmup_steps`` towards 0 after the last step (``total_steps - 1``), so
+    that no step trains at rate 0."""
+    s = jnp.asarray(step, jnp.float32)
+    lr = jnp.float32(cfg.learning_rate)
+    warm = cfg.warmup_steps
+    if cfg.lr_schedule == "constant" or cfg.total_steps <= warm:
+        after = lr
+    else:
+        span = cfg.total_steps - warm
+        decay = (
+            optax.linear_schedule(cfg.learning_rate, 0.0, span)
+            if cfg.lr_schedule == "linear"
+            else optax.cosine_decay_schedule(cfg.learning_rate, span)
+        )
+        after = jnp.asarray(decay(jnp.maximum(s - warm, 0.0)), jnp.float32)
+    if warm <= 0:
+        return after
+    return jnp.where(s < warm, lr * (s + 1.0) / (warm + 1.0), after)
 
 
 def model_problem(cfg: StepConfig, decoder_block: str) -> str | None:
@@ -181,10 +227,23 @@ class Trainer:
             raise ValueError(problem)
         self.cfg = cfg
         self.with_ref = cfg.loss.kl_coef > 0
+        if cfg.lr_schedule not in ("constant", "linear", "cosine"):
+            raise ValueError(f"spec.algorithm.learningRateSchedule: unknown schedule {cfg.lr_schedule!r}")
+        # AdamW as optax.adamw chains it (scale_by_adam, add_decayed_weights, scale_by_learning_rate),
+        # the last part in _apply: the rate follows the step count of the train state
+        # (learning_rate_at), which counts every step, those without an update included.
         self.optimizer = optax.chain(
-            optax.clip_by_global_norm(cfg.max_grad_norm),
-            optax.adamw(cfg.learning_rate, weight_decay=cfg.weight_decay),
+            optax.clip_by_global_norm(cfg.max_grad_norm) if cfg.max_grad_norm > 0 else optax.identity(),
+            optax.scale_by_adam(
+                b1=cfg.adam_b1,
+                b2=cfg.adam_b2,
+                eps=cfg.adam_eps,
+                eps_root=cfg.adam_eps_root,
+                mu_dtype=jnp.dtype(cfg.mu_dtype) if cfg.mu_dtype else None,
+            ),
+            optax.add_decayed_weights(cfg.weight_decay),
         )
+        self.grad_dtype = jnp.dtype(cfg.grad_dtype) if cfg.grad_dtype else None
         # Shardings of the compiled functions' arguments and results, fixed for the run (so each compiles
         # once): base and LoRA parameters as the policy lays them out (MaxText's logical axis rules), the
         # optimizer state like the LoRA parameters, the batch per batch_sharding, scalars replicated.
@@ -273,7 +332,7 @@ class Trainer:
         def body(carry: tuple[Any, dict[str, jax.Array]], mb: dict[str, jax.Array]) -> tuple[Any, None]:
             g_acc, m_acc = carry
             (_, metrics), grads = grad_fn(lora, mb, base, head)
-            g_acc = jax.tree.map(jnp.add, g_acc, grads)
+            g_acc = jax.tree.map(lambda a, g: a + g.astype(a.dtype), g_acc, grads)
             m_acc = {k: m_acc[k] + metrics[k].astype(m_acc[k].dtype) for k in m_acc}
             return (g_acc, m_acc), None
 
@@ -290,7 +349,11 @@ class Trainer:
         }
         if self.with_ref:
             metrics["kl"] = jnp.float32(0)
-        grads = jax.tree.map(lambda x, s: put_global(jnp.zeros_like(x), s), lora, self.policy.lora_sharding)
+        grads = jax.tree.map(
+            lambda x, s: put_global(jnp.zeros_like(x, dtype=self.grad_dtype), s),
+            lora,
+            self.policy.lora_sharding,
+        )
         return grads, {k: put_global(v, self.replicated) for k, v in metrics.items()}
 
     def _apply(
@@ -298,6 +361,8 @@ class Trainer:
     ) -> tuple[TrainState, dict[str, jax.Array]]:
         grads, metrics = acc
         updates, opt_state = self.optimizer.update(grads, state.opt_state, state.lora)
+        rate = learning_rate_at(self.cfg, state.step)
+        updates = jax.tree.map(lambda u: (-rate * u).astype(u.dtype), updates)
         lora = optax.apply_updates(state.lora, updates)
         ok = all_finite((grads, updates, metrics["loss"]))
         # No token carried a loss weight (every group of the step had equal rewards, or nothing was
@@ -312,6 +377,7 @@ class Trainer:
         )
         out = dict(metrics)
         out["grad_norm"] = optax.global_norm(grads)
+        out["learning_rate"] = rate
         out["update_skipped"] = (~ok & signal).astype(jnp.int32)
         out["no_signal"] = (~signal).astype(jnp.int32)
         return new, out

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -159,3 +160,30 @@ def test_no_kubeconfig_is_bad_input(tmp_path: Path) -> None:
     proc = _run("list", "--kubeconfig", str(tmp_path / "missing"))
     assert proc.returncode == 2
     assert proc.stderr.startswith("rljob: no cluster configured")
+
+
+def test_status_names_the_profile_of_a_profiled_run() -> None:
+    """profiler: xplane in the spec's MaxText keys: `rljob status` names the trace directory on storage and
+    the steps traced; a run without a profiler has no such line."""
+    from rljob.cli import metrics
+
+    spec: dict[str, Any] = {
+        "model": {"name": "Qwen/Qwen3-8B"},
+        "trainer": {"tpu": "v5p-8", "maxtext": {"profiler": "xplane", "profiler_steps": 3}},
+        "sampler": {"tpu": "v5p-8"},
+        "storage": {"root": "gs://bkt/runs"},
+    }
+    obj: dict[str, Any] = {
+        "apiVersion": "rljob.dev/v1alpha1",
+        "kind": "RLJob",
+        "metadata": {"name": "grpo", "namespace": "rl", "uid": "u1"},
+        "spec": spec,
+    }
+    note = metrics.profile_note(obj)
+    assert note == (
+        "gs://bkt/runs/rl/grpo/u1/tensorboard/plugins/profile (steps 1..3; TensorBoard's profile plugin or "
+        "XProf: tensorboard --logdir gs://bkt/runs/rl/grpo/u1/tensorboard)"
+    )
+    assert f"Profile:     {note}\n" in jobs.describe({**OBJ, **obj}, [], "", note)
+    plain = {**obj, "spec": {**spec, "trainer": {"tpu": "v5p-8"}}}
+    assert metrics.profile_note(plain) == "" and "Profile:" not in jobs.describe(OBJ, [])

@@ -154,3 +154,16 @@ def test_plan_names_the_service(capsys: pytest.CaptureFixture[str]) -> None:
         "service: tinker API at http://qwen3-8b-tinker-api.default.svc:8080, up to 4 training clients, "
         "checkpoint every 1 steps (no built-in RL loop)"
     ) in out.splitlines()
+
+
+def test_rljob_plan_shows_the_schedule_and_the_trainer_keys() -> None:
+    from fixtures.recipes import manifest, resolve
+    from rljob.cli.main import explain
+
+    keys = {"adam_b1": 0.5, "checkpoint_period": 7}
+    text = explain(resolve(manifest({"trainer": {"maxtext": keys}, "algorithm": {"warmupSteps": 10}})))
+    assert ", lr 1e-05, warm-up 10 steps\n" in text
+    assert "  adam_b1 " in text and "  checkpoint_period " in text and "[manifest]" in text
+    assert "learning_rate" not in text and "run_name" not in text
+    cosine = explain(resolve(manifest({"algorithm": {"learningRateSchedule": "cosine"}})))
+    assert ", lr 1e-05, cosine decay\n" in cosine

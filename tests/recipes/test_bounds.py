@@ -120,14 +120,14 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
     (
         "algorithm.steps min",
         {"algorithm": {"steps": 1}},
-        ("trainer.maxtext.steps", 1),
+        ("spec.algorithm.steps", 1),
         {"algorithm": {"steps": 0}},
         "spec.algorithm.steps: Input should be greater than or equal to 1",
     ),
     (
         "algorithm.learningRate above 0",
         {"algorithm": {"learningRate": 0.5}},
-        ("trainer.maxtext.learning_rate", 0.5),
+        ("spec.algorithm.learning_rate", 0.5),
         {"algorithm": {"learningRate": 0}},
         "spec.algorithm.learningRate: Input should be greater than 0",
     ),

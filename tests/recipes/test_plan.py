@@ -128,11 +128,10 @@ GOOD: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         },
     ),
     (
-        "model checkpoint -> load_parameters_path",
+        "model checkpoint: the trainer reads spec.model.checkpoint, not a MaxText key",
         {"model": {"checkpoint": "gs://ckpt/qwen3-8b/0/items"}},
         {
-            "trainer.maxtext.load_parameters_path": "gs://ckpt/qwen3-8b/0/items",
-            "trainer.maxtext_sources.load_parameters_path": "rljob",
+            "spec.model.checkpoint": "gs://ckpt/qwen3-8b/0/items",
         },
     ),
     (

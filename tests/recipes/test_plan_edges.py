@@ -279,7 +279,8 @@ def test_the_runs_uid_is_in_its_storage_path() -> None:
         f"{b.storage.root}/adapters",
         "gs://bucket/runs/ns/t/adapters",
     }
-    assert a.trainer.maxtext["base_output_directory"] == a.storage.checkpoints
+    # MaxText's own output directory is not set: nothing rljob runs reads it (rljob.recipes.maxtext_policy).
+    assert "base_output_directory" not in a.trainer.maxtext and "run_name" not in a.trainer.maxtext
     # The uid becomes a path component: only the API server's form is accepted.
     bad = copy.deepcopy(first)
     bad["metadata"]["uid"] = "../other-run"

@@ -94,7 +94,6 @@ def _config_with_checkpoint(tmp_path: Path, bucket: str, checkpoint: str) -> Pat
     rc = local_run_config(bucket, tmp_path)
     data = json.loads(rc.model_dump_json(by_alias=True))
     data["spec"]["model"]["checkpoint"] = checkpoint
-    data["trainer"]["maxtext"]["load_parameters_path"] = checkpoint  # as the renderer derives it
     return write_run_config(RunConfig.model_validate(data), tmp_path)
 
 
