@@ -13,7 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
+from rljob.recipes import (
+    fit,
+    lora_targets,
+    maxtext_keys,
+    mesh,
+    models,
+    naming,
+    overrides,
+    startup,
+    syntax,
+    tpu,
+)
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
@@ -239,6 +250,7 @@ def resolve(job: RLJob) -> RunConfig:
     _lora(spec, problems)
     sampler_plan = _sampler(spec, sampler_tpu, seq, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
+    problems.extend(fit.plan_problems(spec, trainer_plan, sampler_plan))
     _pod_overrides(spec, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
