@@ -40,6 +40,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from fractions import Fraction
+from functools import cache
 from typing import Any
 
 from rljob.recipes import lora_targets, maxtext_keys, tpu
@@ -110,7 +112,9 @@ class Shapes:
     def moe_layers(self) -> int:
         if self.experts <= 1:
             return 0
-        return len([i for i in range(self.first_dense, self.layers) if (i + 1) % self.moe_every == 0])
+        # layers i >= first_dense with (i + 1) % moe_every == 0 (MaxText's interleave_moe_layer_step)
+        first = max(0, min(self.first_dense, self.layers))
+        return self.layers // self.moe_every - first // self.moe_every
 
 
 def _int(value: Any, default: int = 0) -> int:
@@ -260,6 +264,10 @@ def lora_params(s: Shapes, rank: int, targets: Iterable[str]) -> int:
     return rank * total
 
 
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
 def _dtype_bytes(value: Any, default: int) -> int:
     return _DTYPE_BYTES.get(str(value).lower(), default)
 
@@ -280,8 +288,10 @@ class RoleFit:
         return sum(self.parts.values())
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.1f} GiB" if n >= GIB / 10 or n == 0 else f"{n / 2**20:.1f} MiB"
+def _gib(n: int) -> str:
+    if n >= 2**60 or n <= -(2**60):  # a nonsense shape (e.g. an overridden model config): no float
+        return f"{n // GIB} GiB"
+    return f"{n / GIB:.1f} GiB" if abs(n) >= GIB / 10 or n == 0 else f"{n / 2**20:.1f} MiB"
 
 
 # ------------------------------------------------------------------------------------------- trainer
@@ -316,10 +326,12 @@ def trainer_fit(
         str(keys.get("remat_policy")) == "custom" and str(keys.get("decoder_layer_input")) == "offload"
     )
     parts = {
-        "weights": math.ceil(p.total * wbytes / max(1, shards)),
+        "weights": _ceil_div(p.total * wbytes, max(1, shards)),
         "lora": lora,
         "optimizer": 4 * lora,  # AdamW's two moments, the gradient accumulator, one micro-batch gradient
-        "layer_inputs": 0 if offloaded else math.ceil(s.layers * tokens_per_device * s.emb * abytes),
+        "layer_inputs": 0
+        if offloaded
+        else math.ceil(s.layers * Fraction(tokens_per_device) * s.emb * abytes),
     }
     capacity = int(hbm * (1 - TRAINER_RESERVE))
     return RoleFit(devices, hbm, capacity, parts, sum(parts.values()) <= capacity)
@@ -380,8 +392,8 @@ def _trainer_hint(
     of tokenBudget per device, at the same number of slices."""
     gen = tpu.BY_ACCELERATOR[plan.tpu.accelerator]
     hbm = tpu.hbm_bytes_per_device(plan.tpu.accelerator)
-    for name in tpu.type_names(gen.prefix):
-        devices = tpu.plan(name).devices * plan.slices
+    for name, per_slice in _slice_sizes(gen.prefix):
+        devices = per_slice * plan.slices
         fit = trainer_fit(s, keys, hbm, devices, devices, token_budget, rank, targets, default_dtype)
         if fit.fits:
             return f"the smallest {gen.prefix} slice that holds it with every device on fsdp is {name}"
@@ -397,7 +409,7 @@ def kv_bytes_per_token(s: Shapes, tp: int) -> int:
     MLA's latent (replicated over tp)."""
     if s.mla:
         return s.attention_layers * (s.kv_lora_rank + s.qk_rope) * KV_BYTES
-    heads = max(1, math.ceil(s.kv_heads / max(1, tp)))
+    heads = max(1, _ceil_div(s.kv_heads, max(1, tp)))
     return s.attention_layers * 2 * heads * s.head_dim * KV_BYTES
 
 
@@ -408,7 +420,7 @@ def state_bytes_per_sequence(s: Shapes, tp: int) -> int:
     if not s.gdn_layers:
         return 0
     per_layer = nv * dk * dv + (2 * nk * dk + nv * dv) * (kernel - 1)
-    return math.ceil(s.gdn_layers * per_layer * KV_BYTES / max(1, tp))
+    return _ceil_div(s.gdn_layers * per_layer * KV_BYTES, max(1, tp))
 
 
 def sampler_fit(
@@ -424,7 +436,9 @@ def sampler_fit(
     """One sampler replica's bytes per device at tensor parallelism tp x expert parallelism ep."""
     p = params(s)
     dense = p.embedding + p.attention + p.dense_mlp
-    weights = math.ceil((dense / tp + p.experts / (tp * ep)) * SAMPLER_WEIGHT_BYTES)
+    weights = _ceil_div(dense * SAMPLER_WEIGHT_BYTES, tp) + _ceil_div(
+        p.experts * SAMPLER_WEIGHT_BYTES, tp * ep
+    )
     every = (*lora_targets.ATTENTION, *lora_targets.MLP)
     lora = max_loras * lora_params(s, lora_rank, every) * SAMPLER_WEIGHT_BYTES
     capacity = int(hbm * VLLM_MEMORY_UTILIZATION)
@@ -438,13 +452,20 @@ def sampler_fit(
 
 def _layouts(s: Shapes, devices: int) -> list[tuple[int, int]]:
     """(tp, ep) layouts of ``devices`` that the plan's sampler layout rules accept, largest tp first."""
+    divisors = {d for k in range(1, math.isqrt(devices) + 1) if devices % k == 0 for d in (k, devices // k)}
     return [
         (tp, devices // tp)
-        for tp in range(devices, 0, -1)
-        if devices % tp == 0
-        and s.kv_heads % tp == 0
+        for tp in sorted(divisors, reverse=True)
+        if s.kv_heads % tp == 0
         and (devices // tp == 1 or (s.experts > 1 and s.experts % (devices // tp) == 0))
     ]
+
+
+@cache
+def _slice_sizes(prefix: str) -> tuple[tuple[str, int], ...]:
+    """(type name, devices) of each slice size of a generation, smallest first."""
+    names = dict.fromkeys(tpu.type_names(prefix))
+    return tuple((name, tpu.plan(name).devices) for name in names)
 
 
 def check_sampler(
@@ -480,8 +501,7 @@ def check_sampler(
 
 def _sampler_hint(s: Shapes, plan: SamplerPlan, hbm: int) -> str:
     gen = tpu.BY_ACCELERATOR[plan.tpu.accelerator]
-    for name in tpu.type_names(gen.prefix):
-        devices = tpu.plan(name).devices
+    for name, devices in _slice_sizes(gen.prefix):
         for tp, ep in _layouts(s, devices):
             f = sampler_fit(
                 s, hbm, tp, ep, plan.max_model_len, plan.max_num_seqs, plan.max_loras, plan.lora_max_rank
