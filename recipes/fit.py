@@ -362,21 +362,39 @@ def check_trainer(
     if fit.fits:
         return fit, None
     parts = ", ".join(f"{k.replace('_', ' ')} {_gib(v)}" for k, v in fit.parts.items() if v)
-    dtype = keys.get("weight_dtype")
-    if dtype is None:
+    if keys.get("weight_dtype") is None:
         parts += (
             f"; weights in {default_dtype}, MaxText's default weight_dtype: set "
             "spec.trainer.maxtext.weight_dtype"
         )
-    msg = (
-        f"spec.trainer.tpu: {plan.tpu.type_name} x {plan.slices} slice(s) cannot hold the trainer of "
-        f"{model}: "
+    what = (
         f"{_gib(fit.used_bytes)} per device ({parts}) against {_gib(fit.capacity_bytes)} usable of a "
         f"device's {_gib(hbm)} HBM ({TRAINER_RESERVE:.0%} held back for XLA's temporaries)"
     )
+    rows = plan.ici.data * plan.ici.fsdp * plan.dcn.data * plan.dcn.fsdp
+    fewer = _max_micro_batch(fit, plan.micro_batch_size, rows)
+    if fewer is not None:
+        return fit, (
+            f"spec.trainer.microBatchSize: {plan.micro_batch_size} rows of {token_budget} tokens over "
+            f"{plan.devices} devices do not fit the trainer of {model}: {what}; at most {fewer} rows fit "
+            f"(a multiple of data x fsdp = {rows})"
+        )
+    msg = f"spec.trainer.tpu: {plan.tpu.type_name} x {plan.slices} slice(s) cannot hold the trainer of "
+    msg += f"{model}: {what}"
     if plan.ici.data * plan.dcn.data > 1:
         msg += f"; spec.trainer.mesh.data {plan.ici.data * plan.dcn.data} replicates the weights (use fsdp)"
     return fit, msg + "; " + _trainer_hint(s, keys, plan, rank, targets, token_budget, default_dtype)
+
+
+def _max_micro_batch(fit: RoleFit, micro: int, rows: int) -> int | None:
+    """The most rows per micro-batch (a multiple of ``rows``, below ``micro``) whose layer inputs fit beside
+    everything else; None when the weights and LoRA state alone do not fit, or not even ``rows`` do."""
+    fixed = fit.used_bytes - fit.parts["layer_inputs"]
+    per_row = _ceil_div(fit.parts["layer_inputs"], max(1, micro))
+    if micro <= rows or fixed > fit.capacity_bytes or per_row <= 0:
+        return None
+    most = (fit.capacity_bytes - fixed) // per_row // rows * rows
+    return most if rows <= most < micro else None
 
 
 def _trainer_hint(

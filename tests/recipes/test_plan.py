@@ -242,10 +242,10 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "sampler kv heads",
-        {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-8"}},
+        {"model": {"maxtextModel": "qwen3.5-35b-a3b"}, "sampler": {"tpu": "tpu7x-8"}},
         [
-            "spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-397b-a17b",
-            "spec.sampler.tensorParallel: a tpu7x-8 replica of qwen3.5-397b-a17b can be laid out as "
+            "spec.sampler.tensorParallel: 8 does not divide the 2 KV heads of qwen3.5-35b-a3b",
+            "spec.sampler.tensorParallel: a tpu7x-8 replica of qwen3.5-35b-a3b can be laid out as "
             "tensorParallel 2 x expertParallel 4 (set both)",
         ],
     ),
@@ -267,7 +267,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     (
         "gated delta net layers under context parallelism need the load-balancing reorder off",
         {
-            "model": {"maxtextModel": "qwen3.5-397b-a17b"},
+            "model": {"maxtextModel": "qwen3.5-35b-a3b"},
             "trainer": {"mesh": {"fsdp": -1, "context": 2}},
             "sampler": {"tensorParallel": 2, "expertParallel": 2},
         },
