@@ -190,16 +190,16 @@ def test_the_397b_recipe_figures() -> None:
     run = plan.resolve(_job({"recipe": "qwen3.5-397b-a17b-tpu7x"}))
     result = fit.of_run(run)
     assert result.trainer is not None and result.sampler is not None
+    shapes = fit.shapes("qwen3.5-397b-a17b", {})
+    assert shapes is not None
     # 396.35e9 bf16 parameters over fsdp 32 x expert 2 x context 4 = 256 shards
-    assert result.trainer.parts["weights"] == -(
-        -fit.params(fit.shapes("qwen3.5-397b-a17b", {})).total * 2 // 256
-    )  # type: ignore[arg-type]
+    assert result.trainer.parts["weights"] == -(-fit.params(shapes).total * 2 // 256)
     # each decoder layer's input on device: 60 layers x 64 rows x 65536 tokens / 256 devices x 4096 x bf16
     assert result.trainer.parts["layer_inputs"] == 60 * 16_384 * 4096 * 2
-    # 16 full-attention layers' 1 KV head per device (tp 2 over 2 heads) x 256 x K and V x bf16
-    shapes = fit.shapes("qwen3.5-397b-a17b", {})
-    assert shapes is not None and fit.kv_bytes_per_token(shapes, 2) == 15 * 2 * 1 * 256 * 2
-    assert 1 <= result.sampler.kv_sequences < run.sampler.max_num_seqs  # type: ignore[operator]
+    # 15 full-attention layers x 1 KV head per device (tp 2 over 2 heads) x 256 x K and V x bf16
+    assert fit.kv_bytes_per_token(shapes, 2) == 15 * 2 * 1 * 256 * 2
+    assert result.sampler.kv_sequences is not None
+    assert 1 <= result.sampler.kv_sequences < run.sampler.max_num_seqs
 
 
 def test_the_check_takes_milliseconds() -> None:
