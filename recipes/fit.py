@@ -19,15 +19,16 @@ Trainer (rljob.trainer: MaxText model + qwix LoRA + optax AdamW on the LoRA fact
   working set, collective buffers, XLA temporaries, libtpu's own). That is a floor, not a forecast: the
   real peak is the TPU compiler's to say (`rljob drill --compile`, docs/drill.md).
 
-Sampler (vLLM's TPU backend, tpu-inference): the bf16 weights under the replica's layout (experts split
-over tensor x expert parallelism, everything else over tensor parallelism, replicated over the expert
-axis), the LoRA slots vLLM allocates (maxLoras x the largest rank over every attention and dense-MLP
-projection), within vLLM's ``gpu_memory_utilization`` (VLLM_MEMORY_UTILIZATION of HBM, the default rljob
-leaves). What is left is the KV cache: per token, each full-attention layer's K and V (the KV heads a
-device holds: tensor parallelism beyond the KV heads replicates them; MLA: the compressed latent), per
-sequence the gated delta net layers' recurrent and convolution state. A replica is refused when that room
-cannot hold one sequence of maxModelLen (vLLM refuses to start then); the plan shows how many sequences of
-maxModelLen it holds at once against maxNumSeqs (fewer means queued or preempted sequences, not a failure).
+Sampler (vLLM's TPU backend, tpu-inference): the bf16 weights under the replica's layout (MLPs and
+experts split over tensor x expert parallelism; attention and embeddings over tensor parallelism,
+replicated over the expert axis, as tpu-inference's sharding axis names lay them out), the LoRA slots
+vLLM allocates (maxLoras x the largest rank over every attention and dense-MLP projection), within
+vLLM's ``gpu_memory_utilization`` (VLLM_MEMORY_UTILIZATION of HBM, the default rljob leaves). What is left
+is the KV cache: per token, each full-attention layer's K and V (the KV heads a device holds: tensor
+parallelism beyond the KV heads replicates them; MLA: the compressed latent), per sequence the gated
+delta net layers' recurrent and convolution state. A replica is refused when that room cannot hold one
+sequence of maxModelLen (vLLM refuses to start then); the plan shows how many sequences of maxModelLen
+it holds at once against maxNumSeqs (fewer means queued or preempted sequences, not a failure).
 
 Left out: activations beyond the layer inputs, the fused log-prob head's blocks, fragmentation, host
 memory, vLLM's compiled-graph and sampler buffers (inside the utilization's headroom). Sliding-window
@@ -453,10 +454,12 @@ def sampler_fit(
 ) -> RoleFit:
     """One sampler replica's bytes per device at tensor parallelism tp x expert parallelism ep."""
     p = params(s)
-    dense = p.embedding + p.attention + p.dense_mlp
-    weights = _ceil_div(dense * SAMPLER_WEIGHT_BYTES, tp) + _ceil_div(
-        p.experts * SAMPLER_WEIGHT_BYTES, tp * ep
-    )
+    # tpu-inference's mesh (data, attn_dp, expert, model): attention heads on model only, MLPs and experts
+    # on model x expert (tpu_inference/layers/common/sharding.py ShardingAxisName: ATTN_HEAD 'model',
+    # MLP_TENSOR ('attn_dp', 'model', 'expert')); the embedding is counted over model only.
+    attention = p.embedding + p.attention
+    mlp = p.dense_mlp + p.experts
+    weights = _ceil_div(attention * SAMPLER_WEIGHT_BYTES, tp) + _ceil_div(mlp * SAMPLER_WEIGHT_BYTES, tp * ep)
     every = (*lora_targets.ATTENTION, *lora_targets.MLP)
     lora = max_loras * lora_params(s, lora_rank, every) * SAMPLER_WEIGHT_BYTES
     capacity = int(hbm * VLLM_MEMORY_UTILIZATION)
