@@ -59,16 +59,7 @@ SAMPLER_WEIGHT_BYTES = 2  # the sampler serves bf16 weights (recipes/catalog: "s
 KV_BYTES = 2  # KV cache and recurrent state in the model's dtype, bf16
 GIB = 2**30
 
-_DTYPE_BYTES = {
-    "float32": 4,
-    "fp32": 4,
-    "bfloat16": 2,
-    "bf16": 2,
-    "float16": 2,
-    "fp16": 2,
-    "fp8": 1,
-    "int8": 1,
-}
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp8": 1, "int8": 1}
 # MaxText decoder blocks whose attention is MLA (compressed KV): DeepSeek's.
 _MLA_BLOCKS = frozenset({"deepseek", "deepseek4"})
 
