@@ -389,21 +389,16 @@ class SamplerSpec(ApiModel):
         ge=1,
         le=4096,
         description="Tensor parallelism of one replica (tpu-inference's tensor_parallelism). "
-        "tensorParallel x dataParallel x expertParallel must equal the replica's devices; the model's "
-        "attention heads, KV heads (or a multiple of them: vLLM replicates them) and gated delta net heads "
-        "must split over tensorParallel x expertParallel (rljob.recipes.sampler_layout lists the rules). "
-        "Default: the replica's devices / (dataParallel x expertParallel), or, where that does not run or "
-        "pads a mixture-of-experts model's experts to twice their size, a layout that does (shown as "
-        "derived by `rljob plan`).",
+        "tensorParallel x dataParallel x expertParallel must equal the replica's devices, and the model's "
+        "KV heads must divide by it. Default: the replica's devices / (dataParallel x expertParallel).",
     )
     expert_parallel: int | None = Field(
         default=None,
         ge=1,
         le=4096,
         description="Expert parallelism of one replica for a mixture-of-experts model (tpu-inference's "
-        "expert_parallelism; vLLM --enable-expert-parallel); above 1 the model's experts split over every "
-        "device of the replica, so they must divide by tensorParallel x expertParallel. "
-        + _default("sampler.expertParallel", "unless the plan derives another: see tensorParallel"),
+        "expert_parallelism; vLLM --enable-expert-parallel); the model's experts must divide by it. "
+        + _default("sampler.expertParallel"),
     )
     data_parallel: int | None = Field(
         default=None,
