@@ -119,12 +119,14 @@ def all_cases() -> list[Case]:
 # --- plan, render, full-size topology ------------------------------------------------------------------
 
 
-def resolve_doc(doc: dict[str, Any]) -> Any:
+def resolve_doc(doc: dict[str, Any], *, fit_check: bool = True) -> Any:
+    """The run config of a manifest; ``fit_check`` False for the drill's scaled manifests (the model's name
+    on a shrunken slice, run as a miniature: the HBM fit check is the full-size plan's)."""
     import yaml
     from rljob.recipes.plan import PlanError, parse_manifest, resolve
 
     try:
-        return resolve(parse_manifest(yaml.safe_dump(doc, sort_keys=False)))
+        return resolve(parse_manifest(yaml.safe_dump(doc, sort_keys=False)), fit_check=fit_check)
     except PlanError as e:
         raise DrillBadInput(e.problems) from None
 
@@ -848,7 +850,7 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
         if run:
             small_doc, scaled = scaled_doc(case.doc, rc, steps)
             try:
-                small = resolve_doc(small_doc)
+                small = resolve_doc(small_doc, fit_check=False)
             except DrillBadInput as e:  # the drill's own scaling, not the user's manifest
                 raise DrillFailed("the scaled manifest does not resolve: " + "; ".join(e.problems)) from None
             full_topology(small)

@@ -212,6 +212,11 @@ def explain(run: RunConfig) -> str:
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
+    from rljob.recipes import fit
+
+    # Bytes per device of each role against its HBM (rljob.recipes.fit: the plan's fit check).
+    at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: "))
+    lines[at:at] = fit.summary(fit.of_run(run), s)
     svc = spec.service
     if svc is not None:  # service mode: the trainer serves an API instead of the loop above
         from rljob.recipes import render

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rljob.recipes import (
+    fit,
     lora_targets,
     maxtext_keys,
     maxtext_policy,
@@ -251,8 +252,11 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def resolve(job: RLJob) -> RunConfig:
+def resolve(job: RLJob, *, fit_check: bool = True) -> RunConfig:
     """The resolved run config of a job, or PlanError with every problem.
+
+    ``fit_check`` False skips the HBM fit check (rljob.recipes.fit) for the drill's scaled manifests,
+    which keep the model's name on a shrunken slice and run a miniature of it.
 
     Each section below fills what it resolves into the working spec and appends its problems; a section
     whose input an earlier one could not resolve (a TPU shape) checks what it can and plans nothing. The
@@ -267,6 +271,8 @@ def resolve(job: RLJob) -> RunConfig:
     _lora(spec, problems)
     sampler_plan = _sampler(spec, sampler_tpu, seq, layers, job, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
+    if fit_check:
+        problems.extend(fit.plan_problems(spec, trainer_plan, sampler_plan))
     _pod_overrides(spec, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:

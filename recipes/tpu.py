@@ -49,11 +49,25 @@ class Generation:
     # (https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood; AI-Hypercomputer/tpu-recipes,
     # microbenchmarks/ironwood/README.md: "1.34.0-gke.2201000, the minimum required version for Ironwood").
     min_gke_version: str | None = None
+    # HBM per chip, GiB (2**30 bytes): the "HBM capacity per chip (GiB)" row of the generation table in
+    # https://cloud.google.com/tpu/docs/tpu7x ("System architecture": v5p 95, TPU7x 192; the v5p page,
+    # https://cloud.google.com/tpu/docs/v5p, gives the same 95). A TPU7x chip is two chiplets, each one JAX
+    # device with half the chip's HBM ("Dual-chiplet architecture" on the same page); a v5p chip is one
+    # device (megacore). rljob.recipes.fit compares a role's bytes per device with hbm_bytes_per_device.
+    hbm_gib_per_chip: int = 0
 
 
 GENERATIONS: dict[str, Generation] = {
     "v5p": Generation(
-        "v5p", "tpu-v5p-slice", "ct5p-hightpu-4t", None, 1, 140, False, vllm_tpu_support="experimental"
+        "v5p",
+        "tpu-v5p-slice",
+        "ct5p-hightpu-4t",
+        None,
+        1,
+        140,
+        False,
+        vllm_tpu_support="experimental",
+        hbm_gib_per_chip=95,
     ),
     "tpu7x": Generation(
         "tpu7x",
@@ -65,6 +79,7 @@ GENERATIONS: dict[str, Generation] = {
         True,
         True,
         min_gke_version="1.34.0-gke.2201000",
+        hbm_gib_per_chip=192,
     ),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}
@@ -143,6 +158,12 @@ def parse(value: str | TpuSlice) -> tuple[Generation, str]:
             hint = f" (did you mean {dims[0]}x{dims[1]}x{dims[2]}?)"
         raise TpuError(f"topology {topo!r} is not a {gen.prefix} slice topology{hint}")
     return gen, topo
+
+
+def hbm_bytes_per_device(accelerator: str) -> int:
+    """HBM of one JAX device of a generation (by its gke-tpu-accelerator label value), in bytes."""
+    gen = BY_ACCELERATOR[accelerator]
+    return gen.hbm_gib_per_chip * 2**30 // gen.devices_per_chip
 
 
 def type_names(prefix: str) -> list[str]:

@@ -66,6 +66,29 @@ def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
     assert keys["ici_fsdp_parallelism"] == "[rljob]"
 
 
+def test_plan_shows_each_roles_bytes_per_device_and_validate_refuses_what_cannot_fit(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = run(capsys, "plan", "-f", str(DEMO))
+    assert code == 0
+    fit = [ln for ln in out.splitlines() if " fit: " in ln]
+    assert fit[0].startswith("trainer fit: 6.5 GiB of 85.5 GiB per device (weights 3.8 GiB, ")
+    assert (
+        fit[1].startswith("sampler fit: ")
+        and "the KV cache holds 463 sequences of maxModelLen 5120" in fit[1]
+    )
+    path = tmp_path / "big.yaml"
+    path.write_text(
+        "apiVersion: rljob.dev/v1alpha1\nkind: RLJob\nmetadata: {name: big}\nspec: {model: {name: "
+        "Qwen/Qwen3.5-397B-A17B}, trainer: {tpu: v5p-8}, sampler: {tpu: v5p-8, tensorParallel: 2, "
+        "expertParallel: 2}, storage: {root: gs://bkt}}\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2 and out == ""
+    assert [ln.split(":")[0] for ln in err.splitlines()] == ["spec.trainer.tpu", "spec.sampler.tpu"]
+
+
 def test_plan_of_a_tpu7x_sampler_says_vllm_recommends_it(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "plan", "-f", str(REPO / "examples" / "qwen3.5-397b-tpu7x-256chips.yaml"))
     assert code == 0

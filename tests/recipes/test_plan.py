@@ -243,7 +243,11 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "a replica larger than the model's gated delta net heads: no layout, the slice to use instead",
-        {"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": {"tpu": "tpu7x-32"}},
+        {
+            "model": {"maxtextModel": "qwen3.5-397b-a17b"},
+            "trainer": {"tpu": "v5p-64"},  # holds the model (rljob.recipes.fit)
+            "sampler": {"tpu": "tpu7x-32"},
+        },
         [
             "spec.sampler.tensorParallel: 32 does not divide the 16 key and 64 value heads of "
             "qwen3.5-397b-a17b's gated delta net layers (vLLM's TPU backend splits them over every attention "
@@ -272,7 +276,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     (
         "gated delta net layers under context parallelism: an explicit load-balancing reorder is refused",
         {
-            "model": {"maxtextModel": "qwen3.5-397b-a17b"},
+            "model": {"maxtextModel": "qwen3.5-35b-a3b"},
             "trainer": {
                 "mesh": {"fsdp": -1, "context": 2},
                 "maxtext": {"context_parallel_load_balance": True},

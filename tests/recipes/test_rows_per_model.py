@@ -36,7 +36,14 @@ RESOLVED: list[tuple[str, dict[str, Any], tuple[str, int | None]]] = [
     ],
     (
         "qwen3.5 without a recipe: the plan fills one per row",
-        manifest({"model": {"maxtextModel": "qwen3.5-397b-a17b"}, "sampler": GDN_SAMPLER}),
+        manifest(
+            {
+                "model": {"maxtextModel": "qwen3.5-397b-a17b"},
+                # slices that hold it (rljob.recipes.fit): float32 weights on 32 chips, bf16 on 16
+                "trainer": {"tpu": "v5p-64"},
+                "sampler": {"tpu": "v5p-32", "tensorParallel": 2, "expertParallel": 8},
+            }
+        ),
         ("end", 1),
     ),
     (

@@ -130,12 +130,23 @@ def test_a_published_layout_validates(
     assert (tp, ep) in sampler_layout.layouts(f, model, devices)
     if tpu is None:
         return
-    run = _resolve(_sampler_manifest(model, {"tpu": tpu, "tensorParallel": tp, "expertParallel": ep}))
+    doc = _sampler_manifest(model, {"tpu": tpu, "tensorParallel": tp, "expertParallel": ep})
+    # The layout is the engine's question; whether the bf16 weights fit the slice's HBM is the fit check's
+    # (rljob.recipes.fit), asked below: a published layout may serve a quantized checkpoint or run on GPUs of
+    # more memory (vLLM's Qwen3.5 recipe: 8 H200s), and then rljob's bf16 sampler on the same number of
+    # TPU devices is refused for memory, naming the slice that holds it, never for its layout.
+    run = plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)), fit_check=False)
     assert (run.sampler.tpu.devices, run.sampler.tensor_parallel, run.sampler.expert_parallel) == (
         devices,
         tp,
         ep,
     )
+    try:
+        _resolve(doc)
+    except plan.PlanError as e:
+        for problem in e.problems:
+            assert problem.startswith(("spec.trainer.tpu: ", "spec.sampler.tpu: ")), problem
+            assert "cannot hold" in problem or "cannot serve" in problem, problem
 
 
 def test_every_catalog_recipe_sets_a_layout_the_rules_accept() -> None:
@@ -226,7 +237,8 @@ def test_a_layout_the_engine_refuses_is_refused(
 ) -> None:
     doc = _sampler_manifest(model, sampler)
     if not first:
-        assert _resolve(doc).sampler.expert_parallel == sampler["expertParallel"], what
+        run = plan.resolve(plan.parse_manifest(yaml.safe_dump(doc)), fit_check=False)  # the layout alone
+        assert run.sampler.expert_parallel == sampler["expertParallel"], what
         return
     with pytest.raises(plan.PlanError) as e:
         _resolve(doc)
