@@ -13,7 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
+from rljob.recipes import (
+    lora_targets,
+    maxtext_keys,
+    mesh,
+    models,
+    naming,
+    overrides,
+    service_keys,
+    startup,
+    syntax,
+    tpu,
+)
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
@@ -236,6 +247,7 @@ def resolve(job: RLJob) -> RunConfig:
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
     _service(spec, trainer_tpu, problems)
+    problems += service_keys.problems(spec)
     _lora(spec, problems)
     sampler_plan = _sampler(spec, sampler_tpu, seq, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
