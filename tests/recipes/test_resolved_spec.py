@@ -111,7 +111,9 @@ def _at(data: dict[str, Any], path: str) -> Any:
 def test_the_plan_fills_every_default_of_the_table() -> None:
     """A manifest that sets none of DEFAULTS' fields resolves to exactly the table's values."""
     plain = resolve(MINIMAL).spec.model_dump(mode="json", by_alias=True)
-    served = resolve(manifest({"service": {"api": "tinker", "apiKeySecret": "keys"}})).spec.model_dump(mode="json", by_alias=True)
+    served = resolve(manifest({"service": {"api": "tinker", "apiKeySecret": "keys"}})).spec.model_dump(
+        mode="json", by_alias=True
+    )
     for path in defaults.paths():
         got = _at(served if path.startswith("service.") else plain, path)
         assert got == defaults.value(path), path

@@ -67,7 +67,7 @@ def owner(served: Served) -> Iterator[dict[str, Any]]:
         tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
         state = tc.save_state("owned").result().path
         weights = tc.save_weights_for_sampler("owned-s").result().path
-        sc = client.create_sampling_client(model_path=weights)
+        sc = client.create_sampling_client(model_path=weights).result()
         yield {
             "client": client,
             "tc": tc,
@@ -234,13 +234,23 @@ def test_another_key_cannot_touch_the_owners_session_model_or_futures(
             ),
             ("POST", "/save_weights", {"model_id": mid, "path": "theirs", "seq_id": 98}, 404),
             ("POST", "/save_weights_for_sampler", {"model_id": mid, "path": "theirs", "seq_id": 97}, 404),
-            ("POST", "/load_weights", {"model_id": mid, "path": owner["state"], "seq_id": 96}, 404),
+            (
+                "POST",
+                "/load_weights",
+                {"model_id": mid, "path": owner["state"], "seq_id": 96, "optimizer": False},
+                404,
+            ),
             ("POST", "/retrieve_future", {"request_id": rid}, 410),
             # a session id the service never assigned (the client may not choose one)
             (
                 "POST",
                 "/create_model",
-                {"session_id": "a_b", "model_seq_id": 0, "lora_config": {"rank": 4}},
+                {
+                    "session_id": "a_b",
+                    "model_seq_id": 0,
+                    "base_model": served.service.cfg.base_model,
+                    "lora_config": {"rank": 4},
+                },
                 404,
             ),
         ]
@@ -248,6 +258,7 @@ def test_another_key_cannot_touch_the_owners_session_model_or_futures(
             r = http.request(method, path, json=body)
             TALLY["other key: tried"] += 1
             assert r.status_code == status, (path, r.status_code, r.text)
+            assert "of this API key" in r.text or status == 410, r.text  # refused for ownership, not shape
             TALLY["other key: refused"] += 1
         # forward_backward: protobuf, as the SDK sends it
         from tinker.proto import tinker_public_pb2 as pb

@@ -13,13 +13,20 @@ and may send them out of order), one at a time on one worker thread, which owns 
 whose predecessor never arrives runs after ``GAP_S``. A request sent twice (same model and seq_id) gets the
 first one's future.
 
-State on storage (``{storage.checkpoints}/tinker``): ``registry.json`` (the live training models and
-sampling sessions), each model's newest state under ``{model}/auto`` (saved after every
+State on storage (``{storage.checkpoints}/tinker``; ``{model}`` is storage_key(model id), one folder per
+id): ``registry.json`` (the live training models and sessions, with their owners), ``sampling/`` (one
+object per sampling session), each model's newest state under ``{model}/auto`` (saved after every
 ``checkpoint_every`` optim steps), the named ``save_state`` checkpoints under ``{model}/weights/{name}`` and
-``{model}/checkpoints.json``, the index of its save_state and sampler checkpoints that RestClient lists;
-sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}``. A restarted service
-restores the registry and each model's newest auto checkpoint, so training clients continue where they
-were (futures in flight are lost: the SDK's poll then gets 410).
+``{model}/checkpoints.json``, the index of its save_state and sampler checkpoints that RestClient lists
+(with the owner); sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}/
+{digest}``, one per content. A restarted service restores the registry, the sampling sessions and each
+model's newest auto checkpoint, so training clients continue where they were (futures in flight are
+lost: the SDK's poll then gets 410).
+
+Security (docs/tinker.md, "Security"): every request but healthz needs one of the run's keys
+(ServiceConfig.api_keys; the service does not start without one unless ``dev_any_key``), and what a key
+creates (sessions, models, checkpoints, sampler weights, sampling sessions, futures) is its own: another
+key gets 404 (410 for a future).
 """
 
 from __future__ import annotations
@@ -227,6 +234,7 @@ class Service:
         self.telemetry_batches = 0
         self.last_request: dict[str, float] = {}  # model id -> wall time of its newest training request
         self._lock = threading.Lock()
+        self._sampling_lock = threading.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ================================================================== plumbing
@@ -335,7 +343,7 @@ class Service:
         gone = [m for m, s in self.model_session.items() if s == sid]
         for m in gone:
             self.model_session.pop(m, None)
-        samplers = [k for k, v in self.sampling.items() if v.session == sid]
+        samplers = [k for k, v in list(self.sampling.items()) if v.session == sid]
         for k in samplers:
             self.sampling.pop(k, None)
         await self._on_worker(lambda: self._unload(gone, samplers))
@@ -783,7 +791,7 @@ class Service:
                 for k in old_store.list():
                     if "/" not in k:  # the version's own files, never a newer version below a legacy folder
                         old_store.delete(k)
-        for s in [s for s in self.sampling.values() if s.model_path == path and s.uri != uri]:
+        for s in [s for s in list(self.sampling.values()) if s.model_path == path and s.uri != uri]:
             self._add_sampling(dataclasses.replace(s, uri=uri, adapter=adapter))
         return path, uri, adapter
 
@@ -807,14 +815,14 @@ class Service:
         """Keep (and persist, one object each) a sampling session; beyond ``max_sampling_sessions`` the
         least recently used are dropped (thread or worker: writes storage)."""
         s.used = time.time()
-        self.sampling[s.sampler_id] = s
-        self._sampling_store().write(f"{_key(s.sampler_id)}.json", json.dumps(dataclasses.asdict(s)).encode())
-        extra = len(self.sampling) - self.cfg.max_sampling_sessions
-        if extra > 0:
-            oldest = sorted(self.sampling.values(), key=lambda x: x.used)[:extra]
+        with self._sampling_lock:  # the worker (save_weights_for_sampler) and request threads add at once
+            self.sampling[s.sampler_id] = s
+            extra = len(self.sampling) - self.cfg.max_sampling_sessions
+            oldest = sorted(self.sampling.values(), key=lambda x: x.used)[: max(extra, 0)]
             for o in oldest:
                 self.sampling.pop(o.sampler_id, None)
-            self._drop_sampling_objects([o.sampler_id for o in oldest])
+        self._sampling_store().write(f"{_key(s.sampler_id)}.json", json.dumps(dataclasses.asdict(s)).encode())
+        self._drop_sampling_objects([o.sampler_id for o in oldest])
 
     def _drop_sampling_objects(self, sids: list[str]) -> None:
         if sids:
