@@ -43,9 +43,8 @@ def served(gcs_emulator: Any, cpu_policy: Any, tmp_path_factory: pytest.TempPath
 
 
 def datum(seq: list[int]) -> Any:
-    return types.Datum(
-        model_input=types.ModelInput.from_ints(seq[:-1]), loss_fn_inputs={"target_tokens": seq[1:]}
-    )
+    inputs: dict[str, Any] = {"target_tokens": seq[1:]}
+    return types.Datum(model_input=types.ModelInput.from_ints(seq[:-1]), loss_fn_inputs=inputs)
 
 
 PROBE = [datum([1, 5, 17, 6, 9])]

@@ -117,8 +117,9 @@ def test_adapter_store_follows_latest_on_either_backend(root: str, tmp_path: Pat
     assert not (tmp_path / "local" / "v3").exists() and not (tmp_path / "local" / "v3.partial").exists()
 
 
-# A key, or an object's name below a download's prefix, that climbs out of its folder.
-HOSTILE = ["../x", "a/../../x", "/etc/x", "v1/../../../x"]
+# A key, or an object's name below a download's prefix, that climbs out of its folder ("ABS": an absolute
+# path, made inside the test's own tmp_path so that a store that took it would write only there).
+HOSTILE = ["../x", "a/../../x", "ABS", "v1/../../../x"]
 
 
 @pytest.mark.parametrize("key", HOSTILE)
@@ -128,6 +129,8 @@ def test_keys_that_climb_out_are_refused(root: str, tmp_path: Path, key: str) ->
     store = open_store(root)
     outside = tmp_path / "outside"
     outside.mkdir()
+    if key == "ABS":
+        key = str(tmp_path / "abs" / "x")
     for op in (
         lambda: store.write(key, b"owned"),
         lambda: store.read(key),
@@ -137,7 +140,7 @@ def test_keys_that_climb_out_are_refused(root: str, tmp_path: Path, key: str) ->
     ):
         with pytest.raises(StorageError, match="leads outside"):
             op()
-    assert not list(outside.rglob("*")) and not (tmp_path / "x").exists()
+    assert not list(outside.rglob("*")) and not (tmp_path / "x").exists() and not (tmp_path / "abs").exists()
 
 
 def test_a_gcs_download_keeps_every_object_inside_dest(gcs_bucket: str, tmp_path: Path) -> None:
