@@ -280,7 +280,7 @@ def test_a_kill_inside_a_save_state_overwrite_loses_nothing(
     proc, ready = _serve(service_command(cfg, port), log)
     try:
         with tinker.ServiceClient(base_url=ready["url"], api_key=API_KEY) as again:
-            rest = again.create_rest_client()
+            rest = tinker.RestClient(base_url=ready["url"], api_key=API_KEY)
             listed = [c.tinker_path for c in rest.list_checkpoints(tc.model_id).result().checkpoints]
             assert listed == [path]
             for p in listed:  # every listed name loads
