@@ -56,7 +56,7 @@ def main() -> None:
     vocab, max_len = cpu_shape(rc)
     lora = rc.spec.lora
     policy = Policy(cpu_model_spec(lora.rank, lora.alpha, vocab_size=vocab, max_len=max_len))
-    service, _ = build(rc, "tiny", policy=policy)
+    service, _ = build(rc, "tiny", policy=policy, api_keys="tml-bench")
     engine = service.engine
 
     loop = asyncio.new_event_loop()

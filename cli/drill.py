@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import re
+import secrets
 import shutil
 import signal
 import subprocess
@@ -658,6 +659,7 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     service builds the tiny one), until the Tinker API answers ``healthz`` and
     ``get_server_capabilities`` on the trainer's port; then stopped."""
     from rljob.common.http import NO_RETRY, HttpError, HttpStatusError, shared
+    from rljob.recipes.runconfig import API_KEYS_ENV
 
     js = jobset_of(rc)
     sampler_ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
@@ -666,6 +668,9 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     cfg = workdir / "run.json"
     cfg.write_text(local.model_dump_json(by_alias=True), encoding="utf-8")
     gcs, storage_env = start_storage(workdir)
+    # The key spec.service.apiKeySecret's Secret gives the trainer in a cluster (the service refuses to
+    # start without one); the drill's requests send none, so the API answers 401.
+    storage_env = {**storage_env, API_KEYS_ENV: f"tml-drill-{secrets.token_hex(16)}"}
     t0 = time.monotonic()
     procs: list[Proc] = []
     try:

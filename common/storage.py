@@ -8,6 +8,10 @@ anonymous, exactly as google-cloud-storage does. Local paths (laptop runs) use t
 write-to-temp-then-rename, so a reader never sees a half-written object on either backend (a GCS object
 appears whole when its upload ends).
 
+Keys are contained: a key (or a downloaded object's name below its prefix) that is absolute or has a
+``..`` segment is refused with :class:`StorageError` before anything is read or written, so no object
+name, however it was written, reaches outside the store's root or a download's ``dest``.
+
 Errors are the backend's own for a local directory (``OSError``); GCS errors become
 :class:`StorageError` (an ``OSError``), :class:`StorageDenied` for access the run will never get and
 :class:`NoCredentials` when google-auth finds no credentials, so callers need no google import.
@@ -37,6 +41,7 @@ __all__ = [
     "StorageDenied",
     "StorageError",
     "Store",
+    "contained",
     "join",
     "open_store",
 ]
@@ -67,6 +72,13 @@ class Store(Protocol):
     def list(self, prefix: str = "") -> list[str]: ...
     def delete(self, key: str) -> None: ...
     def download(self, prefix: str, dest: Path, *, workers: int = 8) -> builtins.list[str]: ...
+
+
+def contained(key: str, what: str = "key") -> str:
+    """``key`` when it stays below its root: not absolute, no ``..`` segment; else StorageError."""
+    if key.startswith("/") or ".." in key.split("/"):
+        raise StorageError(f"{what} {key!r}: leads outside its folder (absolute, or a '..' segment)")
+    return key
 
 
 def join(root: str, *parts: str) -> str:
@@ -106,6 +118,7 @@ class GcsStore:
         self._bucket = self._client.bucket(bucket)
 
     def _name(self, key: str) -> str:
+        contained(key)
         return f"{self._prefix}/{key}" if self._prefix else key
 
     def _blobs(self, prefix: str) -> list[Any]:
@@ -151,7 +164,9 @@ class GcsStore:
         with _gcs_errors():
             for blob in self._blobs(prefix):
                 key = blob.name[base:]
-                target = dest / key[len(prefix) :]
+                # An object named with a '..' segment (any writer of the bucket can make one) is refused:
+                # dest / "../x" would write outside dest.
+                target = dest / contained(key[len(prefix) :], f"object {blob.name!r} below {prefix!r}:")
                 target.parent.mkdir(parents=True, exist_ok=True)
                 if (blob.size or 0) > CHUNKED_DOWNLOAD_BYTES:
                     transfer_manager.download_chunks_concurrently(
@@ -174,8 +189,11 @@ class LocalStore:
         self.uri = root.rstrip("/")
         self._root = Path(self.uri)
 
+    def _path(self, key: str) -> Path:
+        return self._root / contained(key)
+
     def write(self, key: str, data: bytes) -> None:
-        path = self._root / key
+        path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
         try:
@@ -190,12 +208,12 @@ class LocalStore:
 
     def read(self, key: str) -> bytes | None:
         try:
-            return (self._root / key).read_bytes()
+            return self._path(key).read_bytes()
         except FileNotFoundError:
             return None
 
     def exists(self, key: str) -> bool:
-        return (self._root / key).is_file()
+        return self._path(key).is_file()
 
     def list(self, prefix: str = "") -> list[str]:
         if not self._root.is_dir():
@@ -208,13 +226,13 @@ class LocalStore:
         return sorted(out)
 
     def delete(self, key: str) -> None:
-        (self._root / key).unlink(missing_ok=True)
+        self._path(key).unlink(missing_ok=True)
 
     def download(self, prefix: str, dest: Path, *, workers: int = 8) -> builtins.list[str]:
         """Copy the files under ``prefix`` to ``dest``/<key after prefix> (``workers`` is GCS's)."""
-        keys = self.list(prefix)
+        keys = self.list(contained(prefix, "prefix"))
         for key in keys:
-            target = dest / key[len(prefix) :]
+            target = dest / contained(key[len(prefix) :], f"file {key!r} below {prefix!r}:")
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(self._root / key, target)
         return keys

@@ -780,9 +780,11 @@ class ServiceSpec(ApiModel):
     )
     api_key_secret: str | None = Field(
         default=None,
-        max_length=253,
+        max_length=syntax.DNS1123_SUBDOMAIN_MAX,
+        pattern=syntax.DNS1123_SUBDOMAIN,
         description="Secret (same namespace) whose key `api-keys` lists the accepted API keys, comma-"
-        "separated, each starting with tml- (the SDK's rule). Default: any tml- key is accepted.",
+        "separated, each starting with tml- (the SDK's rule). Required with spec.service: the API "
+        "accepts no request without one of these keys, and each key sees only what it created.",
     )
     client_namespaces: (
         list[

@@ -23,6 +23,7 @@ from rljob.recipes import (
     naming,
     overrides,
     sampler_layout,
+    service_keys,
     startup,
     syntax,
     tpu,
@@ -268,6 +269,7 @@ def resolve(job: RLJob, *, fit_check: bool = True) -> RunConfig:
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
     _service(spec, trainer_tpu, problems)
+    problems += service_keys.problems(spec)
     _lora(spec, problems)
     sampler_plan = _sampler(spec, sampler_tpu, seq, layers, job, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)

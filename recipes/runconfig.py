@@ -8,6 +8,7 @@ local ports and a gs:// root on the GCS emulator.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -24,6 +25,8 @@ SAMPLER_PORT = 8000
 # listens on the sampler's port + this offset, at this path.
 ADAPTER_AGENT_PORT_OFFSET = 1
 ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
+# The adapter agent loads PEFT directories from below this folder of spec.storage's adapters only.
+NAMED_ADAPTERS_DIR = "tinker"
 # The API keys a service-mode trainer accepts (comma-separated), from key API_KEYS_SECRET_KEY of the
 # Secret spec.service.apiKeySecret names.
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
@@ -281,9 +284,7 @@ class ResolvedService(_Resolved):
     port: int = Field(ge=1, le=65535, description="Port of the API.")
     max_training_clients: _Count = Field(description="Training clients at once.")
     checkpoint_every: int = Field(ge=0, description="Steps between automatic checkpoints (0: none).")
-    api_key_secret: str | None = Field(
-        default=None, description="Secret of the accepted API keys; None: any tml- key."
-    )
+    api_key_secret: str = Field(description="Secret of the accepted API keys (required).")
     client_namespaces: list[str] = Field(
         description="Namespaces whose pods may reach the API besides the run's own (none: empty)."
     )
@@ -349,6 +350,13 @@ class RunConfig(ApiModel):
         return cls.model_validate_json(Path(path).read_text(encoding="utf-8"))
 
 
+def named_adapter(uri: str) -> str:
+    """The name samplers serve the PEFT directory ``uri`` under (the Tinker service's sampler weights): a
+    digest of the directory, whose last segment is the digest of its content, so new weights get a new
+    name and the adapter agent can check that a name belongs to its directory."""
+    return "tinker-" + hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:24]
+
+
 __all__ = [
     "ADAPTER_AGENT_PATH",
     "ADAPTER_AGENT_PORT_OFFSET",
@@ -362,6 +370,7 @@ __all__ = [
     "LOCAL_CACHE_DEFAULT",
     "LOCAL_CACHE_ENV",
     "MESH_AXES",
+    "NAMED_ADAPTERS_DIR",
     "PROGRESS_KEY",
     "RAY_HEAD_ENV",
     "RAY_PORT",
@@ -388,6 +397,7 @@ __all__ = [
     "StoragePaths",
     "TpuPlan",
     "TrainerPlan",
+    "named_adapter",
 ]
 
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from rljob.common.http import HttpError, HttpStatusError, HttpUnavailable, Retry, shared
 from rljob.common.storage import Store, open_store
+from rljob.recipes.runconfig import named_adapter
 
 log = logging.getLogger("rljob.sampler.adapters")
 
@@ -200,21 +201,46 @@ class AdapterWatcher:
         return t, stop
 
 
+# An adapter name the agent accepts: one path segment of a bounded charset, dots only between other
+# characters (no '.', '..', leading dot or separator).
+_AGENT_NAME = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_AGENT_SEGMENT = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
 class AdapterAgent:
     """Loads adapters by name on request (the Tinker service's saved sampler weights), at most ``capacity``
     at once: :meth:`ensure` downloads ``{uri}/`` (a PEFT directory on gs://) and loads it under ``name``,
     after unloading the least recently used adapters beyond capacity. Served by the sampler on its port +
-    ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH (rljob.sampler.main)."""
+    ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH (rljob.sampler.main).
 
-    def __init__(self, endpoint: LoraEndpoint, local_dir: Path, capacity: int) -> None:
+    Only the run's own adapters: ``uri`` must lie below ``allowed`` (``{storage.adapters}/tinker``, the
+    folder the service writes sampler weights to) in plain segments, and ``name`` must be the name of that
+    directory (rljob.recipes.runconfig.named_adapter, a digest of the uri whose last segment is the
+    content's digest), so no caller can serve other weights under a name the service will ask for."""
+
+    def __init__(self, endpoint: LoraEndpoint, local_dir: Path, capacity: int, allowed: str) -> None:
         self.endpoint, self.local_dir, self.capacity = endpoint, local_dir, max(capacity, 1)
+        self.allowed = allowed.rstrip("/")
         self.loaded: dict[str, Path] = {}  # name -> local dir, least recently used first
         self.lock = threading.Lock()
 
+    def check(self, name: str, uri: str) -> None:
+        """ValueError naming the field unless ``name`` and ``uri`` are an adapter of this run."""
+        if len(name) > 128 or not _AGENT_NAME.fullmatch(name):
+            raise ValueError(
+                f"name: {name[:200]!r} is not an adapter name (1-128 of A-Z a-z 0-9 _ - and inner dots)"
+            )
+        rest = uri[len(self.allowed) + 1 :] if uri.startswith(self.allowed + "/") else None
+        if rest is None or len(uri) > 1024 or not all(_AGENT_SEGMENT.fullmatch(p) for p in rest.split("/")):
+            raise ValueError(
+                f"uri: {uri[:300]!r} is not a directory below {self.allowed}/ (this run's adapters)"
+            )
+        if name != named_adapter(uri):
+            raise ValueError(f"name: {name!r} is not the name of {uri} (the service names each version)")
+
     def ensure(self, name: str, uri: str) -> bool:
         """Serve ``name`` from ``uri``; True when it was loaded now (False: it was served already)."""
-        if not re.fullmatch(r"[A-Za-z0-9._:-]{1,200}", name):
-            raise ValueError(f"name: {name!r} is not an adapter name")
+        self.check(name, uri)
         with self.lock:
             if name in self.loaded:
                 self.loaded[name] = self.loaded.pop(name)  # most recently used
@@ -225,7 +251,7 @@ class AdapterAgent:
                 shutil.rmtree(path, ignore_errors=True)
                 del self.loaded[old]
             bucket_uri, _, rel = uri.rstrip("/").rpartition("/")
-            dest = self.local_dir / name.replace(":", "_")
+            dest = self.local_dir / name
             AdapterStore(bucket_uri).download_dir(rel, dest)
             self.endpoint.load(name, str(dest))
             self.loaded[name] = dest

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
 import os
@@ -37,12 +38,13 @@ from aiohttp import web
 from pydantic import ValidationError
 from rljob.common import caches
 from rljob.common.http import NO_RETRY, HttpError, shared
-from rljob.common.storage import NoCredentials
+from rljob.common.storage import NoCredentials, join
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
     CONFIG_ENV,
+    NAMED_ADAPTERS_DIR,
     SAMPLER_PORT,
     RunConfig,
 )
@@ -76,9 +78,11 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes] | None, timeout: floa
     return False
 
 
-def status_app(watcher: AdapterWatcher, agent: AdapterAgent) -> web.Application:
+def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str | None = None) -> web.Application:
     """GET /rljob/v1/adapter: the watcher's served version; POST ADAPTER_AGENT_PATH {name, uri}: the adapter
-    agent (load a PEFT directory from storage under a name; the Tinker service's saved sampler weights)."""
+    agent (load a PEFT directory from storage under a name; the Tinker service's saved sampler weights).
+    The agent checks every name and uri (AdapterAgent.check: 400 naming the field); with ``token`` a POST
+    must also carry ``Authorization: Bearer <token>`` (401 otherwise)."""
 
     def reply(code: int, payload: Any) -> web.Response:
         return web.json_response(payload, status=code)
@@ -89,6 +93,10 @@ def status_app(watcher: AdapterWatcher, agent: AdapterAgent) -> web.Application:
     async def post(request: web.Request) -> web.Response:
         if request.path_qs != ADAPTER_AGENT_PATH:
             return reply(404, {"error": f"no route {request.path_qs}"})
+        if token is not None and not hmac.compare_digest(
+            request.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()
+        ):
+            return reply(401, {"error": "Authorization: missing or not accepted"})
         size = request.content_length or 0
         if not 0 < size <= 64 * 1024:
             return reply(400, {"error": "body: a JSON object {name, uri} of at most 64 KiB"})
@@ -117,12 +125,17 @@ class StatusServer:
     when the port is taken."""
 
     def __init__(
-        self, port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
+        self,
+        port: int,
+        watcher: AdapterWatcher,
+        agent: AdapterAgent,
+        host: str = "0.0.0.0",
+        token: str | None = None,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="adapter-status")
         self.thread.start()
-        self.runner = web.AppRunner(status_app(watcher, agent), access_log=None)
+        self.runner = web.AppRunner(status_app(watcher, agent, token), access_log=None)
 
         async def start() -> None:
             await self.runner.setup()
@@ -212,7 +225,10 @@ class WatcherFactory:
 
     def agent(self, base_url: str) -> AdapterAgent:
         """The adapter agent of the server at ``base_url`` (up to spec.sampler.maxLoras adapters)."""
-        return AdapterAgent(LoraEndpoint(base_url), self.adapter_dir / "named", self.rc.sampler.max_loras)
+        allowed = join(self.rc.storage.adapters, NAMED_ADAPTERS_DIR)
+        return AdapterAgent(
+            LoraEndpoint(base_url), self.adapter_dir / "named", self.rc.sampler.max_loras, allowed
+        )
 
     def __call__(self, base_url: str) -> AdapterWatcher:
         return AdapterWatcher(

@@ -351,7 +351,9 @@ def test_service_mode_gets_a_service_and_its_url(
     cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
 ) -> None:
     """spec.service: the operator creates the Service in front of the first trainer pod and shows its URL."""
-    create_rljob(cluster, manifest("tk", namespace, service={"api": "tinker", "port": 9090}))
+    create_rljob(
+        cluster, manifest("tk", namespace, service={"api": "tinker", "port": 9090, "apiKeySecret": "tk-keys"})
+    )
     status = _running(cluster, namespace, "tk")
     assert status["url"] == f"http://tk-api.{namespace}.svc:9090"
     svc = cluster.core.read_namespaced_service("tk-api", namespace)

@@ -280,7 +280,11 @@ def test_first_failure_of_the_newest_attempt_is_kept() -> None:
 
 def test_plan_api_url_of_a_service_run() -> None:
     """status.url comes from the rendered Service: the run's name, namespace and spec.service.port."""
-    body = rljob(service={"api": "tinker", "port": 9090}, trainer={"tpu": "v5p-8"}, sampler={"tpu": "v5p-8"})
+    body = rljob(
+        service={"api": "tinker", "port": 9090, "apiKeySecret": "tk-keys"},
+        trainer={"tpu": "v5p-8"},
+        sampler={"tpu": "v5p-8"},
+    )
     plan = make_plan(body, render)
     assert plan.error is None, plan.error
     assert plan.api_url == "http://demo-api.ns.svc:9090"

@@ -206,7 +206,7 @@ def test_a_recipe_key_nothing_reads_is_refused_naming_the_recipe() -> None:
 def test_service_mode_refuses_the_trainer_keys_the_service_does_not_read() -> None:
     """spec.service: the Tinker service takes AdamParams from each optim_step and checkpoints every
     checkpointEvery steps; it reads gradient_accumulation_steps (its accumulate calls) only."""
-    service = {"service": {"api": "tinker"}, "sampler": {"maxLoras": 8}}
+    service = {"service": {"api": "tinker", "apiKeySecret": "keys"}, "sampler": {"maxLoras": 8}}
     keys = {"adam_b1": 0.5, "checkpoint_period": 3, "profiler": "xplane", "gradient_accumulation_steps": 2}
     out = problems(manifest({**service, "trainer": {"maxtext": keys}, "algorithm": {"warmupSteps": 2}}))
     assert out == [
@@ -229,7 +229,7 @@ def test_service_mode_leaves_out_a_recipes_loop_keys() -> None:
     from fixtures.recipes import recipe_manifest
 
     doc = recipe_manifest("qwen3-8b-v5p")
-    doc["spec"].update(service={"api": "tinker"}, sampler={"maxLoras": 8})
+    doc["spec"].update(service={"api": "tinker", "apiKeySecret": "keys"}, sampler={"maxLoras": 8})
     rc = resolve(doc)
     assert {"grad_dtype", "mu_dtype"}.isdisjoint(rc.trainer.maxtext)
     assert resolve(recipe_manifest("qwen3-8b-v5p")).trainer.maxtext["grad_dtype"] == "float32"

@@ -25,7 +25,7 @@ BASE: dict[str, Any] = {
         "trainer": {"tpu": "v5p-8"},
         "sampler": {"tpu": "v5p-8"},
         "storage": {"root": "gs://bucket/runs"},
-        "service": {"api": "tinker"},
+        "service": {"api": "tinker", "apiKeySecret": "tinker-keys"},
     },
 }
 

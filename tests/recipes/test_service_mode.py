@@ -18,7 +18,7 @@ BASE: dict[str, Any] = {
         "trainer": {"tpu": "v5p-8"},
         "sampler": {"tpu": "v5p-8"},
         "storage": {"root": "gs://bucket/runs"},
-        "service": {"api": "tinker"},
+        "service": {"api": "tinker", "apiKeySecret": "tk-keys"},
     },
 }
 
@@ -54,8 +54,20 @@ def test_defaults_size_the_samplers_for_every_client() -> None:
         ({"service": {"api": "openai"}}, "spec.service.api"),
         ({"service": {"maxTrainingClients": 0}}, "spec.service.maxTrainingClients"),
         ({"service": {"port": 80}}, "spec.service.port"),
+        ({"service": {"apiKeySecret": None}}, "spec.service.apiKeySecret: required: name a Secret"),
+        ({"service": {"apiKeySecret": ""}}, "spec.service.apiKeySecret"),
+        ({"service": {"apiKeySecret": "Keys_1"}}, "spec.service.apiKeySecret"),
     ],
-    ids=["maxLoras", "multi-host", "api", "clients", "port"],
+    ids=[
+        "maxLoras",
+        "multi-host",
+        "api",
+        "clients",
+        "port",
+        "no-key-secret",
+        "empty-key-secret",
+        "secret-name",
+    ],
 )
 def test_refused(spec: dict[str, Any], problem: str) -> None:
     with pytest.raises((plan.PlanError, ValueError)) as err:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,3 +73,71 @@ def test_routes_and_answers(server: tuple[str, Agent]) -> None:
     for url, body, status, answer in cases:
         assert _answer("POST", url, body) == (status, answer), (url, body)
     assert [uri for _, uri in agent.calls] == ["gs://b/a", "bad", "down"]
+
+
+def test_the_real_agent_takes_only_this_runs_adapters_under_their_own_names(tmp_path: Path) -> None:
+    """rljob.sampler.adapters.AdapterAgent behind the route: a name is one bounded segment (`..` once
+    deleted the served adapters' folder), a uri lies below the run's `{adapters}/tinker/`, and the name is
+    the one the service gives that directory (a fake preloaded under a predictable name is refused)."""
+    from rljob.recipes.runconfig import named_adapter
+    from rljob.sampler.adapters import AdapterAgent, LoraEndpoint
+
+    allowed = str(tmp_path / "adapters" / "tinker")
+    good = f"{allowed}/s-1_3atrain_3a0/w/0123abcd"
+    store = tmp_path / "adapters" / "tinker" / "s-1_3atrain_3a0" / "w" / "0123abcd"
+    store.mkdir(parents=True)
+    (store / "adapter_config.json").write_text("{}")
+    served = tmp_path / "named"
+    (served / "kept").mkdir(parents=True)
+    # the server behind the agent is down: a request that passes the checks fails at its load (502)
+    agent = AdapterAgent(LoraEndpoint(f"http://127.0.0.1:{free_port()}", timeout=2), served, 2, allowed)
+    port = free_port()
+    srv = StatusServer(port, Watcher(), agent, "127.0.0.1")  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}{ADAPTER_AGENT_PATH}"
+    try:
+        refused = [
+            ("..", good, "name:"),
+            (".", good, "name:"),
+            ("../kept", good, "name:"),
+            ("a/b", good, "name:"),
+            (".hidden", good, "name:"),
+            ("x" * 129, good, "name:"),
+            ("tinker-a b", good, "name:"),
+            (named_adapter("gs://elsewhere/w"), "gs://elsewhere/w", "uri:"),
+            (named_adapter(f"{allowed}/../w"), f"{allowed}/../w", "uri:"),
+            (named_adapter(f"{allowed}/a/../../w"), f"{allowed}/a/../../w", "uri:"),
+            (named_adapter(f"{allowed}2/w"), f"{allowed}2/w", "uri:"),
+            (named_adapter(allowed), allowed, "uri:"),
+            ("tinker-000000000000000000000000", good, "is not the name of"),  # a preloaded fake's name
+        ]
+        for name, uri, match in refused:
+            status, body = _answer("POST", url, {"name": name, "uri": uri})
+            assert status == 400 and match in body["error"], (name, uri, status, body)
+        assert (served / "kept").is_dir() and agent.loaded == {}
+        status, body = _answer("POST", url, {"name": named_adapter(good), "uri": good})
+        assert status == 502 and "ServerError" in body["error"], body
+    finally:
+        srv.shutdown()
+
+
+def test_a_bearer_token_guards_the_agent_when_set() -> None:
+    """With a token (the hook per-run credentials use), a POST without `Authorization: Bearer <token>` is
+    401 and never reaches the agent; the status GET stays open."""
+    agent, port = Agent(), free_port()
+    srv = StatusServer(port, Watcher(), agent, "127.0.0.1", token="t0k")  # type: ignore[arg-type]
+    url = f"http://127.0.0.1:{port}{ADAPTER_AGENT_PATH}"
+    body = {"name": "a", "uri": "gs://b/a"}
+    try:
+        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "t0k"}):
+            try:
+                r = shared().request("POST", url, json=body, headers=headers, retry=NO_RETRY)
+                status = r.status
+            except (HttpStatusError, HttpUnavailable) as e:
+                status = e.status or 0
+            assert status == 401, headers
+        assert agent.calls == []
+        r = shared().request("POST", url, json=body, headers={"Authorization": "Bearer t0k"}, retry=NO_RETRY)
+        assert r.status == 200 and agent.calls == [("a", "gs://b/a")]
+        assert _answer("GET", f"http://127.0.0.1:{port}/rljob/v1/adapter")[0] == 200
+    finally:
+        srv.shutdown()

@@ -115,3 +115,47 @@ def test_adapter_store_follows_latest_on_either_backend(root: str, tmp_path: Pat
     with pytest.raises(FileNotFoundError, match=r"/adapters/v3/ is empty$"):
         adapters.download(3, tmp_path / "local" / "v3")
     assert not (tmp_path / "local" / "v3").exists() and not (tmp_path / "local" / "v3.partial").exists()
+
+
+# A key, or an object's name below a download's prefix, that climbs out of its folder ("ABS": an absolute
+# path, made inside the test's own tmp_path so that a store that took it would write only there).
+HOSTILE = ["../x", "a/../../x", "ABS", "v1/../../../x"]
+
+
+@pytest.mark.parametrize("key", HOSTILE)
+def test_keys_that_climb_out_are_refused(root: str, tmp_path: Path, key: str) -> None:
+    """Every key operation refuses a key with a '..' segment or an absolute one, before touching storage:
+    a local store would otherwise read, write or delete outside its root."""
+    store = open_store(root)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    if key == "ABS":
+        key = str(tmp_path / "abs" / "x")
+    for op in (
+        lambda: store.write(key, b"owned"),
+        lambda: store.read(key),
+        lambda: store.exists(key),
+        lambda: store.delete(key),
+        lambda: store.download(key.rpartition("/")[0] + "/" if "/" in key else key, outside / "dest"),
+    ):
+        with pytest.raises(StorageError, match="leads outside"):
+            op()
+    assert not list(outside.rglob("*")) and not (tmp_path / "x").exists() and not (tmp_path / "abs").exists()
+
+
+def test_a_gcs_download_keeps_every_object_inside_dest(gcs_bucket: str, tmp_path: Path) -> None:
+    """An object named `v1/../x` (anyone who can write the bucket can make one; GCS takes the name
+    literally) is refused by the download instead of writing `dest/../x`, outside dest."""
+    from google.cloud import storage as gcs  # type: ignore[import-untyped]
+
+    bucket = gcs_bucket.removeprefix("gs://")
+    client = gcs.Client()
+    for name in ("v1/adapter_config.json", "v1/../escaped.json"):
+        client.bucket(bucket).blob(f"job/{name}").upload_from_string(b"{}")
+    store = open_store(f"{gcs_bucket}/job")
+    assert "job/v1/../escaped.json" in [b.name for b in client.list_blobs(bucket)]  # GCS took the name
+    dest = tmp_path / "area" / "dest"
+    with pytest.raises(StorageError, match="leads outside"):
+        store.download("v1/", dest)
+    assert not (tmp_path / "area" / "escaped.json").exists()
+    assert not list((tmp_path / "area").rglob("escaped.json"))

@@ -10,8 +10,10 @@ service answers it prints
     TINKER_BASE_URL=http://127.0.0.1:PORT
     TINKER_BASE_MODEL=rljob/tiny-qwen3
 
-and serves until interrupted (Ctrl-C / SIGTERM), then stops both processes and the emulator. Any ``tml-``
-API key is accepted (``TINKER_API_KEY=tml-local``).
+and serves until interrupted (Ctrl-C / SIGTERM), then stops both processes and the emulator. The service
+runs with the local development switch ``--dev-any-key``: any ``tml-`` API key is accepted
+(``TINKER_API_KEY=tml-local``), and each key still owns only what it creates. A cluster run has no such
+switch: spec.service.apiKeySecret is required.
 """
 
 from __future__ import annotations
@@ -49,7 +51,9 @@ def local_service_config(
     manifest["metadata"]["name"] = name
     spec = manifest["spec"]
     spec["storage"]["root"] = root
-    spec["service"] = {"api": "tinker", **(service or {})}
+    # The plan requires a key Secret; a local run names one it never reads (the service runs with
+    # --dev-any-key, service_command).
+    spec["service"] = {"api": "tinker", "apiKeySecret": "tinker-local-keys", **(service or {})}
     spec["sampler"].pop("maxLoras")  # the service's default: one adapter per training client
     if not toy:
         spec.pop("dataset")
@@ -65,7 +69,7 @@ def local_service_config(
 
 def service_command(cfg: Path, port: int) -> list[str]:
     """The Tinker service of a local run on the tiny CPU model."""
-    module = ["-m", "rljob.trainer.tinker.main", "--config", str(cfg), "--model", "tiny"]
+    module = ["-m", "rljob.trainer.tinker.main", "--config", str(cfg), "--model", "tiny", "--dev-any-key"]
     return [sys.executable, *module, "--host", "127.0.0.1", "--port", str(port)]
 
 

@@ -38,17 +38,38 @@ def _service(rc: RunConfig) -> ResolvedService:
     return rc.spec.service
 
 
-def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -> Any:
+def build(
+    rc: RunConfig,
+    model: str,
+    reporter: Any = None,
+    policy: Any = None,
+    *,
+    dev_any_key: bool = False,
+    api_keys: str | None = None,
+) -> Any:
     """(Service, restored model ids) for the run config (``policy``: an already built model of the same
-    spec, e.g. the one an in-process test sampler serves); raises BadConfig naming the field."""
+    spec, e.g. the one an in-process test sampler serves); raises BadConfig naming the field.
+
+    The API fails closed: the keys come from spec.service.apiKeySecret's Secret (env API_KEYS_ENV, or
+    ``api_keys``), and a value with no key, or an entry that is not one, refuses to start.
+    ``dev_any_key`` (`make tinker-cpu`, tests) accepts any ``tml-`` key instead."""
     from rljob.trainer.main import BadConfig, model_setup
     from rljob.trainer.model import CheckpointError, Policy
     from rljob.trainer.tinker.engine import Engine
-    from rljob.trainer.tinker.server import Service, ServiceConfig
+    from rljob.trainer.tinker.server import Service, ServiceConfig, parse_api_keys
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from rljob.trainer.train_step import StepConfig
 
     svc = _service(rc)
+    keys, problems = parse_api_keys(os.environ.get(API_KEYS_ENV, "") if api_keys is None else api_keys)
+    if not dev_any_key and (problems or not keys):
+        why = "; ".join(problems) or "it lists no key"
+        raise BadConfig(
+            f"spec.service.apiKeySecret: the Secret's key `api-keys` (env {API_KEYS_ENV}): {why}; the "
+            "Tinker API accepts only the keys listed there (comma-separated, each starting with tml-)"
+        )
+    if dev_any_key:
+        log.warning("--dev-any-key: any tml- key is accepted (local development only)")
     if model == "tiny":
         lora = rc.spec.lora
         vocab, max_len = cpu_shape(rc)
@@ -67,7 +88,6 @@ def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -
     except CheckpointError as e:
         raise BadConfig(str(e)) from e
     base_model = rc.spec.model.name
-    keys = os.environ.get(API_KEYS_ENV, "")
     cfg = ServiceConfig(
         base_model=base_model,
         checkpoints=rc.storage.checkpoints,
@@ -77,7 +97,8 @@ def build(rc: RunConfig, model: str, reporter: Any = None, policy: Any = None) -
         arch=arch,
         tokenizer_id=None if model == "tiny" else base_model,
         checkpoint_every=svc.checkpoint_every,
-        api_keys=frozenset(k.strip() for k in keys.split(",") if k.strip()),
+        api_keys=keys,
+        dev_any_key=dev_any_key,
     )
     service = Service(Engine(policy, step_cfg, max_models=svc.max_training_clients), cfg, reporter)
     restored = service.restore()
@@ -119,6 +140,11 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=None, help="default spec.service.port")
+    p.add_argument(
+        "--dev-any-key",
+        action="store_true",
+        help="local development only (make tinker-cpu): accept any tml- key instead of the Secret's keys",
+    )
     return p
 
 
@@ -135,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = load_config(args.config)
         reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ))
-        service, restored = build(rc, args.model, reporter)
+        service, restored = build(rc, args.model, reporter, dev_any_key=args.dev_any_key)
     except BadConfig as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG

@@ -13,21 +13,30 @@ and may send them out of order), one at a time on one worker thread, which owns 
 whose predecessor never arrives runs after ``GAP_S``. A request sent twice (same model and seq_id) gets the
 first one's future.
 
-State on storage (``{storage.checkpoints}/tinker``): ``registry.json`` (the live training models and
-sampling sessions), each model's newest state under ``{model}/auto`` (saved after every
+State on storage (``{storage.checkpoints}/tinker``; ``{model}`` is storage_key(model id), one folder per
+id): ``registry.json`` (the live training models and sessions, with their owners), ``sampling/`` (one
+object per sampling session), each model's newest state under ``{model}/auto`` (saved after every
 ``checkpoint_every`` optim steps), the named ``save_state`` checkpoints under ``{model}/weights/{name}`` and
-``{model}/checkpoints.json``, the index of its save_state and sampler checkpoints that RestClient lists;
-sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}``. A restarted service
-restores the registry and each model's newest auto checkpoint, so training clients continue where they
-were (futures in flight are lost: the SDK's poll then gets 410).
+``{model}/checkpoints.json``, the index of its save_state and sampler checkpoints that RestClient lists
+(with the owner); sampler weights are PEFT directories under ``{storage.adapters}/tinker/{model}/{name}/
+{digest}``, one per content. A restarted service restores the registry, the sampling sessions and each
+model's newest auto checkpoint, so training clients continue where they were (futures in flight are
+lost: the SDK's poll then gets 410).
+
+Security (docs/tinker.md, "Security"): every request but healthz needs one of the run's keys
+(ServiceConfig.api_keys; the service does not start without one unless ``dev_any_key``), and what a key
+creates (sessions, models, checkpoints, sampler weights, sampling sessions, futures) is its own: another
+key gets 404 (410 for a future).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import dataclasses
 import datetime
 import hashlib
+import hmac
 import json
 import logging
 import re
@@ -44,6 +53,7 @@ import numpy as np
 import pydantic
 from aiohttp import web
 from rljob.common.storage import join, open_store
+from rljob.recipes.runconfig import named_adapter
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rljob.trainer.progress import Reporter
@@ -62,7 +72,7 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 from tinker import types
 
-__all__ = ["POLL_S", "Service", "ServiceConfig", "api_key_ok"]
+__all__ = ["POLL_S", "Service", "ServiceConfig", "authenticate", "key_owner", "parse_api_keys", "storage_key"]
 
 log = logging.getLogger("rljob.trainer.tinker")
 
@@ -89,6 +99,9 @@ FUTURE_ROUTES = frozenset(
 # where a save_state with overwrite=True would first delete the automatic checkpoints).
 _NAME = re.compile(r"^(?!\.+$)[A-Za-z0-9._-]{1,128}$")
 CHECKPOINTS_INDEX = "checkpoints.json"  # per model, next to its weights/ and auto/: what RestClient lists
+SAMPLING_DIR = "sampling"  # one object per sampling session (constant work per session, pruned)
+MAX_SAMPLING_SESSIONS = 4096  # the least recently used beyond it are dropped
+KEY_PREFIX = "tml-"  # the SDK sends only keys that start with it
 
 
 def _iso(t: float) -> str:
@@ -106,15 +119,53 @@ class _WeightsInfoRequest(pydantic.BaseModel):
     tinker_path: str
 
 
-def api_key_ok(key: str | None, allowed: frozenset[str]) -> bool:
-    """The SDK sends ``X-API-Key``; with no configured keys any ``tml-`` key is accepted."""
-    if not key:
-        return False
-    return key in allowed if allowed else key.startswith("tml-")
+def parse_api_keys(raw: str) -> tuple[frozenset[str], list[str]]:
+    """The keys of the Secret's ``api-keys`` value (comma-separated) and the problems of the value, one line
+    each (an entry that does not start with ``tml-``, or is ``tml-`` alone). Keys are never echoed."""
+    keys, problems = set(), []
+    for i, k in enumerate(x.strip() for x in raw.split(",")):
+        if not k:
+            continue
+        if not k.startswith(KEY_PREFIX) or len(k) == len(KEY_PREFIX):
+            problems.append(
+                f"entry {i + 1} is not a key: it must start with {KEY_PREFIX} and go on (the SDK's rule)"
+            )
+            continue
+        keys.add(k)
+    return frozenset(keys), problems
 
 
-def _key(model_id: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", model_id)
+def key_owner(key: str) -> str:
+    """The owner of what a key creates: a digest of the key (the registry and indexes never hold a key)."""
+    return "k-" + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def authenticate(key: str | None, allowed: frozenset[str], dev_any_key: bool = False) -> str | None:
+    """The owner id of ``X-API-Key`` when it is accepted, else None. ``dev_any_key`` (make tinker-cpu and
+    tests only) accepts any ``tml-`` key; each key still owns only what it creates."""
+    if not key or not key.startswith(KEY_PREFIX) or len(key) > 512:
+        return None
+    if dev_any_key:
+        return key_owner(key)
+    ok = False
+    for k in allowed:  # every key compared, each in constant time
+        ok |= hmac.compare_digest(k.encode(), key.encode())
+    return key_owner(key) if ok else None
+
+
+# The owner id of the request being handled (set by the auth middleware; a task per request keeps it).
+_OWNER: contextvars.ContextVar[str] = contextvars.ContextVar("rljob_tinker_owner", default="")
+
+_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-")
+
+
+def storage_key(model_id: str) -> str:
+    """A model id as one storage path segment, one-to-one: letters, digits and '-' stay, every other byte
+    is ``_xx`` (hex), '_' and '.' included, so no two ids share a folder and none is '.', '..' or has '/'."""
+    return "".join(chr(b) if chr(b) in _SAFE else f"_{b:02x}" for b in model_id.encode())
+
+
+_key = storage_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,8 +178,10 @@ class ServiceConfig:
     arch: str = ""
     tokenizer_id: str | None = None
     checkpoint_every: int = 1
-    api_keys: frozenset[str] = frozenset()
+    api_keys: frozenset[str] = frozenset()  # spec.service.apiKeySecret's keys: required (fail closed)
+    dev_any_key: bool = False  # make tinker-cpu and tests: any tml- key (each owns what it creates)
     session_timeout_s: float = 600.0
+    max_sampling_sessions: int = MAX_SAMPLING_SESSIONS
 
 
 @dataclasses.dataclass
@@ -140,6 +193,7 @@ class _Future:
     error: tuple[str, str] | None = None
     created: float = dataclasses.field(default_factory=time.monotonic)
     retrieved: float | None = None
+    owner: str = ""  # the key's owner id: another key's poll gets 410, as for an unknown request
 
 
 @dataclasses.dataclass
@@ -149,10 +203,18 @@ class _SamplingSession:
     model_path: str | None
     adapter: str | None  # name the samplers serve it under (None: the base model)
     uri: str | None  # its PEFT directory
+    owner: str = ""  # the key that created it
+    session: str = ""  # the client session that created it (its end drops the sampler)
+    used: float = 0.0  # wall time it was created or last sampled (the least recently used are pruned)
 
 
 class Service:
     def __init__(self, engine: Engine, cfg: ServiceConfig, reporter: Reporter | None = None) -> None:
+        if not cfg.api_keys and not cfg.dev_any_key:
+            raise ValueError(
+                "spec.service.apiKeySecret: no API key: the Secret's key `api-keys` must list at least one "
+                "non-empty key (comma-separated, each starting with tml-); the service does not run open"
+            )
         self.engine, self.cfg, self.reporter = engine, cfg, reporter
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-jax")
         self.samplers = SamplerPool(cfg.samplers)
@@ -161,8 +223,10 @@ class Service:
         self.next_seq: dict[str, int] = {}
         self.seq_cond: asyncio.Condition | None = None
         self.sessions: dict[str, float] = {}  # session id -> last heartbeat (monotonic)
+        self.session_owner: dict[str, str] = {}  # session id -> the key (owner id) that created it
         self.finished: set[str] = set()
         self.model_session: dict[str, str] = {}
+        self.model_owner: dict[str, str] = {}  # model id -> owner id
         self.sampling: dict[str, _SamplingSession] = {}
         self.lora_cache: dict[str, Any] = {}  # adapter name -> LoRA state (prompt log-probs on the trainer)
         self.last_checkpoint_step: int | None = None
@@ -170,6 +234,7 @@ class Service:
         self.telemetry_batches = 0
         self.last_request: dict[str, float] = {}  # model id -> wall time of its newest training request
         self._lock = threading.Lock()
+        self._sampling_lock = threading.Lock()
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ================================================================== plumbing
@@ -210,10 +275,11 @@ class Service:
     async def _auth(
         self, request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
     ) -> web.StreamResponse:
-        if request.path != "/api/v1/healthz" and not api_key_ok(
-            request.headers.get("X-API-Key"), self.cfg.api_keys
-        ):
-            return web.json_response({"error": "X-API-Key: missing or not accepted"}, status=401)
+        if request.path != "/api/v1/healthz":
+            owner = authenticate(request.headers.get("X-API-Key"), self.cfg.api_keys, self.cfg.dev_any_key)
+            if owner is None:
+                return web.json_response({"error": "X-API-Key: missing or not accepted"}, status=401)
+            _OWNER.set(owner)
         try:
             return await handler(request)
         except RequestError as e:
@@ -231,7 +297,7 @@ class Service:
             return web.json_response({"error": msg}, status=400)
 
     def _failed(self, kind: str, message: str, category: str) -> web.Response:
-        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event())
+        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event(), owner=_OWNER.get())
         f.error = (message, category)
         f.done.set()
         self.futures[f.request_id] = f
@@ -270,25 +336,31 @@ class Service:
                     await self._end_session(sid)
 
     async def _end_session(self, sid: str) -> None:
+        """End a session: unload its training clients, drop its sampling sessions (their checkpoints and
+        sampler weights stay, owned by the same key)."""
         self.sessions.pop(sid, None)
         self.finished.add(sid)
         gone = [m for m, s in self.model_session.items() if s == sid]
         for m in gone:
             self.model_session.pop(m, None)
-        if gone:
-            await self._on_worker(lambda: self._unload(gone))
+        samplers = [k for k, v in list(self.sampling.items()) if v.session == sid]
+        for k in samplers:
+            self.sampling.pop(k, None)
+        await self._on_worker(lambda: self._unload(gone, samplers))
 
-    def _unload(self, model_ids: list[str]) -> None:
+    def _unload(self, model_ids: list[str], samplers: list[str] | None = None) -> None:
         for m in model_ids:
             self.engine.unload(m)
             self.last_request.pop(m, None)
+            self.model_owner.pop(m, None)
+        self._drop_sampling_objects(samplers or [])
         self._save_registry()
 
     async def _on_worker(self, fn: Callable[[], Any]) -> Any:
         return await asyncio.get_running_loop().run_in_executor(self.worker, fn)
 
     def _new_future(self, kind: str, work: Callable[[], Awaitable[Any]]) -> _Future:
-        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event())
+        f = _Future(request_id=uuid.uuid4().hex, kind=kind, done=asyncio.Event(), owner=_OWNER.get())
         self.futures[f.request_id] = f
 
         async def run() -> None:
@@ -353,6 +425,40 @@ class Service:
     async def _body(self, request: web.Request, model: type[Any]) -> Any:
         return wire.parse(model, await request.read())
 
+    # ================================================================== ownership (docs/tinker.md)
+    # Sessions, training models, their checkpoints and sampler weights, sampling sessions and futures belong
+    # to the key that created them; to another key they do not exist (404, the same answer as an unknown id).
+
+    @staticmethod
+    def _not_found(message: str) -> web.HTTPNotFound:
+        return web.HTTPNotFound(text=json.dumps({"error": message}), content_type="application/json")
+
+    def _own_session(self, sid: str | None) -> str:
+        """``sid`` when the caller's key created it (server-assigned by create_session) and it is live."""
+        if sid is None or sid in self.finished or self.session_owner.get(sid) != _OWNER.get():
+            raise self._not_found(f"session_id: no live session {sid} of this API key")
+        return sid
+
+    def _own_model(self, model_id: str | None) -> None:
+        """404 unless ``model_id`` (None: the base model) is a live training client of the caller's key."""
+        if model_id is not None and (
+            model_id not in self.engine.models or self.model_owner.get(model_id) != _OWNER.get()
+        ):
+            raise self._not_found(f"model_id: no training client {model_id} of this API key")
+
+    def _run_owner(self, model_id: str, index: dict[str, Any]) -> str | None:
+        """The owner of a training run: the live model's, else its checkpoints' (the index keeps it)."""
+        if model_id in self.model_owner:
+            return self.model_owner[model_id]
+        return next((e.get("owner") for e in index.values()), None)
+
+    def _own_index(self, model_id: str) -> dict[str, Any]:
+        """A run's checkpoint index when the caller's key owns the run (worker or a thread: reads storage)."""
+        index = self._index(model_id)
+        if self._run_owner(model_id, index) != _OWNER.get():
+            raise self._not_found(f"training_run_id: no training run {model_id} of this API key")
+        return index
+
     # ================================================================== session routes
 
     async def healthz(self, _r: web.Request) -> web.Response:
@@ -388,27 +494,34 @@ class Service:
         return web.json_response({"status": "accepted"})
 
     async def create_session(self, request: web.Request) -> web.Response:
+        """A session id the service assigns (the SDK sends none: CreateSessionRequest has no id), owned by
+        the caller's key; every id a client sends later (create_model, load_weights, sampling sessions)
+        must be one of these of the same key."""
         await self._body(request, types.CreateSessionRequest)
-        sid = f"s-{uuid.uuid4().hex[:16]}"
+        sid = f"s-{uuid.uuid4().hex}"
         self.sessions[sid] = time.monotonic()
+        self.session_owner[sid] = _OWNER.get()
+        await asyncio.to_thread(self._save_registry)  # a restart keeps the session and its owner
         return web.json_response({"type": "create_session", "session_id": sid})
 
     async def heartbeat(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.SessionHeartbeatRequest)
-        if req.session_id in self.finished:
+        if req.session_id in self.finished and self.session_owner.get(req.session_id) == _OWNER.get():
             return web.json_response({"error": f"session {req.session_id} has finished"}, status=410)
-        self.sessions[req.session_id] = time.monotonic()  # also re-adopts a session after a restart
+        self.sessions[self._own_session(req.session_id)] = time.monotonic()
         return web.json_response({"type": "session_heartbeat"})
 
     async def finish_session(self, request: web.Request) -> web.Response:
-        await self._end_session(request.match_info["session_id"])
+        await self._end_session(self._own_session(request.match_info["session_id"]))
         return web.json_response({})
 
     # ================================================================== training routes
 
     async def create_model(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.CreateModelRequest)
-        model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        sid = self._own_session(req.session_id)
+        model_id = f"{sid}:train:{int(req.model_seq_id)}"
+        owner = _OWNER.get()
         self._check_base(req.base_model)
         lc = req.lora_config
         if lc is None:
@@ -417,7 +530,6 @@ class Service:
             raise RequestError(
                 f"optimizer_config.type: {req.optimizer_config.type!r}; this service runs adamw"
             )
-        self.sessions.setdefault(req.session_id, time.monotonic())
 
         def work() -> dict[str, Any]:
             m = self.engine.create(
@@ -431,7 +543,8 @@ class Service:
             )
             if lc.train_unembed:
                 log.info("model %s: train_unembed is not supported (frozen output head); ignored", model_id)
-            self.model_session[model_id] = req.session_id
+            self.model_session[model_id] = sid
+            self.model_owner[model_id] = owner
             self.next_seq[model_id] = 1
             self._auto_checkpoint(m, force=True)
             return {"model_id": model_id, "type": "create_model"}
@@ -444,6 +557,7 @@ class Service:
 
     async def get_info(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.GetInfoRequest)
+        self._own_model(req.model_id)
         m = self.engine.model(req.model_id)
         return web.json_response(
             {
@@ -464,6 +578,7 @@ class Service:
         if request.headers.get("Content-Encoding", "identity") not in ("identity", ""):
             raise RequestError("Content-Encoding: compressed bodies are not accepted (client/config says so)")
         call = wire.parse_forward_backward(await request.read())
+        self._own_model(call.model_id)
         backward = not call.forward_only
 
         def work() -> bytes:  # checked in turn: a refused request still takes its place in seq_id order
@@ -480,6 +595,7 @@ class Service:
 
     async def optim_step(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.OptimStepRequest)
+        self._own_model(req.model_id)
 
         def work() -> dict[str, Any]:
             p = req.optim_params
@@ -499,6 +615,8 @@ class Service:
         return join(self.cfg.checkpoints, "tinker", _key(model_id), "weights", name)
 
     def _parse_path(self, path: str, kind: str) -> tuple[str, str]:
+        """(model id, name) of ``tinker://MODEL/{kind}/NAME``; the model id reaches storage only through
+        storage_key (one path segment), the name only when it is one (_NAME: no '/', not all dots)."""
         m = re.fullmatch(rf"tinker://(?P<model>[^/]+)/{kind}/(?P<name>[A-Za-z0-9._-]+)", path)
         if not m or not _NAME.match(m.group("name")):
             raise RequestError(f"path: {path!r} is not a tinker://MODEL/{kind}/NAME path of this service")
@@ -506,33 +624,39 @@ class Service:
 
     async def save_weights(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.SaveWeightsRequest)
+        self._own_model(req.model_id)
 
         def work() -> dict[str, Any]:
             m = self.engine.model(req.model_id)
             name = req.path or f"step-{m.step:06d}"
             if not _NAME.match(name):
                 raise RequestError(f"path: {name!r}; a checkpoint name is 1-128 of A-Z a-z 0-9 . _ -")
-            directory = self._weights_dir(m.model_id, name)
-            store = open_store(directory)
-            existing = store.list()
-            if existing and not req.overwrite:
-                raise RequestError(f"path: checkpoint {name!r} exists (pass overwrite=True)")
-            for k in existing:
-                store.delete(k)
-            meta = {"config": m.config(), "optim_steps": m.step, "user_metadata": req.user_metadata or {}}
-            self._save_state(directory, m, meta)
-            path = f"tinker://{m.model_id}/weights/{name}"
-            self._index_put(m, f"weights/{name}", path)
+            path = self._save_named_state(m, name, overwrite=bool(req.overwrite), user=req.user_metadata)
             return {"path": path, "type": "save_weights"}
 
         return self._training("save_weights", req.model_id, req.seq_id, work)
 
-    def _save_state(self, directory: str, m: TrainingModel, meta: dict[str, Any]) -> None:
+    def _save_named_state(
+        self, m: TrainingModel, name: str, *, overwrite: bool, user: dict[str, Any] | None
+    ) -> str:
+        """save_state(name): write the new state, then switch to it. orbax commits a step atomically
+        (rljob.trainer.checkpoint); the new state is the next step in the name's folder and the old step
+        is removed only once the new one committed (max_to_keep 1), and the index is written after, so a
+        kill at any point leaves the name's old or new state whole and the index never lists a name whose
+        folder holds no committed state."""
+        directory = self._weights_dir(m.model_id, name)
+        meta = {"config": m.config(), "optim_steps": m.step, "user_metadata": user or {}}
         ck = Checkpointer(directory, max_to_keep=1)
         try:
-            ck.save(m.step, self.engine.state_tree(m), meta)
+            steps = ck.all_steps()
+            if steps and not overwrite:
+                raise RequestError(f"path: checkpoint {name!r} exists (pass overwrite=True)")
+            ck.save(max(steps, default=-1) + 1, self.engine.state_tree(m), meta)
         finally:
             ck.close()
+        path = f"tinker://{m.model_id}/weights/{name}"
+        self._index_put(m, f"weights/{name}", path)
+        return path
 
     def _restore_state(self, directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
         ck = Checkpointer(directory, max_to_keep=1)
@@ -566,19 +690,22 @@ class Service:
     async def load_weights(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.LoadWeightsRequest)
         src_model, name = self._parse_path(req.path, "weights")
+        await asyncio.to_thread(self._own_index, src_model)  # another key's checkpoint: 404
         directory = self._weights_dir(src_model, name)
         self._check_base(req.base_model)
+        owner = _OWNER.get()
         if req.session_id is not None:  # create-via-load: a new training client
+            sid = self._own_session(req.session_id)
             if req.model_seq_id is None:
                 raise RequestError("model_seq_id: required with session_id")
-            model_id = f"{req.session_id}:train:{req.model_seq_id}"
-            self.sessions.setdefault(req.session_id, time.monotonic())
+            model_id = f"{sid}:train:{int(req.model_seq_id)}"
             seq = None
         else:
             if req.model_id is None:
                 raise RequestError(
                     "load_weights: needs model_id (with seq_id) or session_id (with model_seq_id)"
                 )
+            self._own_model(req.model_id)
             model_id, seq = req.model_id, req.seq_id
 
         def work() -> dict[str, Any]:
@@ -586,7 +713,8 @@ class Service:
             cfg = meta["config"]
             if req.session_id is not None:
                 m = self.engine.create_from_config(model_id, cfg)
-                self.model_session[model_id] = req.session_id
+                self.model_session[model_id] = sid
+                self.model_owner[model_id] = owner
                 self.next_seq[model_id] = 1
             else:
                 m = self.engine.model(model_id)
@@ -602,41 +730,70 @@ class Service:
 
     # ================================================================== sampling
 
-    def _adapter_name(self, path: str) -> str:
-        return "tinker-" + hashlib.sha1(path.encode()).hexdigest()[:16]
-
-    def _sampler_uri(self, model_id: str, name: str) -> str:
+    def _sampler_dir(self, model_id: str, name: str) -> str:
+        """The folder of a name's sampler weights; each saved version is a PEFT directory below it."""
         return join(self.cfg.adapters, "tinker", _key(model_id), name)
+
+    def _sampler_version(self, entry: dict[str, Any], model_id: str, name: str) -> tuple[str, str]:
+        """(PEFT directory, adapter name) of an index entry of sampler weights (an entry written before
+        versions existed: the name's folder itself)."""
+        uri = str(entry.get("uri") or self._sampler_dir(model_id, name))
+        return uri, named_adapter(uri)
 
     async def save_weights_for_sampler(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.SaveWeightsForSamplerRequest)
         if req.path is None and req.sampling_session_seq_id is None:
             raise RequestError("save_weights_for_sampler: needs path or sampling_session_seq_id")
+        self._own_model(req.model_id)
         session = self.model_session.get(req.model_id, "s-unknown")
+        owner = _OWNER.get()
 
         def work() -> dict[str, Any]:
             m = self.engine.model(req.model_id)
             name = req.path or f"ephemeral-{m.step:06d}-{uuid.uuid4().hex[:8]}"
             if not _NAME.match(name):
                 raise RequestError(f"path: {name!r}; a name is 1-128 of A-Z a-z 0-9 . _ -")
-            path = f"tinker://{m.model_id}/sampler_weights/{name}"
-            uri = self._sampler_uri(m.model_id, name)
-            store = open_store(uri)
-            tensors = self.engine.peft(m.lora)
-            store.write(ADAPTER_WEIGHTS, st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}))
-            cfg = {**self.engine.policy.peft.config(), "base_model_name_or_path": m.base_model}
-            store.write(ADAPTER_CONFIG, json.dumps(cfg, indent=1, sort_keys=True).encode())
-            adapter = self._adapter_name(path)
-            self._cache_lora(adapter, m.lora)
-            self._index_put(m, f"sampler_weights/{name}", path)
+            path, uri, adapter = self._save_sampler_weights(m, name)
             if req.path is not None:
                 return {"path": path, "type": "save_weights_for_sampler"}
             sid = f"{session}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:6]}"
-            self.sampling[sid] = _SamplingSession(sid, m.base_model, path, adapter, uri)
-            self._save_registry()
+            self._add_sampling(_SamplingSession(sid, m.base_model, path, adapter, uri, owner, session))
             return {"sampling_session_id": sid, "type": "save_weights_for_sampler"}
 
         return self._training("save_weights_for_sampler", req.model_id, req.seq_id, work)
+
+    def _save_sampler_weights(self, m: TrainingModel, name: str) -> tuple[str, str, str]:
+        """(tinker path, PEFT directory, adapter name) of the model's sampler weights saved as ``name``.
+        Each content is a version of its own (``{name}/{digest}``, served under the digest of that
+        directory): a re-save under one name is a new directory and a new adapter name, so samplers load
+        the new weights, never the one they cached under the old name. Written whole first, then the index
+        switches to it, then the old version is removed and the name's sampling sessions follow."""
+        tensors = self.engine.peft(m.lora)
+        weights = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
+        cfg = {**self.engine.policy.peft.config(), "base_model_name_or_path": m.base_model}
+        config = json.dumps(cfg, indent=1, sort_keys=True).encode()
+        digest = hashlib.sha256(hashlib.sha256(weights).digest() + config).hexdigest()[:20]
+        path = f"tinker://{m.model_id}/sampler_weights/{name}"
+        uri = join(self._sampler_dir(m.model_id, name), digest)
+        store = open_store(uri)
+        store.write(ADAPTER_WEIGHTS, weights)
+        store.write(ADAPTER_CONFIG, config)
+        adapter = named_adapter(uri)
+        self._cache_lora(adapter, m.lora)
+        cid = f"sampler_weights/{name}"
+        old = self._index(m.model_id).get(cid)
+        self._index_put(m, cid, path, uri=uri)
+        if old is not None:
+            old_uri, old_adapter = self._sampler_version(old, m.model_id, name)
+            if old_uri != uri:
+                self.lora_cache.pop(old_adapter, None)
+                old_store = open_store(old_uri)
+                for k in old_store.list():
+                    if "/" not in k:  # the version's own files, never a newer version below a legacy folder
+                        old_store.delete(k)
+        for s in [s for s in list(self.sampling.values()) if s.model_path == path and s.uri != uri]:
+            self._add_sampling(dataclasses.replace(s, uri=uri, adapter=adapter))
+        return path, uri, adapter
 
     def _cache_lora(self, adapter: str, lora: Any) -> None:
         self.lora_cache[adapter] = jax.tree.map(lambda x: x.copy(), lora)
@@ -645,27 +802,55 @@ class Service:
 
     async def create_sampling_session(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.CreateSamplingSessionRequest)
-        sid = f"{req.session_id}:sample:{req.sampling_session_seq_id}:{uuid.uuid4().hex[:6]}"
-        self.sampling[sid] = await self._session_for(sid, req.model_path, req.base_model)
-        self._save_registry()
+        session = self._own_session(req.session_id)
+        sid = f"{session}:sample:{int(req.sampling_session_seq_id)}:{uuid.uuid4().hex[:6]}"
+        s = await self._session_for(sid, req.model_path, req.base_model)
+        await asyncio.to_thread(self._add_sampling, dataclasses.replace(s, session=session))
         return web.json_response({"type": "create_sampling_session", "sampling_session_id": sid})
+
+    def _sampling_store(self) -> Any:
+        return open_store(join(self.cfg.checkpoints, "tinker", SAMPLING_DIR))
+
+    def _add_sampling(self, s: _SamplingSession) -> None:
+        """Keep (and persist, one object each) a sampling session; beyond ``max_sampling_sessions`` the
+        least recently used are dropped (thread or worker: writes storage)."""
+        s.used = time.time()
+        with self._sampling_lock:  # the worker (save_weights_for_sampler) and request threads add at once
+            self.sampling[s.sampler_id] = s
+            extra = len(self.sampling) - self.cfg.max_sampling_sessions
+            oldest = sorted(self.sampling.values(), key=lambda x: x.used)[: max(extra, 0)]
+            for o in oldest:
+                self.sampling.pop(o.sampler_id, None)
+        self._sampling_store().write(f"{_key(s.sampler_id)}.json", json.dumps(dataclasses.asdict(s)).encode())
+        self._drop_sampling_objects([o.sampler_id for o in oldest])
+
+    def _drop_sampling_objects(self, sids: list[str]) -> None:
+        if sids:
+            store = self._sampling_store()
+            for sid in sids:
+                store.delete(f"{_key(sid)}.json")
 
     async def _session_for(
         self, sid: str, model_path: str | None, base_model: str | None
     ) -> _SamplingSession:
+        owner = _OWNER.get()
         if model_path is None:
             self._check_base(base_model or self.cfg.base_model)
-            return _SamplingSession(sid, self.cfg.base_model, None, None, None)
+            return _SamplingSession(sid, self.cfg.base_model, None, None, None, owner)
         model_id, name = self._parse_path(model_path, "sampler_weights")
-        uri = self._sampler_uri(model_id, name)
+        index = await asyncio.to_thread(self._own_index, model_id)  # another key's weights: 404
+        entry = index.get(f"sampler_weights/{name}")
+        if entry is None:
+            raise RequestError(f"model_path: no sampler weights at {model_path}")
+        uri, adapter = self._sampler_version(entry, model_id, name)
         exists = await asyncio.to_thread(lambda: open_store(uri).exists(ADAPTER_CONFIG))
         if not exists:
             raise RequestError(f"model_path: no sampler weights at {model_path}")
-        return _SamplingSession(sid, self.cfg.base_model, model_path, self._adapter_name(model_path), uri)
+        return _SamplingSession(sid, self.cfg.base_model, model_path, adapter, uri, owner)
 
     async def get_sampler(self, request: web.Request) -> web.Response:
         s = self.sampling.get(request.match_info["sampler_id"])
-        if s is None:
+        if s is None or s.owner != _OWNER.get():
             return web.json_response({"error": "no such sampler"}, status=404)
         return web.json_response(
             {"sampler_id": s.sampler_id, "base_model": s.base_model, "model_path": s.model_path}
@@ -686,10 +871,11 @@ class Service:
         ]
         if req.sampling_session_id is not None:
             session = self.sampling.get(req.sampling_session_id)
-            if session is None:
-                raise RequestError(
-                    f"sampling_session_id: {req.sampling_session_id} is not a sampler of this service"
+            if session is None or session.owner != _OWNER.get():
+                raise self._not_found(
+                    f"sampling_session_id: {req.sampling_session_id} is not a sampler of this API key"
                 )
+            session.used = time.time()
         else:
             session = await self._session_for("direct", req.model_path, req.base_model)
         prompt = wire.tokens_of(req.prompt, "prompt")
@@ -778,8 +964,10 @@ class Service:
         raw = self._index_store(model_id).read(CHECKPOINTS_INDEX)
         return json.loads(raw) if raw else {}
 
-    def _index_put(self, m: TrainingModel, checkpoint_id: str, path: str) -> None:
-        """Record a saved checkpoint (worker thread: saves and deletes of a model never race)."""
+    def _index_put(self, m: TrainingModel, checkpoint_id: str, path: str, uri: str | None = None) -> None:
+        """Record a saved checkpoint (worker thread: saves and deletes of a model never race), with the
+        run's owner (what decides who may list, load, sample and delete it after the run ended) and, for
+        sampler weights, the version's directory."""
         index = self._index(m.model_id)
         kind = "training" if checkpoint_id.startswith("weights/") else "sampler"
         index[checkpoint_id] = {
@@ -788,6 +976,8 @@ class Service:
             "time": time.time(),
             "tinker_path": path,
             "config": m.config(),
+            "owner": self.model_owner.get(m.model_id, ""),
+            **({"uri": uri} if uri else {}),
         }
         self._index_store(m.model_id).write(CHECKPOINTS_INDEX, json.dumps(index, indent=1).encode())
 
@@ -817,7 +1007,8 @@ class Service:
     async def list_training_runs(self, request: web.Request) -> web.Response:
         """The live training clients (created or loaded, not ended), by id."""
         limit, offset = _int_param(request, "limit", 20), _int_param(request, "offset", 0)
-        ids = sorted(self.engine.models)
+        owner = _OWNER.get()
+        ids = sorted(i for i in self.engine.models if self.model_owner.get(i) == owner)
         models = [self.engine.models[i] for i in ids[offset : offset + limit]]
         runs = await asyncio.to_thread(lambda: [self._run_view(m) for m in models])
         cursor = {"offset": offset, "limit": limit, "total_count": len(ids)}
@@ -826,13 +1017,8 @@ class Service:
     def _live(self, request: web.Request) -> TrainingModel:
         run_id = request.match_info["run_id"]
         m = self.engine.models.get(run_id)
-        if m is None:
-            raise web.HTTPNotFound(
-                text=json.dumps(
-                    {"error": f"training_run_id: no live training client {run_id} on this service"}
-                ),
-                content_type="application/json",
-            )
+        if m is None or self.model_owner.get(run_id) != _OWNER.get():
+            raise self._not_found(f"training_run_id: no live training client {run_id} of this API key")
         return m
 
     async def get_training_run(self, request: web.Request) -> web.Response:
@@ -842,23 +1028,28 @@ class Service:
     async def list_checkpoints(self, request: web.Request) -> web.Response:
         """A run's save_state checkpoints and sampler weights, oldest first (also of an ended run)."""
         run_id = request.match_info["run_id"]
-        index = await asyncio.to_thread(self._index, run_id)
+        index = await asyncio.to_thread(self._own_index, run_id)
         entries = sorted(index.values(), key=lambda e: e["time"])
         return web.json_response({"checkpoints": [self._checkpoint_view(e) for e in entries]})
 
     async def delete_checkpoint(self, request: web.Request) -> web.Response:
         run_id, kind, name = (request.match_info[k] for k in ("run_id", "kind", "name"))
         checkpoint_id = f"{kind}/{name}"
+        await asyncio.to_thread(self._own_index, run_id)  # another key's run: 404
 
         def work() -> bool:
             index = self._index(run_id)
-            if checkpoint_id not in index:
+            if (
+                checkpoint_id not in index
+                or kind not in ("weights", "sampler_weights")
+                or not _NAME.match(name)
+            ):
                 return False
             if kind == "weights":
                 store = open_store(self._weights_dir(run_id, name))
             else:
-                store = open_store(self._sampler_uri(run_id, name))
-                self.lora_cache.pop(self._adapter_name(index[checkpoint_id]["tinker_path"]), None)
+                store = open_store(self._sampler_dir(run_id, name))  # every version
+                self.lora_cache.pop(self._sampler_version(index[checkpoint_id], run_id, name)[1], None)
             for k in store.list():
                 store.delete(k)
             del index[checkpoint_id]
@@ -875,7 +1066,7 @@ class Service:
         m = re.fullmatch(r"tinker://(?P<run>[^/]+)/(?P<id>(weights|sampler_weights)/[^/]+)", body.tinker_path)
         if not m:
             raise RequestError(f"tinker_path: {body.tinker_path!r} is not a checkpoint path of this service")
-        entry = (await asyncio.to_thread(self._index, m.group("run"))).get(m.group("id"))
+        entry = (await asyncio.to_thread(self._own_index, m.group("run"))).get(m.group("id"))
         if entry is None:
             return web.json_response({"error": f"tinker_path: no checkpoint {body.tinker_path}"}, status=404)
         c = entry["config"]
@@ -902,7 +1093,7 @@ class Service:
     async def retrieve_future(self, request: web.Request) -> web.StreamResponse:
         req = await self._body(request, types.FutureRetrieveRequest)
         f = self.futures.get(req.request_id)
-        if f is None:
+        if f is None or f.owner != _OWNER.get():
             return web.json_response(
                 {"error": f"request {req.request_id} is unknown (expired, or the service restarted)"},
                 status=410,
@@ -926,25 +1117,41 @@ class Service:
         return open_store(join(self.cfg.checkpoints, "tinker"))
 
     def _save_registry(self) -> None:
-        reg = {
-            "models": {
-                mid: {**m.config(), "session": self.model_session.get(mid)}
-                for mid, m in self.engine.models.items()
-            },
-            "sampling": {sid: dataclasses.asdict(s) for sid, s in self.sampling.items()},
-        }
+        """Write registry.json (the live models and sessions, with their owners). The snapshot is taken and
+        written under one lock, so writes land in the order of their snapshots and the last write is the
+        newest state (any thread: the worker, the event loop's threads)."""
         with self._lock:
+            reg = {
+                "models": {
+                    mid: {
+                        **m.config(),
+                        "session": self.model_session.get(mid),
+                        "owner": self.model_owner.get(mid, ""),
+                    }
+                    for mid, m in list(self.engine.models.items())
+                },
+                "sessions": {
+                    sid: owner for sid, owner in list(self.session_owner.items()) if sid in self.sessions
+                },
+            }
             self._registry_store().write("registry.json", json.dumps(reg, indent=1).encode())
 
     def restore(self) -> list[str]:
-        """Re-create the registry's models from their newest auto checkpoints (on start; worker thread or
-        before serving). Returns the model ids restored."""
+        """Re-create the registry's sessions, sampling sessions and models (from their newest auto
+        checkpoints) on start (worker thread or before serving). Returns the model ids restored."""
         raw = self._registry_store().read("registry.json")
-        if raw is None:
-            return []
-        reg = json.loads(raw)
-        for sid, s in reg.get("sampling", {}).items():
-            self.sampling[sid] = _SamplingSession(**s)
+        reg = json.loads(raw) if raw is not None else {}
+        now = time.monotonic()
+        for sid, owner in reg.get("sessions", {}).items():
+            self.session_owner[sid] = owner
+            self.sessions[sid] = now  # its client's heartbeats go on; none for session_timeout_s ends it
+        fields = {f.name for f in dataclasses.fields(_SamplingSession)}
+        store = self._sampling_store()
+        for k in store.list():
+            body = store.read(k)
+            if body is not None:
+                s = _SamplingSession(**{f: v for f, v in json.loads(body).items() if f in fields})
+                self.sampling[s.sampler_id] = s
         restored = []
         for mid, c in reg.get("models", {}).items():
             directory = join(self.cfg.checkpoints, "tinker", _key(mid), "auto")
@@ -956,9 +1163,10 @@ class Service:
             m = self.engine.create_from_config(mid, c)
             self.engine.set_state(m, tree, optimizer=True)
             m.step, m.skipped = int(meta.get("optim_steps", 0)), int(meta.get("skipped", 0))
+            self.model_owner[mid] = str(c.get("owner", ""))
             if c.get("session"):
                 self.model_session[mid] = c["session"]
-                self.sessions.setdefault(c["session"], time.monotonic())
+                self.sessions.setdefault(c["session"], now)
             restored.append(mid)
         return restored
 
