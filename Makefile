@@ -143,6 +143,28 @@ rl-cpu: venv
 tinker-cpu: venv
 	$(PY) -m rljob.trainer.tinker.local
 
+# The Tinker Cookbook's own loops, unmodified, against the service of `make tinker-cpu` (hack/cookbook.py):
+# tinker_cookbook.rl.train.main learns a toy task of our own (a byte tokenizer registered with the Cookbook's
+# tokenizer_utils.register_tokenizer; no hub, no datasets) from chance, resumes from its own checkpoint, and
+# tinker_cookbook.supervised.train.main lowers its loss; one JSON line of figures, exit 1 if one check fails.
+# The Cookbook is the client's, never the project's: it runs in a venv of its own, .cache/cookbook/venv, from
+# the pins of hack/cookbook-requirements.txt, installed with --no-deps because tinker-cookbook 0.6.1 requires
+# tml-renderers>=0.4.1, which PyPI does not have (0.2.1 is its newest; only the Cookbook's Inkling and Kimi K3
+# tokenizers and renderers import it). The venv is 5.7 GB, a 2.9 GB download: PyPI's Linux torch wheel
+# (torch 2.15.0, 514 MB) requires the CUDA libraries (nvidia-*, cuda-toolkit, triton) even to run on a CPU.
+# Not part of `make test` (docs/tinker.md: its figures and duration).
+COOKBOOK_VENV := .cache/cookbook/venv
+COOKBOOK_STAMP := $(COOKBOOK_VENV)/.installed-$(shell sha1sum hack/cookbook-requirements.txt 2>/dev/null | cut -c1-12)
+
+$(COOKBOOK_STAMP): hack/cookbook-requirements.txt | venv
+	@test -x $(COOKBOOK_VENV)/bin/python || $(PYTHON312) -m venv $(COOKBOOK_VENV)
+	@$(VENV)/bin/uv pip install -q --python $(COOKBOOK_VENV)/bin/python --no-deps -r hack/cookbook-requirements.txt
+	@rm -f $(COOKBOOK_VENV)/.installed-*; touch $@
+
+.PHONY: tinker-cookbook
+tinker-cookbook: venv $(COOKBOOK_STAMP)
+	$(COOKBOOK_VENV)/bin/python hack/cookbook.py --service-python $(PY)
+
 # The GCS emulator the tests start (tests/fixtures/gcs.py): fake-gcs-server built from its Go module at
 # the version in hack/versions.env, into .cache/. The fixture builds it on first use; this prebuilds it.
 .PHONY: fake-gcs-server

@@ -9,6 +9,7 @@ SDK's own error (RequestFailedError), at once.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -99,7 +100,11 @@ def test_each_verb(served: Served, client: Any) -> None:
 
     before = probe(tc)
     res = tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
-    assert res.metrics["step"] == 1 and res.metrics["update_skipped"] == 0 and res.metrics["grad_norm"] > 0
+    assert (
+        res.metrics["optim/step"] == 1
+        and res.metrics["optim/update_skipped"] == 0
+        and res.metrics["optim/grad_norm"] > 0
+    )
     after = probe(tc)
     assert not np.allclose(before[0], after[0])
     # the trained targets became likelier
@@ -181,7 +186,7 @@ def test_rl_losses(served: Served, client: Any) -> None:
     fb = tc.forward_backward(data, "ppo", {"clip_low_threshold": 0.95, "clip_high_threshold": 1.05}).result()
     assert fb.metrics["loss:sum"] == pytest.approx(want, rel=1e-5)
     res = tc.optim_step(types.AdamParams(learning_rate=0.01)).result()
-    assert res.metrics["grad_norm"] > 0 and res.metrics["update_skipped"] == 0
+    assert res.metrics["optim/grad_norm"] > 0 and res.metrics["optim/update_skipped"] == 0
 
 
 # ------------------------------------------------------------------------ optimizer and saved state
@@ -222,7 +227,7 @@ def test_optim_step_applies_every_adam_parameter_and_load_state_restores(served:
         grad_clip_norm=norm / 4,
     )
     res = tc.optim_step(hp).result()
-    assert res.metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)  # the norm before clipping
+    assert res.metrics["optim/grad_norm"] == pytest.approx(norm, rel=1e-5)  # the norm before clipping
     scale = hp.grad_clip_norm / (norm + 1e-6)  # torch.nn.utils.clip_grad_norm_
     got = [np.asarray(x, np.float64) for x in jax.tree.leaves(jax.device_get(m.lora))]
     moved = 0
@@ -400,6 +405,60 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
     assert len(served.sampler.adapters) >= 2
 
 
+# ------------------------------------------------------------------------------------ provenance spans
+
+
+def _spanned(d: Any, skew: int = 0, sid: str = "seq-0") -> Any:
+    """``d`` with provenance as the SDK's Datum carries it (a prompt run, then a sampled run) over its model
+    input and its targets; ``skew`` > 0 makes the runs cover that many positions too many (the SDK's
+    ``with_provenance`` would refuse them; a Datum built directly does not)."""
+    n = d.model_input.length
+    spans = [
+        types.PromptProvenanceSpan(sequence_id=sid, offset=0, length=1),
+        types.SampledProvenanceSpan(sequence_id=sid, length=n - 1 + skew),
+    ]
+    return dataclasses.replace(d, model_input_spans=spans, loss_fn_input_spans=spans)
+
+
+_MISCOVERED = (
+    r"data\[0\]\.model_input_spans: the runs cover 3 positions, the field has 2; "
+    r"data\[0\]\.loss_fn_input_spans: the runs cover 3 positions, the field has 2"
+)
+
+
+def test_provenance_spans_are_accepted_and_change_nothing(served: Served, client: Any) -> None:
+    """Datums with provenance as the Cookbook (0.6.x) builds them from a real sample: the spans name the
+    sample's sequence id, tile the input and the targets, and change neither the loss nor the log-probs."""
+    tc = _shared_client(served, client)
+    sampler = tc.save_weights_and_get_sampling_client().result()
+    prompt = [1, 5, 17]
+    params = types.SamplingParams(max_tokens=3, temperature=1.0, seed=11)
+    (seq,) = sampler.sample(types.ModelInput.from_ints(prompt), 1, params).result().sequences
+    assert seq.sequence_id and len(seq.tokens) == 3
+    tokens, lps = list(seq.tokens), list(seq.logprobs)
+    plain = datum(prompt, tokens, logprobs=lps, advantages=[1.0, -0.5, 2.0])
+    sid = seq.sequence_id
+    spanned = plain.with_provenance(  # the SDK checks the tiling here; the service checks it again
+        model_input=[
+            types.PromptProvenanceSpan(sequence_id=sid, offset=0, length=3),
+            types.SampledProvenanceSpan(sequence_id=sid, length=2),
+        ],
+        loss_fn_inputs=[
+            types.PromptProvenanceSpan(sequence_id=sid, offset=1, length=2),
+            types.SampledProvenanceSpan(sequence_id=sid, length=3),
+        ],
+    )
+    for loss in ("importance_sampling", "ppo"):
+        a, b = tc.forward([plain], loss).result(), tc.forward([spanned], loss).result()
+        assert a.metrics["loss:sum"] == b.metrics["loss:sum"] != 0
+        np.testing.assert_array_equal(lp_of(a)[0], lp_of(b)[0])
+    ce = types.Datum(model_input=spanned.model_input, loss_fn_inputs={"target_tokens": prompt[1:] + tokens})
+    ce = dataclasses.replace(
+        ce, model_input_spans=spanned.model_input_spans, loss_fn_input_spans=spanned.loss_fn_input_spans
+    )
+    assert tc.forward([ce], "cross_entropy").result().metrics["loss:sum"] > 0
+
+
 # ------------------------------------------------------------------------------------ refused requests
 
 
@@ -407,6 +466,11 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
     ("call", "match"),
     [
         (lambda tc: tc.forward_backward(PROBE, "cispo"), "loss_fn: 'cispo' is not supported"),
+        (
+            lambda tc: tc.forward_backward(PROBE, "stable_reinforce"),
+            "loss_fn: 'stable_reinforce' is not supported by this server: .* train with importance_sampling",
+        ),
+        (lambda tc: tc.forward([_spanned(datum([1, 5], [6]), 1)], "cross_entropy"), _MISCOVERED),
         (lambda tc: tc.forward([datum([1, 5], [6], advantages=[1.0])], "cross_entropy"), "not read by loss"),
         (
             lambda tc: tc.forward([datum([1, 5], [6])], "importance_sampling"),
@@ -429,7 +493,18 @@ def test_two_training_clients_do_not_disturb_each_other(served: Served, client: 
         (lambda tc: tc.save_state("..", overwrite=True), "a checkpoint name is"),
         (lambda tc: tc.save_weights_for_sampler("."), "a name is"),
     ],
-    ids=["loss", "extra-input", "missing-input", "targets", "vocab", "too-long", "dots", "dot"],
+    ids=[
+        "loss",
+        "stable-reinforce",
+        "spans-miscover",
+        "extra-input",
+        "missing-input",
+        "targets",
+        "vocab",
+        "too-long",
+        "dots",
+        "dot",
+    ],
 )
 def test_unsupported_requests_fail_with_the_sdk_error(
     served: Served, client: Any, call: Any, match: str
@@ -540,7 +615,7 @@ def test_sampling_from_another_client_and_the_base_model(served: Served, client:
         with pytest.warns(FutureWarning):  # the SDK deprecates *_async in favour of awaiting the futures
             fwd, fb, opt, smp, lps = asyncio.run(run_async())
         assert fb.metrics["loss:sum"] == pytest.approx(fwd.metrics["loss:sum"], rel=1e-6)
-        assert opt.metrics["update_skipped"] == 0
+        assert opt.metrics["optim/update_skipped"] == 0
         assert [s.tokens for s in smp.sequences] == [s.tokens for s in runs[0].sequences]
         np.testing.assert_allclose(lps[1:], probe(tc)[0][:4], rtol=1e-5)
 

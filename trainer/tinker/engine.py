@@ -94,6 +94,13 @@ class LossSpec:
 
     @classmethod
     def parse(cls, loss_fn: str, config: dict[str, float | str] | None) -> LossSpec:
+        if loss_fn == "stable_reinforce":
+            raise RequestError(
+                "loss_fn: 'stable_reinforce' is not supported by this server: it trains on stability "
+                "information the hosted service records while sampling, whose definition is not public; "
+                f"train with {' or '.join(LOSS_FNS[1:])} (the Cookbook: Config.loss_fn, and "
+                "AsyncConfig.loss_fn for async runs)"
+            )
         if loss_fn not in LOSS_FNS:
             raise RequestError(
                 f"loss_fn: {loss_fn!r} is not supported by this server (supported: {', '.join(LOSS_FNS)})"

@@ -607,7 +607,8 @@ class Service:
             m = self.engine.model(req.model_id)
             self._auto_checkpoint(m)
             self._report()
-            return {"metrics": {**metrics, "step": float(m.step)}}
+            # Namespaced: a client merges these into its own metrics (the Cookbook's rows have a "step").
+            return {"metrics": {f"optim/{k}": v for k, v in {**metrics, "step": float(m.step)}.items()}}
 
         return self._training("optim_step", req.model_id, req.seq_id, work)
 

@@ -22,6 +22,7 @@ from tinker.proto import tinker_public_pb2 as pb
 __all__ = [
     "PROTO_CONTENT_TYPE",
     "ForwardBackwardCall",
+    "check_spans",
     "datums_of",
     "error_body",
     "forward_backward_output",
@@ -128,9 +129,8 @@ def datums_of(call: ForwardBackwardCall, allowed: frozenset[str], required: froz
             raise RequestError(f"data[{i}].loss_fn_inputs: {extra} not read by loss {call.loss_fn}")
         if missing:
             raise RequestError(f"data[{i}].loss_fn_inputs: loss {call.loss_fn} needs {missing}")
-        if len(d.model_input_spans) or len(d.loss_fn_input_spans):
-            raise RequestError(f"data[{i}]: provenance spans are not supported by this server")
         t = {k: _tensor(d.loss_fn_inputs[k], f"data[{i}].loss_fn_inputs.{k}") for k in names}
+        check_spans(d, f"data[{i}]", len(tokens), int(t["target_tokens"].size))
         out.append(
             DatumIn(
                 tokens=np.asarray(tokens, np.int64),
@@ -141,6 +141,44 @@ def datums_of(call: ForwardBackwardCall, allowed: frozenset[str], required: froz
             )
         )
     return out
+
+
+def _span_problems(spans: Any, where: str, length: int) -> list[str]:
+    problems, total = [], 0
+    for j, span in enumerate(spans):
+        arm = span.WhichOneof("span")
+        if arm is None:
+            problems.append(f"{where}[{j}]: neither prompt_tokens nor sampled_tokens")
+            continue
+        run = getattr(span, arm)
+        if not run.sequence_id:
+            problems.append(f"{where}[{j}].{arm}.sequence_id: empty")
+        if run.offset < 0 or run.length < 0:
+            problems.append(
+                f"{where}[{j}].{arm}: offset {run.offset}, length {run.length}; both must be >= 0"
+            )
+        total += run.length
+    if total != length:
+        problems.append(f"{where}: the runs cover {total} positions, the field has {length}")
+    return problems
+
+
+def check_spans(d: Any, where: str, n_tokens: int, n_targets: int) -> None:
+    """A datum's provenance spans (``Datum.with_provenance``), which no loss served here reads: accepted
+    when they are as the SDK builds them, a pair of run lists tiling ``model_input`` and
+    ``loss_fn_inputs["target_tokens"]`` exactly (lengths summing to each field's length)."""
+    model_spans, target_spans = d.model_input_spans, d.loss_fn_input_spans
+    if not len(model_spans) and not len(target_spans):
+        return
+    if not len(model_spans) or not len(target_spans):
+        raise RequestError(
+            f"{where}: provenance comes as a pair (model_input_spans and loss_fn_input_spans, "
+            "Datum.with_provenance); got only one"
+        )
+    problems = _span_problems(model_spans, f"{where}.model_input_spans", n_tokens)
+    problems += _span_problems(target_spans, f"{where}.loss_fn_input_spans", n_targets)
+    if problems:
+        raise RequestError("; ".join(problems))
 
 
 def _batched(arrays: Sequence[np.ndarray], dtype: Any) -> Any:
