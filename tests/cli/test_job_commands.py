@@ -3,10 +3,12 @@ commands against the local cluster with the operator in tests/cli/test_job_comma
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -105,10 +107,11 @@ def test_describe() -> None:
     assert "Reward by step (1..3, min 0.000, max 1.000):\n  ▁▃█" in text
     assert "Reward by step: no events yet" in jobs.describe(OBJ, [], "no events yet")
     # Per-role restarts and the role that failed (JobSet >= v0.12: sampler Jobs restart alone).
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
     status = {
-        **OBJ["status"],
+        **base,
         "restarts": {"used": 1, "left": 2, "sampler": {"used": 4, "left": 6}},
-        "lastFailure": {**OBJ["status"]["lastFailure"], "role": "sampler"},
+        "lastFailure": {**base["lastFailure"], "role": "sampler"},
     }
     text = jobs.describe({**OBJ, "status": status}, [])
     assert "Restarts:    1 used, 2 left (the run); sampler 4 used, 6 left" in text
