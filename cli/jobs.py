@@ -130,6 +130,14 @@ def _steps(obj: dict[str, Any]) -> Any:
     return merged["algorithm"]["steps"]
 
 
+def _sampler_restarts(restarts: dict[str, Any]) -> str:
+    """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12)."""
+    sampler = restarts.get("sampler")
+    if not isinstance(sampler, dict):
+        return ""
+    return f" (the run); sampler {sampler.get('used', 0)} used, {sampler.get('left', '?')} left"
+
+
 def describe(
     obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "", profile: str = ""
 ) -> str:
@@ -143,7 +151,8 @@ def describe(
         f"Phase:       {status.get('phase') or 'Pending'}",
         f"Step:        {progress.get('step', 0)} of {steps}",
         f"Reward:      {_reward(progress) or '-'}",
-        f"Restarts:    {restarts.get('used', 0)} used, {restarts.get('left', '?')} left",
+        f"Restarts:    {restarts.get('used', 0)} used, {restarts.get('left', '?')} left"
+        + _sampler_restarts(restarts),
     ]
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
@@ -165,7 +174,8 @@ def describe(
     failure = status.get("lastFailure")
     if failure:
         lines.append(
-            f"Last failure: {failure.get('class')} {failure.get('reason', '')} at "
+            f"Last failure: {failure.get('class')} {failure.get('reason', '')}"
+            f"{' of the ' + failure['role'] if failure.get('role') else ''} at "
             f"{failure.get('time', '?')}: {failure.get('message', '')}".rstrip(": ")
         )
     conditions = status.get("conditions") or []

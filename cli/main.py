@@ -207,8 +207,9 @@ def explain(run: RunConfig) -> str:
         f"lr {spec.algorithm.learning_rate:g}{_schedule(spec.algorithm)}",
         f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
-        f"restarts: {spec.failure_policy.max_restarts} counted; preemption/maintenance restarts are free; "
-        "exit 2 fails at once",
+        f"restarts: {spec.failure_policy.max_restarts} counted of the run (a trainer crash), "
+        f"{spec.failure_policy.max_sampler_restarts} of single sampler Jobs (a sampler crash; the trainer "
+        "keeps running); preemption/maintenance restarts are free; exit 2 fails at once",
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]

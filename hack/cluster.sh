@@ -175,6 +175,9 @@ metrics:
   bindAddress: "0"
 health:
   healthProbeBindAddress: 127.0.0.1:$health
+# rljob restarts a failed sampler Job alone (recipes/failure.py): alpha in JobSet v0.12.0.
+featureGates:
+  RestartJob: true
 EOF
   # setsid: its own session, so it outlives this script and is stopped only through its pid file.
   setsid "$BIN/jobset-manager" --config "$JS_DIR/config.yaml" --kubeconfig "$KUBECONFIG_PATH" \

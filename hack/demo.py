@@ -40,6 +40,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -200,9 +201,11 @@ def train(
     steps: int = TRAIN_STEPS,
     timeout: float = 900,
     workdir: Path | None = None,
+    hook: Callable[[dict[str, Any], PodRunner], None] | None = None,
 ) -> dict[str, Any]:
     """Apply the training RLJob and run its pods' trainer and sampler as local processes until the RLJob
-    ends; returns the RLJob as the API server has it then. The operator must be running."""
+    ends; returns the RLJob as the API server has it then. The operator must be running. `hook` is called
+    with the RLJob and the pod runner once a second (the preemption drills kill pods and nodes there)."""
     from rljob.trainer.gcs_emulator import (
         create_bucket,
         emulator_env,
@@ -254,6 +257,8 @@ def train(
                 )
             if status.get("phase") in ("Succeeded", "Failed"):
                 return dict(obj)
+            if hook is not None:
+                hook(dict(obj), runner)
             if time.monotonic() > deadline:
                 say(f"timed out after {timeout:.0f}s")
                 return dict(obj)

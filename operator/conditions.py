@@ -40,6 +40,10 @@ JOBSET_UID_LABEL: Final = "jobset.sigs.k8s.io/jobset-uid"
 """Set by the JobSet controller on its Jobs and pods: a pod's failure counts only for its own JobSet."""
 REPLICATED_JOB_LABEL: Final = "jobset.sigs.k8s.io/replicatedjob-name"
 RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
+# JobSet >= v0.12.0: a Job restarted alone (failure action RestartJob*) has this label one higher than
+# before; its index within its replicatedJob is job-index.
+JOB_RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/job-restart-attempt"
+JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 
 PROGRESS_KEY: Final = "progress.json"
 """Key of the trainer's report in the `<rljob>-progress` ConfigMap (contract 4)."""

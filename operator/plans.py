@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rljob.operator import metrics
-from rljob.recipes import manifest, naming
+from rljob.recipes import failure, manifest, naming
 from rljob.recipes.api import API_VERSION, KIND, RLJob
 from rljob.recipes.plan import PlanError
 
@@ -29,7 +29,8 @@ class Plan:
     generation: int
     error: str | None = None
     objects: tuple[dict[str, Any], ...] = ()
-    max_restarts: int = 3
+    max_restarts: int = 3  # spec.failurePolicy.maxRestarts (the run's budget)
+    max_sampler_restarts: int = 10  # spec.failurePolicy.maxSamplerRestarts
 
     @property
     def jobset(self) -> dict[str, Any] | None:
@@ -119,8 +120,8 @@ def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
     js = plan.jobset
     if js is None:
         return Plan(generation, error="render produced no JobSet")
-    max_restarts = int(((js.get("spec") or {}).get("failurePolicy") or {}).get("maxRestarts", 0))
-    return dataclasses.replace(plan, max_restarts=max_restarts)
+    budgets = failure.budgets_of(js)
+    return dataclasses.replace(plan, max_restarts=budgets[0], max_sampler_restarts=budgets[1])
 
 
 def warm_up(render: Renderer) -> None:

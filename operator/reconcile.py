@@ -44,6 +44,7 @@ from rljob.operator.status import (
     classify_pod,
     derive_status,
     status_body,
+    stop_jobset,
 )
 from rljob.operator.workqueue import Key, WorkQueue
 from rljob.recipes import naming
@@ -262,9 +263,10 @@ class Reconciler:
         failure = self.caches.failures.get(key)
         if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
             failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
-        max_restarts = plan.max_restarts
+        max_restarts, max_sampler_restarts = plan.max_restarts, plan.max_sampler_restarts
         if plan.error is not None and js is not None and js.max_restarts is not None:
             max_restarts = js.max_restarts
+            max_sampler_restarts = js.max_sampler_restarts or 0
         derived = derive_status(
             Observed(
                 generation=entry.generation,
@@ -274,6 +276,7 @@ class Reconciler:
                 suspend=bool(spec.get("suspend", False)),
                 queue_name=spec.get("queueName") or (js.queue_name if js is not None else None),
                 max_restarts=max_restarts,
+                max_sampler_restarts=max_sampler_restarts,
                 jobset_name=(plan.jobset or {}).get("metadata", {}).get("name") if plan.objects else None,
                 jobset=js,
                 failure=failure,
@@ -299,6 +302,11 @@ class Reconciler:
             await self.kube.post_event(body, type_="Normal", reason=c.EVENT_JOBSET_CREATED, note=note)
         for ev in events:
             await self.kube.post_event(body, type_=ev.type, reason=ev.reason, note=ev.message)
+        if stop_jobset(derived.status, js) and js is not None:
+            # After the Failed status is written (latched): a role past its restart budget stops the run.
+            # Suspended (through Kueue's Workload when queued), not deleted: the operator deletes nothing,
+            # and the JobSet stays for inspection until the RLJob is deleted.
+            await self._reconcile_mutable(key, js, {**spec, "suspend": True}, prior)
         if create_error is not None:
             # After the status and the event: the worker retries with backoff.
             raise ChildError(create_error[1])

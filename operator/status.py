@@ -15,9 +15,14 @@ Rules (the tests in tests/operator/test_status.py are the table of cases):
   retries with backoff.
 - A JobSet that disappears before its outcome was observed makes the run Failed (JobSetDeleted): the
   operator does not guess whether it finished, and never silently starts the run over.
-- Restarts: `used` is the JobSet's restartsCountTowardsMax (crashes); restarts after preemption or
-  maintenance (DisruptionTarget) are not counted. The class of the last failure comes from the failed
-  pod when the operator saw it, otherwise from which JobSet counter moved.
+- Restarts, per role (rljob.recipes.failure): the run's (a trainer crash restarts every Job) are the
+  JobSet's restartsCountTowardsMax; the samplers' (a sampler crash restarts that sampler Job alone) are
+  the sum of its replicatedJobsStatus[sampler].jobRestartsCountTowardsMax (JobSet >= v0.12.0). Restarts
+  after preemption or maintenance (DisruptionTarget) are not counted. JobSet has one budget for both, so
+  the operator holds each role to its own: a role past its budget makes the run Failed
+  (RestartsExhausted, naming the budget) and the reconcile suspends the JobSet (its pods stop). The
+  class and role of the last failure come from the failed pod when the operator saw it, otherwise from
+  which JobSet counter moved.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from rljob.operator import conditions as c
+from rljob.recipes import failure as failure_rules
 from rljob.recipes.api import (
     Condition,
     FailureClass,
@@ -36,6 +42,7 @@ from rljob.recipes.api import (
     ProgressReport,
     Restarts,
     RLJobStatus,
+    RoleRestarts,
     RolesStatus,
     RoleStatus,
 )
@@ -53,6 +60,17 @@ def parse_time(value: Any) -> datetime | None:
     except ValueError:
         return None
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def _ints(value: Any) -> tuple[int, ...]:
+    return tuple(int(x) if isinstance(x, int) else 0 for x in value or ())
+
+
+def _label_int(labels: Mapping[str, Any], key: str) -> int:
+    try:
+        return int(labels.get(key, 0))
+    except (TypeError, ValueError):
+        return 0
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str:
@@ -93,7 +111,11 @@ class JobSetView:
     queue_name: str | None = None
     owner_uid: str = ""  # the controller owner reference's uid: the RLJob that owns this JobSet
     namespace: str = ""
-    max_restarts: int | None = None  # spec.failurePolicy.maxRestarts
+    max_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxRestarts (failure.budgets_of)
+    max_sampler_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxSamplerRestarts
+    # Per replicatedJob, per Job index: restarts of that Job alone (JobSet >= v0.12.0), all and counted.
+    job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    counted_job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any]) -> JobSetView:
@@ -108,14 +130,23 @@ class JobSetView:
             roles[str(rj.get("name", ""))] = RoleShape(
                 replicas=int(rj.get("replicas", 1) or 1), pods=min(parallelism, completions)
             )
-        ready = {
-            str(s.get("name", "")): int(s.get("ready", 0) or 0)
-            for s in status.get("replicatedJobsStatus") or []
+        rjs = status.get("replicatedJobsStatus") or []
+        ready = {str(s.get("name", "")): int(s.get("ready", 0) or 0) for s in rjs}
+        job_restarts = {
+            str(s.get("name", "")): _ints(s.get("jobRestarts")) for s in rjs if s.get("jobRestarts")
+        }
+        counted_job_restarts = {
+            str(s.get("name", "")): _ints(s.get("jobRestartsCountTowardsMax"))
+            for s in rjs
+            if s.get("jobRestartsCountTowardsMax")
         }
         conds = {str(x.get("type")): x for x in status.get("conditions") or [] if x.get("status") == "True"}
         terminal = str(status.get("terminalState") or "")
         failed = conds.get(c.JS_FAILED)
-        max_restarts = (spec.get("failurePolicy") or {}).get("maxRestarts")
+        max_restarts: int | None = None
+        max_sampler_restarts: int | None = None
+        if isinstance((spec.get("failurePolicy") or {}).get("maxRestarts"), int):
+            max_restarts, max_sampler_restarts = failure_rules.budgets_of(body)
         return cls(
             name=str(meta.get("name", "")),
             uid=str(meta.get("uid", "")),
@@ -132,8 +163,16 @@ class JobSetView:
             queue_name=(meta.get("labels") or {}).get(c.QUEUE_LABEL),
             owner_uid=controller_uid(meta),
             namespace=str(meta.get("namespace", "")),
-            max_restarts=max_restarts if type(max_restarts) is int else None,
+            max_restarts=max_restarts,
+            max_sampler_restarts=max_sampler_restarts,
+            job_restarts=job_restarts,
+            counted_job_restarts=counted_job_restarts,
         )
+
+    def job_restarts_of(self, role: str, index: int) -> int:
+        """How often Job `index` of `role` was restarted alone (its pods' job-restart-attempt label)."""
+        got = self.job_restarts.get(role, ())
+        return got[index] if 0 <= index < len(got) else 0
 
     def role_status(self, role: str) -> RoleStatus:
         shape = self.roles.get(role)
@@ -157,6 +196,8 @@ class PodFailure:
     attempt: int
     role: str
     jobset_uid: str = ""  # the JobSet the pod came from (its jobset-uid label)
+    job_attempt: int = 0  # its Job's restarts alone (job-restart-attempt label, JobSet >= v0.12.0)
+    job_index: int = 0  # its Job's index within the role (job-index label)
 
 
 def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFailure | None:
@@ -172,10 +213,8 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
     labels = meta.get("labels") or {}
     name = str(meta.get("name", ""))
     role = str(labels.get(c.REPLICATED_JOB_LABEL, ""))
-    try:
-        attempt = int(labels.get(c.RESTART_ATTEMPT_LABEL, 0))
-    except (TypeError, ValueError):
-        attempt = 0
+    attempt = _label_int(labels, c.RESTART_ATTEMPT_LABEL)
+    job = (_label_int(labels, c.JOB_RESTART_ATTEMPT_LABEL), _label_int(labels, c.JOB_INDEX_LABEL))
     jobset_uid = str(labels.get(c.JOBSET_UID_LABEL, ""))
     fallback = now or datetime.now(UTC)
     for cond in status.get("conditions") or []:
@@ -189,7 +228,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
             if cond.get("message"):
                 message += f": {cond['message']}"
             when = parse_time(cond.get("lastTransitionTime")) or fallback
-            return PodFailure(klass, our_reason, message, when, attempt, role, jobset_uid)
+            return PodFailure(klass, our_reason, message, when, attempt, role, jobset_uid, *job)
     if status.get("phase") != "Failed" or meta.get("deletionTimestamp"):
         # A pod killed while being deleted (the JobSet tearing an attempt down) is a consequence of
         # another failure, not its cause.
@@ -211,7 +250,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
                 if code == 2
                 else (FailureClass.CRASH, c.REASON_CRASHED)
             )
-            return PodFailure(klass, reason, message, when, attempt, role, jobset_uid)
+            return PodFailure(klass, reason, message, when, attempt, role, jobset_uid, *job)
     return None
 
 
@@ -229,6 +268,7 @@ class Observed:
     suspend: bool = False
     queue_name: str | None = None
     max_restarts: int = 3
+    max_sampler_restarts: int = 10
     jobset_name: str | None = None
     jobset: JobSetView | None = None
     failure: PodFailure | None = None
@@ -251,6 +291,17 @@ class Derived:
     events: Sequence[Event]
 
 
+def stop_jobset(status: RLJobStatus, jobset: JobSetView | None) -> bool:
+    """Whether the reconcile must suspend the JobSet: the run is Failed (a role past its restart budget)
+    while its JobSet still runs. JobSet has one budget for both roles (rljob.recipes.failure), so it would
+    otherwise restart what the RLJob's budgets refuse."""
+    return (
+        status.phase == Phase.FAILED
+        and jobset is not None
+        and not (jobset.failed or jobset.completed or jobset.suspended)
+    )
+
+
 def _roles(obs: Observed) -> RolesStatus:
     if obs.jobset is not None:
         return RolesStatus(
@@ -267,33 +318,115 @@ def _newer(failure: PodFailure, prior: LastFailure | None) -> bool:
     return prior is None or prior.time is None or failure.time > prior.time
 
 
-def _last_failure(obs: Observed, used: int) -> LastFailure | None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class Used:
+    """Counted restarts per role, and the role past its budget (None: none)."""
+
+    trainer: int = 0
+    sampler: int = 0
+    exhausted: str | None = None
+
+
+def restarts_used(obs: Observed) -> Used:
+    """Counted restarts per role (the JobSet's counters, else the prior status) and which role, if any, is
+    past its budget (spec.failurePolicy.maxRestarts, maxSamplerRestarts)."""
+    js, prior = obs.jobset, obs.prior
+    if js is not None:
+        trainer = js.counted_restarts
+        sampler = sum(js.counted_job_restarts.get(c.ROLE_SAMPLER, ()))
+    else:
+        restarts = prior.restarts if prior and prior.restarts else None
+        trainer = restarts.used if restarts else 0
+        sampler = restarts.sampler.used if restarts and restarts.sampler else 0
+    exhausted = None
+    if trainer > obs.max_restarts:
+        exhausted = c.ROLE_TRAINER
+    elif sampler > obs.max_sampler_restarts:
+        exhausted = c.ROLE_SAMPLER
+    return Used(trainer=trainer, sampler=sampler, exhausted=exhausted)
+
+
+def exhausted_message(obs: Observed, used: Used) -> str:
+    """What a run stopped for a role past its budget says (the field to raise)."""
+    if used.exhausted == c.ROLE_SAMPLER:
+        return (
+            f"spec.failurePolicy.maxSamplerRestarts: {used.sampler} sampler restarts counted, "
+            f"the budget is {obs.max_sampler_restarts}: the run is stopped"
+        )
+    return (
+        f"spec.failurePolicy.maxRestarts: {used.trainer} restarts of the run counted, "
+        f"the budget is {obs.max_restarts}: the run is stopped"
+    )
+
+
+def _role(role: str) -> str | None:
+    return role if role in (c.ROLE_TRAINER, c.ROLE_SAMPLER) else None
+
+
+def _last_failure(obs: Observed, used: Used) -> LastFailure | None:
     prior = obs.prior.last_failure if obs.prior else None
     js, seen = obs.jobset, obs.failure
     if js is None:
         return prior
-    if js.failed:
-        if js.failed_reason == c.JS_REASON_FAIL_ACTION:
+    stopped = used.exhausted is not None and not js.completed
+    if js.failed or stopped:
+        if js.failed and js.failed_reason == c.JS_REASON_FAIL_ACTION:
             klass, reason = FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION
-        elif js.failed_reason == c.JS_REASON_MAX_RESTARTS:
+        elif stopped or js.failed_reason == c.JS_REASON_MAX_RESTARTS:
             klass, reason = FailureClass.CRASH, c.REASON_RESTARTS_EXHAUSTED
         else:
             klass, reason = FailureClass.CRASH, c.REASON_JOBSET_FAILED
-        detail = seen.message if seen is not None and seen.failure_class == klass else js.failed_message
-        when = seen.time if seen is not None and seen.failure_class == klass else obs.now
+        match = seen is not None and seen.failure_class == klass
+        detail = seen.message if seen is not None and match else js.failed_message
+        if stopped and not js.failed:
+            detail = exhausted_message(obs, used) + (
+                f"; {seen.message}" if seen is not None and match else ""
+            )
+        when = seen.time if seen is not None and match else obs.now
+        role = used.exhausted if stopped else (_role(seen.role) if seen is not None and match else None)
         if prior is not None and prior.reason == reason and prior.failure_class == klass:
             return prior
-        return LastFailure(failure_class=klass, reason=reason, message=detail, time=when)
-    # The failure that ended attempt N-1 (the JobSet is now at attempt N = restarts).
-    if seen is not None and seen.attempt == js.restarts - 1 and js.restarts > 0 and _newer(seen, prior):
-        return LastFailure(
-            failure_class=seen.failure_class, reason=seen.reason, message=seen.message, time=seen.time
+        return LastFailure(failure_class=klass, reason=reason, message=detail, time=when, role=role)
+    # The failure that ended attempt N-1 (the JobSet is now at attempt N = restarts), or the one that ended
+    # a sampler Job restarted alone (its Job is now at job-restart-attempt + 1).
+    if seen is not None and _newer(seen, prior):
+        ended_attempt = seen.attempt == js.restarts - 1 and js.restarts > 0
+        ended_job = (
+            seen.role == c.ROLE_SAMPLER
+            and seen.attempt == js.restarts
+            and seen.job_attempt == js.job_restarts_of(seen.role, seen.job_index) - 1
         )
-    prior_used = obs.prior.restarts.used if obs.prior and obs.prior.restarts else 0
-    if used > prior_used:
-        message = f"restart {used} of {obs.max_restarts} counted (the failed pod was not observed)"
+        if ended_attempt or ended_job:
+            return LastFailure(
+                failure_class=seen.failure_class,
+                reason=seen.reason,
+                message=seen.message,
+                time=seen.time,
+                role=_role(seen.role),
+            )
+    before = obs.prior.restarts if obs.prior and obs.prior.restarts else None
+    prior_used = before.used if before else 0
+    prior_sampler = before.sampler.used if before and before.sampler else 0
+    if used.trainer > prior_used:
+        message = f"restart {used.trainer} of {obs.max_restarts} counted (the failed pod was not observed)"
         return LastFailure(
-            failure_class=FailureClass.CRASH, reason=c.REASON_CRASHED, message=message, time=obs.now
+            failure_class=FailureClass.CRASH,
+            reason=c.REASON_CRASHED,
+            message=message,
+            time=obs.now,
+            role=c.ROLE_TRAINER,
+        )
+    if used.sampler > prior_sampler:
+        message = (
+            f"sampler restart {used.sampler} of {obs.max_sampler_restarts} counted "
+            "(the failed pod was not observed)"
+        )
+        return LastFailure(
+            failure_class=FailureClass.CRASH,
+            reason=c.REASON_CRASHED,
+            message=message,
+            time=obs.now,
+            role=c.ROLE_SAMPLER,
         )
     return prior
 
@@ -306,7 +439,9 @@ _FAILURE_REASON = {
 }
 
 
-def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | None) -> tuple[Phase, str, str]:
+def _phase_and_reasons(
+    obs: Observed, roles: RolesStatus, last: LastFailure | None, used: Used
+) -> tuple[Phase, str, str]:
     """(phase, reason, message) for the non-latched case."""
     js = obs.jobset
     if obs.spec_error is not None:
@@ -326,6 +461,8 @@ def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | No
         return Phase.PENDING, c.REASON_WAITING_FOR_PODS, "creating the JobSet"
     if js.completed:
         return Phase.SUCCEEDED, c.REASON_TRAINER_COMPLETED, "the trainer finished"
+    if used.exhausted is not None and not js.failed:
+        return Phase.FAILED, c.REASON_RESTARTS_EXHAUSTED, exhausted_message(obs, used)
     if js.failed:
         reason = last.reason if last else c.REASON_JOBSET_FAILED
         message = f"{js.failed_reason}: {js.failed_message}" if js.failed_reason else js.failed_message
@@ -345,12 +482,18 @@ def _phase_and_reasons(obs: Observed, roles: RolesStatus, last: LastFailure | No
     all_ready = all(r.total > 0 and r.ready >= r.total for r in (roles.trainer, roles.sampler))
     if all_ready:
         return Phase.RUNNING, c.REASON_ALL_ROLES_READY, "every trainer and sampler pod is ready"
-    if js.restarts > 0:
-        reason = _FAILURE_REASON[last.failure_class] if last else c.REASON_CRASHED
+    sampler_restarts = sum(js.job_restarts.get(c.ROLE_SAMPLER, ()))
+    if js.restarts > 0 or sampler_restarts > 0:
+        reason = _FAILURE_REASON.get(last.failure_class, c.REASON_CRASHED) if last else c.REASON_CRASHED
+        what = (
+            f"sampler restart {sampler_restarts}, the trainer kept running"
+            if roles.trainer.total > 0 and roles.trainer.ready >= roles.trainer.total
+            else f"attempt {js.restarts + 1}"
+        )
         return (
             Phase.RESTARTING,
             reason,
-            f"attempt {js.restarts + 1}: waiting for pods ({last.message if last else ''})",
+            f"{what}: waiting for pods ({last.message if last else ''})",
         )
     return (
         Phase.PENDING,
@@ -455,11 +598,7 @@ def derive_status(obs: Observed) -> Derived:
             f"and never recreated: {obs.spec_error}"
         )
         obs = dataclasses.replace(obs, spec_error=None)
-    used = (
-        obs.jobset.counted_restarts
-        if obs.jobset is not None
-        else (prior.restarts.used if prior and prior.restarts else 0)
-    )
+    used = restarts_used(obs)
     last = _last_failure(obs, used)
     if obs.spec_error is not None:
         last = LastFailure(
@@ -468,7 +607,7 @@ def derive_status(obs: Observed) -> Derived:
             message=obs.spec_error,
             time=obs.now,
         )
-    phase, reason, message = _phase_and_reasons(obs, roles, last)
+    phase, reason, message = _phase_and_reasons(obs, roles, last, used)
     rows = _conditions(phase, reason, message, no_longer_plans)
     conds = merge_conditions(prior.conditions if prior else [], rows, obs.generation, obs.now)
     status = RLJobStatus(
@@ -476,7 +615,12 @@ def derive_status(obs: Observed) -> Derived:
         conditions=conds,
         observed_generation=obs.generation,
         job_set_name=(obs.jobset.name if obs.jobset else None) or (prior.job_set_name if prior else None),
-        restarts=Restarts(used=used, left=max(0, obs.max_restarts - used)),
+        restarts=Restarts(
+            used=used.trainer,
+            left=max(0, obs.max_restarts - used.trainer),
+            trainer=RoleRestarts(used=used.trainer, left=max(0, obs.max_restarts - used.trainer)),
+            sampler=RoleRestarts(used=used.sampler, left=max(0, obs.max_sampler_restarts - used.sampler)),
+        ),
         last_failure=last,
         roles=roles,
         progress=progress,

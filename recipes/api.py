@@ -623,13 +623,25 @@ class StorageSpec(ApiModel):
 
 
 class FailurePolicySpec(ApiModel):
-    """How failures are retried. Preemption and maintenance restarts are never counted."""
+    """How failures are retried, per role. A trainer failure restarts the whole run from its last
+    checkpoint; a sampler failure (a crash, an OOM, a lost Ray worker of a multi-host replica) restarts
+    that sampler Job alone while the trainer keeps running. Exit 2 (bad configuration) fails the run at
+    once. Preemption and maintenance restarts are never counted."""
 
     max_restarts: int | None = Field(
         default=None,
         ge=0,
         le=1000,
-        description="Restarts after a crash before the job fails. " + _default("failurePolicy.maxRestarts"),
+        description="Counted restarts of the whole run after a trainer crash before the job fails. "
+        + _default("failurePolicy.maxRestarts"),
+    )
+    max_sampler_restarts: int | None = Field(
+        default=None,
+        ge=0,
+        le=1000,
+        description="Counted restarts of single sampler Jobs (all sampler replicas together) after a sampler "
+        "crash before the job fails; the trainer keeps running meanwhile. "
+        + _default("failurePolicy.maxSamplerRestarts"),
     )
     max_non_finite_steps: int | None = Field(
         default=None,
@@ -877,11 +889,29 @@ class Condition(ApiModel):
     observed_generation: int | None = Field(default=None, description="metadata.generation this reflects.")
 
 
-class Restarts(ApiModel):
-    """Restart accounting against spec.failurePolicy.maxRestarts."""
+class RoleRestarts(ApiModel):
+    """Counted restarts of one role against its budget."""
 
     used: int = Field(default=0, ge=0, description="Counted restarts so far.")
     left: int = Field(default=0, ge=0, description="Counted restarts left before the job fails.")
+
+
+class Restarts(ApiModel):
+    """Restart accounting. `used`/`left`: restarts of the whole run (a trainer crash) against
+    spec.failurePolicy.maxRestarts, the same numbers as `trainer`; `sampler`: restarts of single sampler
+    Jobs against spec.failurePolicy.maxSamplerRestarts. Preemption and maintenance are never counted."""
+
+    used: int = Field(default=0, ge=0, description="Counted restarts of the run so far.")
+    left: int = Field(default=0, ge=0, description="Counted restarts of the run left before the job fails.")
+    trainer: RoleRestarts | None = Field(
+        default=None,
+        description="Restarts of the whole run after a trainer crash (spec.failurePolicy.maxRestarts).",
+    )
+    sampler: RoleRestarts | None = Field(
+        default=None,
+        description="Restarts of single sampler Jobs after a sampler crash "
+        "(spec.failurePolicy.maxSamplerRestarts).",
+    )
 
 
 class LastFailure(ApiModel):
@@ -893,6 +923,7 @@ class LastFailure(ApiModel):
     reason: str = Field(default="", description="Short machine-readable reason.")
     message: str = Field(default="", description="Human-readable detail.")
     time: datetime | None = Field(default=None, description="When it happened.")
+    role: str | None = Field(default=None, description="The role that failed: trainer or sampler.")
 
 
 class RoleStatus(ApiModel):
@@ -1022,6 +1053,7 @@ __all__ = [
     "RLJobStatus",
     "Resources",
     "Restarts",
+    "RoleRestarts",
     "RoleStatus",
     "RolesStatus",
     "SamplerSpec",

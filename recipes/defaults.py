@@ -59,7 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
     "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
     "service": {"port": 8080, "maxTrainingClients": 8, "checkpointEvery": 1, "clientNamespaces": []},
-    "failurePolicy": {"maxRestarts": 3, "maxNonFiniteSteps": 10},
+    "failurePolicy": {"maxRestarts": 3, "maxSamplerRestarts": 10, "maxNonFiniteSteps": 10},
     "suspend": False,
 }
 

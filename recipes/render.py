@@ -267,7 +267,12 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         suspend=spec.suspend,
         subdomain=naming.subdomain(run.name),
         coordinator_role=naming.TRAINER,
-        failure_policy=failure.jobset_failure_policy(spec.failure_policy.max_restarts),
+        annotations=failure.budget_annotations(
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+        ),
+        failure_policy=failure.jobset_failure_policy(
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+        ),
         pod_failure_policy=failure.pod_failure_policy(),
         roles=[_role(run, naming.TRAINER), _role(run, naming.SAMPLER)],
         priority_class_name=spec.priority_class_name,

@@ -299,7 +299,12 @@ class ResolvedStorage(_Resolved):
 class ResolvedFailurePolicy(_Resolved):
     """spec.failurePolicy, resolved."""
 
-    max_restarts: int = Field(ge=0, description="Counted restarts before the job fails.")
+    max_restarts: int = Field(
+        ge=0, description="Counted restarts of the run (a trainer crash) before it fails."
+    )
+    max_sampler_restarts: int = Field(
+        ge=0, description="Counted restarts of single sampler Jobs (a sampler crash) before the run fails."
+    )
     max_non_finite_steps: _Count = Field(description="Consecutive non-finite updates before exit 2.")
 
 

@@ -18,7 +18,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-JOBSET_VERSION = "v0.11.0"
+JOBSET_VERSION = "v0.12.0"
 
 
 @cache

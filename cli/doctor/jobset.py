@@ -17,12 +17,22 @@ JOBSET_CRD = f"jobsets.{JOBSET_GROUP}"
 
 
 # The JobSet release rljob is tested with (hack/versions.env JOBSET_VERSION; a test keeps them equal)
-# and the oldest one it supports: v0.10.1 added failurePolicy.rules[].onJobFailureMessagePatterns,
-# which the exit-code contract's rules need, and is the minimum GKE names for TPU7x multislice.
-TESTED_JOBSET_VERSION = "v0.11.0"
+# and the oldest one it supports: v0.12.0 added the failure actions RestartJob and
+# RestartJobAndIgnoreMaxRestarts (a failed sampler Job restarts alone, recipes/failure.py) and
+# replicatedJobsStatus[].jobRestarts*, which the operator counts sampler restarts from.
+TESTED_JOBSET_VERSION = "v0.12.0"
 
 
-MIN_JOBSET_VERSION = (0, 10, 1)
+MIN_JOBSET_VERSION = (0, 12, 0)
+
+# JobSet v0.12.0 keeps RestartJob* behind an alpha feature gate, off by default; its webhook refuses a
+# JobSet that uses them while the gate is off, with this in the message.
+RESTART_JOB_GATE = "RestartJob feature gate"
+ENABLE_RESTART_JOB = (
+    "turn on JobSet's feature gate RestartJob: add `featureGates: {RestartJob: true}` to the key "
+    "controller_manager_config.yaml of ConfigMap jobset-system/jobset-manager-config, then "
+    "kubectl -n jobset-system rollout restart deployment/jobset-controller-manager (docs/gke.md, section 4)"
+)
 
 
 JOBSET_INSTALL = (
@@ -40,6 +50,7 @@ JOBSET_FIELDS: tuple[tuple[str, ...], ...] = (
     ("spec", "failurePolicy", "restartStrategy"),
     ("spec", "failurePolicy", "rules", "onJobFailureMessagePatterns"),
     ("spec", "replicatedJobs", "dependsOn"),
+    ("status", "replicatedJobsStatus", "jobRestartsCountTowardsMax"),
 )
 
 
@@ -89,13 +100,18 @@ class Probe:
 
 
 def probe_object(namespace: str) -> dict[str, Any]:
-    """The JobSet the controller probe dry-runs: no network block, so the webhook's default shows."""
+    """The JobSet the controller probe dry-runs: no network block, so the webhook's default shows; a
+    RestartJob rule like rljob's sampler rule, so a controller without the RestartJob gate refuses it."""
     return {
         "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
         "kind": "JobSet",
         "metadata": {"generateName": "rljob-doctor-probe-", "namespace": namespace},
         "spec": {
             "suspend": True,
+            "failurePolicy": {
+                "maxRestarts": 1,
+                "rules": [{"name": "probe", "action": "RestartJob", "targetReplicatedJobs": ["probe"]}],
+            },
             "replicatedJobs": [
                 {
                     "name": "probe",
@@ -184,6 +200,24 @@ def check_jobset_controller(deployments: Sequence[Obj], probe: Probe | None) -> 
                     f"JobSet's webhook is unreachable, a dry-run JobSet was refused: {probe.error}",
                     "the JobSet controller (it serves the webhook) is down or its certificate is wrong: "
                     "check the controller's pods and logs, or reinstall: " + JOBSET_INSTALL,
+                )
+            )
+        elif not probe.allowed and RESTART_JOB_GATE in probe.error:
+            out.append(
+                problem(
+                    "jobset.webhook",
+                    "JobSet's feature gate RestartJob is off: its webhook refuses every rljob JobSet "
+                    f"(a failed sampler Job restarts alone with the action RestartJob): {probe.error}",
+                    ENABLE_RESTART_JOB,
+                )
+            )
+        elif not probe.allowed and "RestartJob" in probe.error:
+            out.append(
+                problem(
+                    "jobset.webhook",
+                    "JobSet's CRD does not know the failure action RestartJob (older than v0.12.0): "
+                    + probe.error,
+                    f"upgrade JobSet to {TESTED_JOBSET_VERSION}: {JOBSET_INSTALL}; then {ENABLE_RESTART_JOB}",
                 )
             )
         elif not probe.allowed:

@@ -14,7 +14,7 @@ KUEUE_GROUP = "kueue.x-k8s.io"
 LOCALQUEUE_CRD = f"localqueues.{KUEUE_GROUP}"
 
 
-TESTED_KUEUE_VERSION = "v0.17.0"
+TESTED_KUEUE_VERSION = "v0.19.2"
 
 
 def check_queue(

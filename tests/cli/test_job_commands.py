@@ -3,6 +3,7 @@ commands against the local cluster with the operator in tests/cli/test_job_comma
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -105,6 +106,16 @@ def test_describe() -> None:
     assert "  Ready=True PodsReady: all pods ready" in text
     assert "Reward by step (1..3, min 0.000, max 1.000):\n  ▁▃█" in text
     assert "Reward by step: no events yet" in jobs.describe(OBJ, [], "no events yet")
+    # Per-role restarts and the role that failed (JobSet >= v0.12: sampler Jobs restart alone).
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
+    status = {
+        **base,
+        "restarts": {"used": 1, "left": 2, "sampler": {"used": 4, "left": 6}},
+        "lastFailure": {**base["lastFailure"], "role": "sampler"},
+    }
+    text = jobs.describe({**OBJ, "status": status}, [])
+    assert "Restarts:    1 used, 2 left (the run); sampler 4 used, 6 left" in text
+    assert "Last failure: crash Exit1 of the sampler at 2026-01-01T00:05:00Z: boom" in text
 
 
 def test_describe_counts_the_steps_the_plan_resolves() -> None:

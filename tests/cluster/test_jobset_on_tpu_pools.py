@@ -243,3 +243,87 @@ def test_deleting_a_node_restarts_the_jobset_without_counting(cluster: Cluster, 
     )
     node_labels = labels_of(cluster.core.read_node(new[0].spec.node_name))
     assert node_labels[NODEPOOL].startswith("v5p-8-"), node_labels
+
+
+# ------------------------------------------------------------ rljob's role-scoped failure policy
+
+
+def two_role_jobset(name: str, max_restarts: int = 1, max_sampler_restarts: int = 2) -> dict[str, Any]:
+    """A trainer and a sampler replicatedJob with the failure rules rljob renders (recipes/failure.py)."""
+    from rljob.recipes import failure
+
+    def job(role: str) -> dict[str, Any]:
+        spec = tpu_jobset(role, "tpu-v5p-slice", "2x2x1", 1, slices=1, failure_policy=False)
+        rj = spec["spec"]["replicatedJobs"][0]
+        rj["name"] = role
+        rj["template"]["spec"]["podFailurePolicy"] = failure.pod_failure_policy()
+        return dict(rj)
+
+    body = tpu_jobset(name, "tpu-v5p-slice", "2x2x1", 1, slices=1, failure_policy=False)
+    body["spec"]["replicatedJobs"] = [job("trainer"), job("sampler")]
+    body["spec"]["failurePolicy"] = failure.jobset_failure_policy(max_restarts, max_sampler_restarts)
+    return body
+
+
+def role_pods(c: Cluster, ns: str, js: str, role: str) -> list[Any]:
+    return [
+        p
+        for p in c.jobset_pods(ns, js)
+        if labels_of(p).get("jobset.sigs.k8s.io/replicatedjob-name") == role
+        and meta(p).deletion_timestamp is None
+        and status_of(p).phase == "Running"
+    ]
+
+
+def sampler_counters(js: dict[str, Any]) -> tuple[list[int], list[int]]:
+    for rjs in js.get("status", {}).get("replicatedJobsStatus") or []:
+        if rjs["name"] == "sampler":
+            return list(rjs.get("jobRestarts") or [0]), list(rjs.get("jobRestartsCountTowardsMax") or [0])
+    return [0], [0]
+
+
+def test_a_failed_sampler_restarts_alone_the_trainer_runs_on(cluster: Cluster, namespace: str) -> None:
+    """JobSet v0.12.0 with rljob's rules: a sampler crash restarts only the sampler Job (counted for the
+    samplers), a sampler eviction the same without counting; the trainer pod is never replaced; then a
+    trainer crash restarts the whole JobSet, counted as before."""
+    cluster.create_jobset(namespace, two_role_jobset("roles"))
+
+    def both() -> tuple[Any, Any] | None:
+        t, s = (
+            role_pods(cluster, namespace, "roles", "trainer"),
+            role_pods(cluster, namespace, "roles", "sampler"),
+        )
+        return (t[0], s[0]) if len(t) == 1 and len(s) == 1 else None
+
+    trainer, sampler = wait_for(both, 60, "trainer and sampler Running")
+    trainer_uid = meta(trainer).uid
+    for step, (how, counted) in enumerate([("exit-1", 1), ("evict", 1)], start=1):
+        if how == "exit-1":
+            fail_pod(cluster, namespace, sampler.metadata.name, 1)
+        else:
+            evict_pod(cluster, namespace, sampler.metadata.name)
+
+        def sampler_back(step: int = step) -> Any:
+            js = cluster.get_jobset(namespace, "roles")
+            pods = role_pods(cluster, namespace, "roles", "sampler")
+            new = [p for p in pods if labels_of(p).get("jobset.sigs.k8s.io/job-restart-attempt") == str(step)]
+            return (js, new[0]) if sampler_counters(js)[0] == [step] and new else None
+
+        js, sampler = wait_for(sampler_back, 90, f"sampler restart {step} ({how})")
+        assert sampler_counters(js) == ([step], [counted]), js["status"]
+        assert js["status"].get("restarts", 0) == 0 and js["status"].get("restartsCountTowardsMax", 0) == 0
+        assert jobset_condition(js, "Failed") is None
+        [still] = role_pods(cluster, namespace, "roles", "trainer")
+        assert meta(still).uid == trainer_uid, "the trainer pod was replaced by a sampler restart"
+        assert labels_of(sampler).get("jobset.sigs.k8s.io/restart-attempt") == "0"
+    # A trainer crash restarts the run (every Job), counted in restartsCountTowardsMax.
+    fail_pod(cluster, namespace, trainer.metadata.name, 1)
+    js = wait_for(
+        lambda: (lambda j: j if j.get("status", {}).get("restarts") == 1 else None)(
+            cluster.get_jobset(namespace, "roles")
+        ),
+        90,
+        "JobSet restart after a trainer crash",
+    )
+    assert js["status"].get("restartsCountTowardsMax", 0) == 1
+    wait_for(lambda: running_pods(cluster, namespace, "roles", 2, attempt=1), 90, "restarted pods Running")

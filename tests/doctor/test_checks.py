@@ -217,6 +217,13 @@ def test_real_jobset_crd_passes_and_a_stripped_copy_fails() -> None:
     [finding] = check_jobset_crd({JOBSET_CRD: broken})
     assert finding.status is Status.PROBLEM
     assert "onJobFailureMessagePatterns" in finding.message
+    older = copy.deepcopy(real)  # a v0.11 CRD: no per-Job restart counters
+    rjs = older["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"][
+        "replicatedJobsStatus"
+    ]["items"]["properties"]
+    del rjs["jobRestartsCountTowardsMax"]
+    [finding] = check_jobset_crd({JOBSET_CRD: older})
+    assert finding.status is Status.PROBLEM and "jobRestartsCountTowardsMax" in finding.message
 
 
 def test_tested_jobset_version_is_the_pinned_one() -> None:
@@ -232,7 +239,7 @@ def test_tested_jobset_version_is_the_pinned_one() -> None:
 
 # --------------------------------------------------------------------------------- JobSet controller
 
-JS_IMAGE = "registry.k8s.io/jobset/jobset:v0.11.0"
+JS_IMAGE = "registry.k8s.io/jobset/jobset:v0.12.0"
 SERVING = Probe(allowed=True, defaulted=True)
 
 
@@ -265,12 +272,22 @@ SERVING = Probe(allowed=True, defaulted=True)
         pytest.param(
             [
                 deployment(
-                    "jobset-controller-manager", "jobset-system", "registry.k8s.io/jobset/jobset:v0.12.0"
+                    "jobset-controller-manager", "jobset-system", "registry.k8s.io/jobset/jobset:v0.13.1"
                 )
             ],
             SERVING,
             [("jobset.controller", Status.OK), ("jobset.webhook", Status.OK)],
             id="newer-than-tested",
+        ),
+        pytest.param(
+            [
+                deployment(
+                    "jobset-controller-manager", "jobset-system", "registry.k8s.io/jobset/jobset:v0.11.0"
+                )
+            ],
+            SERVING,
+            [("jobset.controller", Status.PROBLEM), ("jobset.webhook", Status.OK)],
+            id="v0.11-lacks-restart-job",
         ),
         pytest.param(
             [deployment("jobset", "js", "registry.k8s.io/jobset/jobset@sha256:" + "a" * 64)],
@@ -303,9 +320,9 @@ def test_jobset_controller(deployments: list[Any], probe: Probe | None, expected
 
 
 def test_jobset_controller_names_the_newer_tested_version() -> None:
-    dep = deployment("j", "js", "registry.k8s.io/jobset/jobset:v0.12.0")
+    dep = deployment("j", "js", "registry.k8s.io/jobset/jobset:v0.13.1")
     [finding] = check_jobset_controller([dep], None)
-    assert "v0.12.0" in finding.message and f"tested: {TESTED_JOBSET_VERSION}" in finding.message
+    assert "v0.13.1" in finding.message and f"tested: {TESTED_JOBSET_VERSION}" in finding.message
 
 
 def test_probe_result_reads_the_webhook_default() -> None:
@@ -313,6 +330,7 @@ def test_probe_result_reads_the_webhook_default() -> None:
     assert probe_result({"spec": {}}) == Probe(True, False)
     body = probe_object("ns1")
     assert body["metadata"]["namespace"] == "ns1" and "network" not in body["spec"]
+    assert [r["action"] for r in body["spec"]["failurePolicy"]["rules"]] == ["RestartJob"]
 
 
 # ----------------------------------------------------------------------------------------- node pools
@@ -810,6 +828,17 @@ def test_jobset_webhook_configs(
             "unreachable",
         ),
         ('admission webhook "vjobset.kb.io" denied the request: panic: runtime error', "refused a minimal"),
+        (
+            'admission webhook "vjobset.kb.io" denied the request: RestartJob and '
+            "RestartJobAndIgnoreMaxRestarts failure policy actions are not allowed when RestartJob feature "
+            "gate is disabled",
+            "feature gate RestartJob is off",
+        ),
+        (
+            'JobSet.jobset.x-k8s.io "p" is invalid: spec.failurePolicy.rules[0].action: Unsupported value: '
+            '"RestartJob"',
+            "does not know the failure action RestartJob",
+        ),
     ],
 )
 def test_jobset_probe_refusals_are_told_apart(error: str, needle: str) -> None:

@@ -59,7 +59,12 @@ def test_lifecycle_to_succeeded_and_latched(
     for cm in ("life-run", "life-progress"):
         assert owners_of(cluster.core.read_namespaced_config_map(cm, namespace))[0].name == "life"
     status = _running(cluster, namespace, "life")
-    assert status["jobSetName"] == "life" and status["restarts"] == {"used": 0, "left": 3}
+    assert status["jobSetName"] == "life" and status["restarts"] == {
+        "used": 0,
+        "left": 3,
+        "trainer": {"used": 0, "left": 3},
+        "sampler": {"used": 0, "left": 10},
+    }
 
     # The trainer reports progress through its ConfigMap (contract 4).
     report = '{"step": 12, "lastCheckpointStep": 10, "rewardMean": 0.5, "adapterVersion": 2}'
@@ -133,7 +138,8 @@ def test_crash_is_a_counted_restart_then_exhausted(
         lambda s: (s.get("restarts") or {}).get("used") == 1,
     )
     status = _running(cluster, namespace, "crash")
-    assert status["lastFailure"]["class"] == "crash" and status["restarts"] == {"used": 1, "left": 0}
+    assert status["lastFailure"]["class"] == "crash" and status["lastFailure"]["role"] == "trainer"
+    assert (status["restarts"]["used"], status["restarts"]["left"]) == (1, 0)
 
     fail_pod(cluster, namespace, _trainer_pod(cluster, namespace, "crash").metadata.name, 1)
     status = wait_phase(cluster, namespace, "crash", "Failed", timeout=120)["status"]
@@ -158,8 +164,57 @@ def test_preemption_drill_node_deleted_restart_not_counted(
         )["status"]
     assert status["restarts"]["used"] == 0
     status = _running(cluster, namespace, "preempt")
-    assert status["restarts"] == {"used": 0, "left": 3}
-    assert status["lastFailure"]["reason"] == "Preempted"
+    assert (status["restarts"]["used"], status["restarts"]["left"]) == (0, 3)
+    assert status["lastFailure"]["reason"] == "Preempted" and status["lastFailure"]["role"] == "trainer"
+
+
+def test_a_sampler_crash_restarts_the_sampler_alone_then_its_budget_stops_the_run(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    """Role-scoped restarts through the real operator and JobSet v0.12.0: a sampler pod that exits 1
+    restarts only the sampler Job (the trainer pod keeps its uid), counted for the samplers; past
+    spec.failurePolicy.maxSamplerRestarts the run is Failed naming the field and its JobSet suspended."""
+    create_rljob(cluster, manifest("samp", namespace, failurePolicy={"maxSamplerRestarts": 1}))
+    _running(cluster, namespace, "samp")
+    trainer_uid = _trainer_pod(cluster, namespace, "samp").metadata.uid
+
+    def sampler_pod() -> Any:
+        return wait_for(
+            lambda: next(iter(running_pods(cluster, namespace, "samp", "sampler")), None),
+            90,
+            "a Running sampler pod",
+        )
+
+    fail_pod(cluster, namespace, sampler_pod().metadata.name, 1)
+    status = wait_rljob(
+        cluster,
+        namespace,
+        "samp",
+        120,
+        "one counted sampler restart",
+        lambda s: ((s.get("restarts") or {}).get("sampler") or {}).get("used") == 1,
+    )["status"]
+    status = _running(cluster, namespace, "samp")
+    assert status["restarts"]["sampler"] == {"used": 1, "left": 0}
+    assert (status["restarts"]["used"], status["restarts"]["left"]) == (0, 3)
+    assert status["lastFailure"]["class"] == "crash" and status["lastFailure"]["role"] == "sampler"
+    assert _trainer_pod(cluster, namespace, "samp").metadata.uid == trainer_uid
+    js = _get_jobset(cluster, namespace, "samp")
+    assert js is not None and js["status"].get("restarts", 0) == 0
+
+    fail_pod(cluster, namespace, sampler_pod().metadata.name, 1)
+    status = wait_phase(cluster, namespace, "samp", "Failed", timeout=120)["status"]
+    failed = next(x for x in status["conditions"] if x["type"] == "Failed")
+    assert (
+        failed["reason"] == "RestartsExhausted"
+        and "spec.failurePolicy.maxSamplerRestarts" in failed["message"]
+    )
+    assert status["lastFailure"]["role"] == "sampler"
+    wait_for(
+        lambda: (_get_jobset(cluster, namespace, "samp") or {}).get("spec", {}).get("suspend") is True,
+        60,
+        "the JobSet suspended",
+    )
 
 
 def test_suspend_and_resume(cluster: Cluster, namespace: str, rljob_operator: OperatorProcess) -> None:

@@ -132,7 +132,12 @@ def test_first_reconcile_creates_children_and_writes_status_once() -> None:
             assert obj["metadata"]["labels"][c.LABEL_NAME] == "demo"
     status = kube.objects[("RLJob", "ns", "demo")]["status"]
     assert status["phase"] == "Pending" and status["jobSetName"] == "demo"
-    assert status["restarts"] == {"used": 0, "left": 3}
+    assert status["restarts"] == {
+        "used": 0,
+        "left": 3,
+        "trainer": {"used": 0, "left": 3},
+        "sampler": {"used": 0, "left": 10},
+    }
 
 
 def test_second_reconcile_writes_nothing() -> None:
@@ -492,7 +497,13 @@ def test_an_upgrade_that_cannot_plan_a_running_run_tracks_its_jobset_to_the_end(
     run(upgraded.reconcile(("ns", "demo")))
     status = _status(kube)
     accepted = _condition(kube, c.ACCEPTED)
-    assert status["phase"] == "Pending" and status["restarts"] == {"used": 0, "left": 5}
+    # The budgets come from the JobSet's annotations (the spec no longer plans).
+    assert status["phase"] == "Pending" and status["restarts"] == {
+        "used": 0,
+        "left": 5,
+        "trainer": {"used": 0, "left": 5},
+        "sampler": {"used": 0, "left": 10},
+    }
     assert (accepted["status"], accepted["reason"]) == ("False", c.REASON_SPEC_NO_LONGER_PLANS)
     assert "remat_policy" in accepted["message"]
     assert _events(kube) == [c.REASON_SPEC_NO_LONGER_PLANS]

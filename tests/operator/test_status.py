@@ -17,7 +17,15 @@ from rljob.operator.status import (
     derive_status,
     status_body,
 )
-from rljob.recipes.api import FailureClass, LastFailure, Phase, ProgressReport, Restarts, RLJobStatus
+from rljob.recipes.api import (
+    FailureClass,
+    LastFailure,
+    Phase,
+    ProgressReport,
+    Restarts,
+    RLJobStatus,
+    RoleRestarts,
+)
 
 NOW = datetime(2026, 11, 29, 20, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)
@@ -442,3 +450,217 @@ def test_pod_killed_by_a_restart_is_not_a_cause() -> None:
     body["metadata"]["deletionTimestamp"] = "2026-11-29T19:57:00Z"
     got = classify_pod(body)
     assert got is not None and got.failure_class == FailureClass.PREEMPTION
+
+
+# ------------------------------------------------------------------------- role-scoped restarts
+
+
+def sampler_restarted(body: dict[str, Any], *, all_: list[int], counted: list[int]) -> dict[str, Any]:
+    """`body` with the sampler's per-Job restart counters of JobSet v0.12.0 (replicatedJobsStatus)."""
+    for rjs in body["status"]["replicatedJobsStatus"]:
+        if rjs["name"] == "sampler":
+            rjs["jobRestarts"], rjs["jobRestartsCountTowardsMax"] = all_, counted
+    return body
+
+
+def sampler_prior(used: int) -> RLJobStatus:
+    """A Running status that has counted `used` sampler restarts already (no failure recorded)."""
+    return RLJobStatus(
+        phase=Phase.RUNNING,
+        job_set_name="run",
+        restarts=Restarts(used=0, left=3, sampler=RoleRestarts(used=used, left=10 - used)),
+    )
+
+
+def sampler_failure(klass: FailureClass, job_attempt: int, when: datetime = EARLIER) -> PodFailure:
+    return PodFailure(
+        klass, klass.value, f"sampler {klass.value}", when, 0, "sampler", job_attempt=job_attempt, job_index=0
+    )
+
+
+@dataclasses.dataclass
+class RoleCase:
+    name: str
+    obs: Observed
+    phase: Phase
+    reason: str
+    trainer: tuple[int, int]  # (used, left)
+    sampler: tuple[int, int]
+    last_role: str | None = None
+    last_reason: str | None = None
+    stop: bool = False
+
+
+ROLE_CASES = [
+    RoleCase(
+        "a sampler crash restarts the sampler Job alone: counted for the samplers, the trainer runs on",
+        obs(
+            js=sampler_restarted(jobset(ready=(1, 0)), all_=[1], counted=[1]),
+            failure=sampler_failure(FailureClass.CRASH, 0),
+        ),
+        Phase.RESTARTING,
+        c.REASON_CRASHED,
+        trainer=(0, 3),
+        sampler=(1, 9),
+        last_role="sampler",
+        last_reason="crash",
+    ),
+    RoleCase(
+        "a sampler preempted: restarted alone, not counted",
+        obs(
+            js=sampler_restarted(jobset(ready=(1, 0)), all_=[1], counted=[0]),
+            failure=sampler_failure(FailureClass.PREEMPTION, 0),
+        ),
+        Phase.RESTARTING,
+        c.REASON_PREEMPTED,
+        trainer=(0, 3),
+        sampler=(0, 10),
+        last_role="sampler",
+    ),
+    RoleCase(
+        "the restarted sampler is ready again: Running",
+        obs(js=sampler_restarted(jobset(ready=(1, 1)), all_=[1], counted=[1]), prior=sampler_prior(1)),
+        Phase.RUNNING,
+        c.REASON_ALL_ROLES_READY,
+        trainer=(0, 3),
+        sampler=(1, 9),
+    ),
+    RoleCase(
+        "a sampler failure of the Job's current attempt is not yet the last failure",
+        obs(
+            js=sampler_restarted(jobset(ready=(1, 1)), all_=[1], counted=[1]),
+            failure=sampler_failure(FailureClass.CRASH, 1),
+            prior=sampler_prior(1),
+        ),
+        Phase.RUNNING,
+        c.REASON_ALL_ROLES_READY,
+        trainer=(0, 3),
+        sampler=(1, 9),
+    ),
+    RoleCase(
+        "a sampler restart whose pod was not seen: counted from the JobSet, the role named",
+        obs(js=sampler_restarted(jobset(ready=(1, 0)), all_=[2], counted=[2])),
+        Phase.RESTARTING,
+        c.REASON_CRASHED,
+        trainer=(0, 3),
+        sampler=(2, 8),
+        last_role="sampler",
+        last_reason=c.REASON_CRASHED,
+    ),
+    RoleCase(
+        "a trainer crash restarts the run: counted for the run, the role named",
+        obs(js=jobset(restarts=1, counted=1), failure=failure(FailureClass.CRASH, 0)),
+        Phase.RESTARTING,
+        c.REASON_CRASHED,
+        trainer=(1, 2),
+        sampler=(0, 10),
+        last_role="trainer",
+    ),
+    RoleCase(
+        "samplers past their budget: Failed naming the field, the JobSet stopped",
+        obs(
+            js=sampler_restarted(jobset(ready=(1, 0)), all_=[11], counted=[11]),
+            failure=sampler_failure(FailureClass.CRASH, 10),
+        ),
+        Phase.FAILED,
+        c.REASON_RESTARTS_EXHAUSTED,
+        trainer=(0, 3),
+        sampler=(11, 0),
+        last_role="sampler",
+        last_reason=c.REASON_RESTARTS_EXHAUSTED,
+        stop=True,
+    ),
+    RoleCase(
+        "at the sampler budget, not past it: still running",
+        obs(js=sampler_restarted(jobset(ready=(1, 1)), all_=[10], counted=[10]), prior=sampler_prior(10)),
+        Phase.RUNNING,
+        c.REASON_ALL_ROLES_READY,
+        trainer=(0, 3),
+        sampler=(10, 0),
+    ),
+    RoleCase(
+        "the run past its budget while JobSet's shared budget has room: Failed, the JobSet stopped",
+        obs(js=jobset(restarts=4, counted=4), failure=failure(FailureClass.CRASH, 3)),
+        Phase.FAILED,
+        c.REASON_RESTARTS_EXHAUSTED,
+        trainer=(4, 0),
+        sampler=(0, 10),
+        last_role="trainer",
+        last_reason=c.REASON_RESTARTS_EXHAUSTED,
+        stop=True,
+    ),
+    RoleCase(
+        "JobSet's own budget exhausted by a sampler: Failed, the sampler named, nothing to stop",
+        obs(
+            js=sampler_restarted(jobset(failed_reason=c.JS_REASON_MAX_RESTARTS), all_=[3], counted=[3]),
+            failure=sampler_failure(FailureClass.CRASH, 3),
+            max_restarts=0,
+            max_sampler_restarts=3,
+        ),
+        Phase.FAILED,
+        c.REASON_RESTARTS_EXHAUSTED,
+        trainer=(0, 0),
+        sampler=(3, 0),
+        last_role="sampler",
+        last_reason=c.REASON_RESTARTS_EXHAUSTED,
+    ),
+]
+
+
+@pytest.mark.parametrize("case", ROLE_CASES, ids=lambda x: x.name)
+def test_role_scoped_restarts(case: RoleCase) -> None:
+    from rljob.operator.status import stop_jobset
+
+    derived = derive_status(case.obs)
+    st = derived.status
+    assert st.phase == case.phase
+    active = {x.type: x for x in st.conditions if x.status == "True"}
+    ctype = {Phase.RUNNING: c.READY, Phase.RESTARTING: c.RESTARTING, Phase.FAILED: c.FAILED}[case.phase]
+    assert active[ctype].reason == case.reason
+    assert st.restarts is not None and st.restarts.trainer and st.restarts.sampler
+    assert (st.restarts.used, st.restarts.left) == case.trainer
+    assert (st.restarts.trainer.used, st.restarts.trainer.left) == case.trainer
+    assert (st.restarts.sampler.used, st.restarts.sampler.left) == case.sampler
+    if case.last_role is None:
+        assert st.last_failure is None
+    else:
+        assert st.last_failure is not None and st.last_failure.role == case.last_role
+    if case.last_reason is not None:
+        assert st.last_failure is not None and st.last_failure.reason == case.last_reason
+    if case.phase == Phase.FAILED and case.reason == c.REASON_RESTARTS_EXHAUSTED:
+        field = "maxSamplerRestarts" if case.last_role == "sampler" else "maxRestarts"
+        assert f"spec.failurePolicy.{field}" in active[c.FAILED].message or case.obs.jobset.failed  # type: ignore[union-attr]
+    assert stop_jobset(st, case.obs.jobset) == case.stop
+
+
+def test_a_sampler_restart_message_says_the_trainer_kept_running() -> None:
+    st = derive_status(
+        obs(
+            js=sampler_restarted(jobset(ready=(1, 0)), all_=[1], counted=[1]),
+            failure=sampler_failure(FailureClass.CRASH, 0),
+        )
+    ).status
+    restarting = next(x for x in st.conditions if x.type == c.RESTARTING)
+    assert restarting.message.startswith("sampler restart 1, the trainer kept running: waiting for pods")
+
+
+def test_jobset_view_reads_the_budgets_and_job_restarts() -> None:
+    from rljob.recipes import failure as rules
+
+    body = sampler_restarted(jobset(), all_=[2, 0], counted=[1, 0])
+    body["metadata"]["annotations"] = rules.budget_annotations(4, 6)
+    body["spec"]["failurePolicy"] = rules.jobset_failure_policy(4, 6)
+    view = JobSetView.from_body(body)
+    assert (view.max_restarts, view.max_sampler_restarts) == (4, 6)
+    assert view.job_restarts["sampler"] == (2, 0) and view.counted_job_restarts["sampler"] == (1, 0)
+    assert (view.job_restarts_of("sampler", 0), view.job_restarts_of("sampler", 1)) == (2, 0)
+    assert view.job_restarts_of("sampler", 5) == 0
+
+
+def test_classify_pod_reads_the_job_restart_attempt() -> None:
+    body = pod(phase="Failed", exit_code=1, attempt="0")
+    body["metadata"]["labels"][c.REPLICATED_JOB_LABEL] = "sampler"
+    body["metadata"]["labels"][c.JOB_RESTART_ATTEMPT_LABEL] = "3"
+    body["metadata"]["labels"][c.JOB_INDEX_LABEL] = "1"
+    got = classify_pod(body)
+    assert got is not None and (got.role, got.job_attempt, got.job_index) == ("sampler", 3, 1)
