@@ -13,7 +13,18 @@ from collections.abc import Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import lora_targets, maxtext_keys, mesh, models, naming, overrides, startup, syntax, tpu
+from rljob.recipes import (
+    lora_targets,
+    maxtext_keys,
+    mesh,
+    models,
+    naming,
+    overrides,
+    run_checks,
+    startup,
+    syntax,
+    tpu,
+)
 from rljob.recipes.api import RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
@@ -241,6 +252,7 @@ def resolve(job: RLJob) -> RunConfig:
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
     _pod_overrides(spec, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
+    _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
     return _run_config(spec, trainer_plan, sampler_plan, job)
@@ -552,6 +564,15 @@ def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
     assert spec.trainer and spec.sampler
     problems.extend(overrides.problems("spec.trainer.template", spec.trainer.template))
     problems.extend(overrides.problems("spec.sampler.template", spec.sampler.template))
+
+
+def _run_values(spec: RLJobSpec, job: RLJob, problems: list[str]) -> None:
+    """Values Kubernetes, Kueue or Cloud Storage would refuse later (rljob.recipes.run_checks)."""
+    assert spec.storage is not None
+    problems.extend(run_checks.service_port(spec.service.port if spec.service else None))
+    problems.extend(run_checks.queue_name(spec.queue_name))
+    meta = job.metadata
+    problems.extend(run_checks.storage_root(spec.storage.root, meta.namespace, meta.name, meta.uid))
 
 
 def _names(

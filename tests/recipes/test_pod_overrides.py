@@ -226,6 +226,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             "spec.trainer.template.spec.volumes[0].name: dshm is rljob's",
             "spec.trainer.template.spec.volumes[1]: must have exactly one volume source, has 2",
+            "spec.trainer.template.spec.volumes[1].secret.secretName: required",
             "spec.trainer.template.spec.volumeMounts[0].mountPath: /etc/rljob overlaps rljob's",
             "spec.trainer.template.spec.volumeMounts[1].name: no volume nope in spec.trainer.template.spec",
             "spec.trainer.template.spec.volumeMounts[1].mountPath: /dev/shm/sub overlaps rljob's",
