@@ -20,6 +20,7 @@ from rljob.recipes import (
     models,
     naming,
     overrides,
+    podpolicy,
     run_checks,
     startup,
     syntax,
@@ -234,8 +235,9 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def resolve(job: RLJob) -> RunConfig:
-    """The resolved run config of a job, or PlanError with every problem.
+def resolve(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> RunConfig:
+    """The resolved run config of a job, or PlanError with every problem. `policy`: the operator's pod
+    policy (rljob.recipes.podpolicy), the same in the webhook, the reconcile and `rljob validate`.
 
     Each section below fills what it resolves into the working spec and appends its problems; a section
     whose input an earlier one could not resolve (a TPU shape) checks what it can and plans nothing. The
@@ -251,6 +253,7 @@ def resolve(job: RLJob) -> RunConfig:
     sampler_plan = _sampler(spec, sampler_tpu, seq, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
     _pod_overrides(spec, problems)
+    _pod_policy(spec, job, policy, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
     _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
@@ -564,6 +567,16 @@ def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
     assert spec.trainer and spec.sampler
     problems.extend(overrides.problems("spec.trainer.template", spec.trainer.template))
     problems.extend(overrides.problems("spec.sampler.template", spec.sampler.template))
+
+
+def _pod_policy(spec: RLJobSpec, job: RLJob, policy: podpolicy.PodPolicy, problems: list[str]) -> None:
+    """The operator's pod policy: templates, images, PriorityClass (rljob.recipes.podpolicy)."""
+    assert spec.trainer and spec.sampler
+    own = naming.service_account(job.metadata.name)
+    for role, part in (("trainer", spec.trainer), ("sampler", spec.sampler)):
+        problems.extend(podpolicy.template_problems(f"spec.{role}.template", part.template, own, policy))
+        problems.extend(podpolicy.image_problems(f"spec.{role}.image", part.image, policy))
+    problems.extend(podpolicy.priority_class_problems(spec.priority_class_name, policy))
 
 
 def _run_values(spec: RLJobSpec, job: RLJob, problems: list[str]) -> None:
