@@ -161,7 +161,8 @@ def template_problems(path: str, template: PodTemplate | None, own_sa: str, poli
                 )
                 continue
             source = volume[kind]
-            if kind == "csi" and isinstance(source, dict) and source.get("driver") not in policy.csi_drivers:
+            driver = source.get("driver") if isinstance(source, dict) else None
+            if kind == "csi" and driver is not None and driver not in policy.csi_drivers:
                 out.append(
                     f"{where}.driver: {source.get('driver')!r} is not an allowed CSI driver (allowed: "
                     f"{', '.join(policy.csi_drivers) or 'none'}) {_why('csiDrivers')}"
