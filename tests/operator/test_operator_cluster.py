@@ -29,6 +29,7 @@ from fixtures.operator import (
     wait_phase,
     wait_rljob,
 )
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -372,12 +373,10 @@ def test_a_job_the_api_server_refuses_shows_in_the_status(
     """A refusal the plan cannot foresee (a ResourceQuota of zero Jobs): the reconcile's dry run of the
     JobSet's Jobs puts the API server's message in the RLJob's status and creates nothing, instead of a
     JobSet whose controller only posts an event and a run Pending forever."""
-    quota = {
-        "apiVersion": "v1",
-        "kind": "ResourceQuota",
-        "metadata": {"name": "no-jobs"},
-        "spec": {"hard": {"count/jobs.batch": "0"}},
-    }
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-jobs"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/jobs.batch": "0"}),
+    )
     cluster.core.create_namespaced_resource_quota(namespace, quota)
     create_rljob(cluster, manifest("refused", namespace))
 
