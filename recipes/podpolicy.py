@@ -55,11 +55,12 @@ class PodPolicy(BaseModel):
 
     volume_types: tuple[str, ...] = Field(
         default=DEFAULT_VOLUME_TYPES,
-        description="Volume sources a template may use (the Kubernetes Volume field names). hostPath and "
-        "projected (which can mount a ServiceAccount token) are not among the defaults.",
+        description="Volume sources a template may use (the Kubernetes Volume field names; '*': any). "
+        "hostPath and projected (which can mount a ServiceAccount token) are not among the defaults.",
     )
     csi_drivers: tuple[str, ...] = Field(
-        default=(GCSFUSE_DRIVER,), description="CSI drivers a csi volume may name (when csi is allowed)."
+        default=(GCSFUSE_DRIVER,),
+        description="CSI drivers a csi volume may name (when csi is allowed; '*': any).",
     )
     allow_service_account_tokens: bool = Field(
         default=False,
@@ -79,7 +80,8 @@ class PodPolicy(BaseModel):
     )
     priority_classes: tuple[str, ...] | None = Field(
         default=None,
-        description="PriorityClasses spec.priorityClassName may name; null: any but the system- ones.",
+        description="PriorityClasses spec.priorityClassName may name ('*': any); null: any but the system- "
+        "ones.",
     )
     refused_env: tuple[str, ...] = Field(
         default=DEFAULT_REFUSED_ENV,
@@ -99,6 +101,18 @@ class PodPolicy(BaseModel):
 
 
 DEFAULT: Final = PodPolicy()
+ALLOW_ALL: Final = PodPolicy(
+    volume_types=("*",),
+    csi_drivers=("*",),
+    allow_service_account_tokens=True,
+    service_accounts=("*",),
+    priority_classes=("*",),
+    refused_env=(),
+    allow_env_from_without_prefix=True,
+    allow_tolerate_everything=True,
+)
+"""No limit: for `rljob doctor`, which reads what a manifest needs and leaves the operator's own policy to
+the operator's webhook (its dry run of the RLJob)."""
 
 
 class PolicyError(ValueError):
@@ -154,7 +168,7 @@ def template_problems(path: str, template: PodTemplate | None, own_sa: str, poli
         # Unknown fields are the schema's to report (rljob.recipes.overrides); the policy judges sources.
         for kind in (k for k in volume if k in schema.volume_sources()):
             where = key_path(f"{sp}.volumes[{i}]", kind)
-            if kind not in policy.volume_types:
+            if kind not in policy.volume_types and "*" not in policy.volume_types:
                 out.append(
                     f"{where}: {kind} volumes are not allowed (allowed: {', '.join(policy.volume_types)}) "
                     f"{_why('volumeTypes')}"
@@ -162,7 +176,12 @@ def template_problems(path: str, template: PodTemplate | None, own_sa: str, poli
                 continue
             source = volume[kind]
             driver = source.get("driver") if isinstance(source, dict) else None
-            if kind == "csi" and driver is not None and driver not in policy.csi_drivers:
+            if (
+                kind == "csi"
+                and driver is not None
+                and driver not in policy.csi_drivers
+                and "*" not in policy.csi_drivers
+            ):
                 out.append(
                     f"{where}.driver: {source.get('driver')!r} is not an allowed CSI driver (allowed: "
                     f"{', '.join(policy.csi_drivers) or 'none'}) {_why('csiDrivers')}"
@@ -233,7 +252,7 @@ def priority_class_problems(name: str | None, policy: PodPolicy) -> list[str]:
                 f"and the cluster running) {_why('priorityClasses')}"
             ]
         return []
-    if name not in policy.priority_classes:
+    if name not in policy.priority_classes and "*" not in policy.priority_classes:
         return [
             f"spec.priorityClassName: {name} is not allowed (allowed: "
             f"{', '.join(policy.priority_classes) or 'none'}) {_why('priorityClasses')}"

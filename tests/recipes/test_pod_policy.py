@@ -194,3 +194,9 @@ def test_rljob_validate_takes_the_policy(tmp_path: Path) -> None:
     pol.write_text("serviceAcounts: [rl-wi]\n")
     bad = subprocess.run(cmd, capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "serviceAcounts" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.parametrize(("name", "spec", "field", "key"), REFUSED, ids=[r[0] for r in REFUSED])
+def test_allow_all_allows_each(name: str, spec: dict[str, Any], field: str, key: str) -> None:
+    """rljob doctor's policy (podpolicy.ALLOW_ALL): the operator's webhook applies the real one."""
+    assert not [line for line in _problems(spec, podpolicy.ALLOW_ALL) if "pod policy" in line]
