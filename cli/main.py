@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
+    from rljob.recipes.podpolicy import PodPolicy
     from rljob.recipes.runconfig import RunConfig
 
 EXIT_OK = 0
@@ -66,11 +67,31 @@ def _job(path: str) -> RLJob:
         raise _BadInput(e.problems) from None
 
 
-def _resolve(job: RLJob) -> RunConfig:
-    from rljob.recipes.plan import PlanError, resolve
+def _policy(path: str | None) -> PodPolicy:
+    """The operator's pod policy from --pod-policy FILE (YAML or JSON, the chart's `podPolicy` values), or
+    the default one."""
+    from rljob.recipes import podpolicy
+
+    if not path:
+        return podpolicy.DEFAULT
+    import yaml
 
     try:
-        return resolve(job)
+        data = yaml.safe_load(_read(path))
+    except yaml.YAMLError as e:
+        raise _BadInput([f"{path}: not YAML: {' '.join(str(e).split())}"]) from None
+    try:
+        return podpolicy.parse(data, path)
+    except podpolicy.PolicyError as e:
+        raise _BadInput(e.problems) from None
+
+
+def _resolve(job: RLJob, policy_path: str | None = None) -> RunConfig:
+    from rljob.recipes.plan import PlanError, resolve
+
+    policy = _policy(policy_path)
+    try:
+        return resolve(job, policy)
     except PlanError as e:
         raise _BadInput(e.problems) from None
 
@@ -78,7 +99,7 @@ def _resolve(job: RLJob) -> RunConfig:
 def cmd_render(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file))
+    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
     sys.stdout.write(render.to_yaml(render.objects(run)))
     return EXIT_OK
 
@@ -86,7 +107,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file))
+    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
     render.jobset(run)
     print(
         f"{args.file}: valid: JobSet {run.namespace}/{run.job_set_name}, trainer {run.trainer.tpu.type_name} "
@@ -268,7 +289,7 @@ def _schedule(alg: Any) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    run = _resolve(_job(args.file))
+    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
     if args.output == "json":
         sys.stdout.write(run.model_dump_json(indent=2, exclude_none=True) + "\n")
     else:
@@ -309,6 +330,11 @@ def parser() -> argparse.ArgumentParser:
     ):
         sp = sub.add_parser(name, help=text, description=text)
         sp.add_argument("-f", "--file", required=True, help="RLJob manifest (YAML), or - for stdin")
+        sp.add_argument(
+            "--pod-policy",
+            metavar="FILE",
+            help="the operator's pod policy (YAML: the chart's podPolicy values); default: the chart's",
+        )
         if name == "plan":
             sp.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")
         sp.set_defaults(fn=fn)

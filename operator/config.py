@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from rljob.recipes import podpolicy
+
 
 def _bool(value: str | None, default: bool) -> bool:
     if value is None or value == "":
@@ -30,6 +32,9 @@ class OperatorConfig:
     webhook_cert: str | None = "/etc/rljob/webhook/tls.crt"
     webhook_key: str | None = "/etc/rljob/webhook/tls.key"
     namespaces: tuple[str, ...] = ()  # () serves every namespace (RLJOB_NAMESPACES: comma-separated)
+    # What RLJobs' pods may ask for (RLJOB_POD_POLICY: JSON, the chart's podPolicy values; a bad one stops
+    # the operator at start with podpolicy.PolicyError naming the field).
+    pod_policy: podpolicy.PodPolicy = podpolicy.DEFAULT
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -50,4 +55,5 @@ class OperatorConfig:
             webhook_cert=e.get("RLJOB_WEBHOOK_CERT", d.webhook_cert),
             webhook_key=e.get("RLJOB_WEBHOOK_KEY", d.webhook_key),
             namespaces=tuple(n.strip() for n in e.get("RLJOB_NAMESPACES", "").split(",") if n.strip()),
+            pod_policy=podpolicy.from_env(e),
         )

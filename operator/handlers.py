@@ -36,7 +36,8 @@ from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
 from rljob.operator.plans import PlanCache, warm_up
 from rljob.operator.reconcile import Reconciler
-from rljob.recipes.api import GROUP, PLURAL, VERSION
+from rljob.recipes import podpolicy
+from rljob.recipes.api import GROUP, PLURAL, VERSION, RLJob
 from rljob.recipes.render import render
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,13 @@ WEBHOOK_ID = "validate-rljob"
 MUTABLE = frozenset({"suspend", "queueName"})
 # Plans the webhook made, reused by the reconcile of the same RLJob (one render per RLJob, not two).
 PLANS = PlanCache()
+# The operator's pod policy (RLJOB_POD_POLICY), read at start-up: the webhook and the reconcile plan with it.
+POLICY: list[podpolicy.PodPolicy] = [podpolicy.DEFAULT]
+
+
+def render_with_policy(job: RLJob) -> list[dict[str, Any]]:
+    """rljob.recipes.render.render under the operator's pod policy (the one Renderer of this process)."""
+    return render(job, POLICY[0])
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -107,7 +115,8 @@ async def on_login(**_: Any) -> kopf.ConnectionInfo:
 async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     config = OperatorConfig.from_env()
     configure(settings, config)
-    warm_up(render)  # before kopf serves the first admission request
+    POLICY[0] = config.pod_policy
+    warm_up(render_with_policy)  # before kopf serves the first admission request
     kube = k8s.Kube(login)
     memo.metrics_runner = await metrics.start_server(
         config.metrics_addr,
@@ -117,7 +126,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     )
     reconciler = Reconciler(
         kube,
-        render,
+        render_with_policy,
         workers=config.workers,
         resync_s=config.resync_s,
         plans=PLANS,
@@ -190,6 +199,6 @@ async def on_validate(body: kopf.Body, **kwargs: Any) -> None:
             raise kopf.AdmissionError(
                 f"{fields}: immutable (only spec.suspend and spec.queueName may change)", 422
             )
-    plan = PLANS.make_plan(dict(body), render)
+    plan = PLANS.make_plan(dict(body), render_with_policy)
     if plan.error is not None:
         raise kopf.AdmissionError(plan.error, code=422)

@@ -86,6 +86,7 @@ ROLE: Final = Kind("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
 SERVICE: Final = Kind("", "v1", "services")
 NETWORKPOLICY: Final = Kind("networking.k8s.io", "v1", "networkpolicies")
+JOB: Final = Kind("batch", "v1", "jobs")  # only ever dry-run (Kube.dry_run_create)
 
 KINDS: Final = {
     ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
@@ -273,6 +274,18 @@ class Kube:
             # queued run); _reconcile_mutable then handles suspend and the queue label as for any other.
             return existing
         return await self.apply(obj)
+
+    async def dry_run_create(self, kind: Kind, obj: Mapping[str, Any]) -> dict[str, Any]:
+        """POST with dryRun=All: the API server validates and admits `obj` (admission webhooks included)
+        and persists nothing; ApiError with its message when it would refuse it."""
+        meta = obj["metadata"]
+        return await self.request(
+            "POST",
+            kind.path(meta.get("namespace")),
+            resource=kind.plural,
+            params={"dryRun": "All", "fieldManager": FIELD_MANAGER},
+            body=obj,
+        )
 
     async def apply(self, obj: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply of a whole object (we own every field we send; force resolves conflicts)."""

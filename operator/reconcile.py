@@ -230,6 +230,7 @@ class Reconciler:
         plan = self.plan_for(key, entry)
         created = False
         create_error: tuple[str, str] | None = None
+        refused = False  # a Job the API server refuses: not retried until the RLJob or a resync changes it
 
         # Only children whose controller owner reference is this RLJob (by uid) are ever read, patched or
         # counted; another object of the same name is reported, never adopted (k8s.Kube.create).
@@ -243,6 +244,7 @@ class Reconciler:
                     raise
                 except Exception as exc:
                     create_error = _create_error(exc)
+                    refused = isinstance(exc, JobRefused)
         elif not latched and js is not None:
             if self._owned_progress(key, uid) is None:
                 try:
@@ -307,7 +309,7 @@ class Reconciler:
             # Suspended (through Kueue's Workload when queued), not deleted: the operator deletes nothing,
             # and the JobSet stays for inspection until the RLJob is deleted.
             await self._reconcile_mutable(key, js, {**spec, "suspend": True}, prior)
-        if create_error is not None:
+        if create_error is not None and not refused:
             # After the status and the event: the worker retries with backoff.
             raise ChildError(create_error[1])
 
@@ -326,6 +328,7 @@ class Reconciler:
         applied where one of ours exists already (k8s.Kube.create; NotOwned for one that is not ours)."""
         if not plan.objects:
             plan = self.plans.make_plan(body, self.render)
+        await self._dry_run_jobs(body, plan)
         first = self._owned_progress(key, str(body["metadata"].get("uid") or "")) is None
         for wave in _waves(plan.objects):
             if first:
@@ -338,6 +341,19 @@ class Reconciler:
                 first = False
         resp = await self.kube.create(owned(plan.jobset or {}, body))
         self.caches.put_jobset(key, resp)
+
+    async def _dry_run_jobs(self, body: Mapping[str, Any], plan: Plan) -> None:
+        """Before anything is created: a server-side dry run of the Job each replicated job of the JobSet
+        makes (`jobs_of`). The JobSet controller creates them later, and when the API server refuses one it
+        only posts an event on the JobSet: the run would stay Pending with no reason. JobRefused carries
+        the API server's message into the status instead."""
+        for rj_name, job in jobs_of(owned(plan.jobset or {}, body)):
+            try:
+                await self.kube.dry_run_create(k8s.JOB, job)
+            except k8s.ApiError as exc:
+                if exc.status in (400, 403, 422):  # invalid, or refused by an admission webhook or policy
+                    raise JobRefused(rj_name, str(exc)) from None
+                raise
 
     async def _reconcile_mutable(
         self, key: Key, js: JobSetView, spec: Mapping[str, Any], prior: RLJobStatus | None
@@ -382,10 +398,47 @@ class ChildError(Exception):
     """A child could not be created; the status says why, the worker retries with backoff."""
 
 
+class JobRefused(Exception):
+    """The API server refuses a Job the JobSet would create (a dry run): permanent for this generation."""
+
+    def __init__(self, replicated_job: str, message: str) -> None:
+        self.replicated_job = replicated_job
+        super().__init__(
+            f"the API server refuses the Jobs of replicated job {replicated_job} (a dry run; nothing was "
+            f"created): {message}"
+        )
+
+
+def jobs_of(jobset: Mapping[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """(replicated job name, the first Job the JobSet controller makes of it), as JobSet builds them: the
+    replicated job's template with the JobSet's namespace, the name {jobset}-{replicatedJob}-0 and the
+    JobSet's labels (what the API server validates is the Job's spec and pod template)."""
+    meta = jobset.get("metadata") or {}
+    out = []
+    for rj in (jobset.get("spec") or {}).get("replicatedJobs") or []:
+        template = rj.get("template") or {}
+        job_meta = dict(template.get("metadata") or {})
+        job_meta.update(
+            name=f"{meta.get('name')}-{rj.get('name')}-0",
+            namespace=meta.get("namespace"),
+            labels={**(meta.get("labels") or {}), **(job_meta.get("labels") or {})},
+        )
+        job = {
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": job_meta,
+            "spec": template.get("spec") or {},
+        }
+        out.append((str(rj.get("name")), job))
+    return out
+
+
 def _create_error(exc: Exception) -> tuple[str, str]:
     """(reason, message) of a failed create, for the Ready condition and a Warning event."""
     if isinstance(exc, k8s.NotOwned):
         return c.REASON_NOT_OWNED, str(exc)
+    if isinstance(exc, JobRefused):
+        return c.REASON_CREATE_FAILED, " ".join(str(exc).split())[:1000]
     if isinstance(exc, k8s.ApiError) and exc.status == 404:
         # POST to a collection that does not exist: the kind is not installed (no JobSet CRD).
         return c.REASON_CREATE_FAILED, f"{exc}: is the JobSet CRD ({naming.JOBSET_API_VERSION}) installed?"

@@ -28,7 +28,7 @@ import re
 from decimal import Decimal
 from typing import Any, Final
 
-from rljob.recipes import schema, syntax
+from rljob.recipes import k8s_rules, schema, syntax
 from rljob.recipes.api import PodTemplate
 from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_DIR, CONFIG_ENV
 from rljob.recipes.syntax import key_path
@@ -187,10 +187,12 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
             out += schema.validate_pod_part("valueFrom", env.value_from, f"{where}.valueFrom")
             if len(env.value_from) != 1:
                 out.append(f"{where}.valueFrom: must name exactly one source")
+            out += k8s_rules.env_value_from(f"{where}.valueFrom", env.value_from)
     for i, source in enumerate(spec.env_from or []):
         out += schema.validate_pod_part("envFrom", source, f"{sp}.envFrom[{i}]")
         if len({"configMapRef", "secretRef"} & set(source)) != 1:
             out.append(f"{sp}.envFrom[{i}]: must name exactly one of configMapRef, secretRef")
+        out += k8s_rules.env_from(f"{sp}.envFrom[{i}]", source)
 
     # ---- volumes and mounts
     names: set[str] = set()
@@ -210,6 +212,7 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
         sources = [k for k in volume if k != "name"]
         if len(sources) != 1:
             out.append(f"{where}: must have exactly one volume source, has {len(sources)}")
+        out += k8s_rules.volume(where, volume)
         csi = volume.get("csi")
         if isinstance(csi, dict) and csi.get("driver") == GCSFUSE_DRIVER:
             gcsfuse = True
@@ -230,6 +233,7 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
             )
         if clean in paths:
             out.append(f"{where}.mountPath: {mount.mount_path} is mounted twice")
+        out += k8s_rules.sub_path(f"{where}.subPath", mount.sub_path)
         paths.add(clean)
 
     # ---- resources
@@ -241,6 +245,12 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
                     f'{sp}.resources.{kind}["{TPU_RESOURCE}"]: the chips come from spec.*.tpu (the slice '
                     "shape); remove it"
                 )
+        mine = {TPU_RESOURCE}
+        out += k8s_rules.resources(
+            f"{sp}.resources",
+            {k: v for k, v in requests.items() if k not in mine},
+            {k: v for k, v in limits.items() if k not in mine},
+        )
         for res, limit in limits.items():
             if res in requests and res != TPU_RESOURCE and quantity(requests[res]) > quantity(limit):
                 out.append(
@@ -258,6 +268,7 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
             out.append(f"{where}: {syntax.DESCRIPTIONS[syntax.LABEL_VALUE]}")
     if spec.affinity is not None:
         out += schema.validate_pod_part("affinity", spec.affinity, f"{sp}.affinity")
+        out += k8s_rules.affinity(f"{sp}.affinity", spec.affinity)
         for where, exprs in _node_terms(spec.affinity):
             for j, expr in enumerate(exprs if isinstance(exprs, list) else []):
                 if isinstance(expr, dict) and expr.get("key") in TPU_NODE_KEYS:
@@ -266,6 +277,7 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
                         "term"
                     )
     for i, tol in enumerate(spec.tolerations or []):
+        out += k8s_rules.toleration(f"{sp}.tolerations[{i}]", tol.key, tol.operator, tol.value)
         if tol.operator == "Exists" and tol.value:
             out.append(f"{sp}.tolerations[{i}].value: must be empty with operator Exists")
         if tol.toleration_seconds is not None and tol.effect != "NoExecute":

@@ -22,6 +22,8 @@ from rljob.recipes import (
     models,
     naming,
     overrides,
+    podpolicy,
+    run_checks,
     sampler_layout,
     service_keys,
     startup,
@@ -253,8 +255,11 @@ def _round_up(n: int, k: int) -> int:
     return -(-n // k) * k
 
 
-def resolve(job: RLJob, *, fit_check: bool = True) -> RunConfig:
-    """The resolved run config of a job, or PlanError with every problem.
+def resolve(
+    job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT, *, fit_check: bool = True
+) -> RunConfig:
+    """The resolved run config of a job, or PlanError with every problem. `policy`: the operator's pod
+    policy (rljob.recipes.podpolicy), the same in the webhook, the reconcile and `rljob validate`.
 
     ``fit_check`` False skips the HBM fit check (rljob.recipes.fit) for the drill's scaled manifests,
     which keep the model's name on a shrunken slice and run a miniature of it.
@@ -276,7 +281,9 @@ def resolve(job: RLJob, *, fit_check: bool = True) -> RunConfig:
     if fit_check:
         problems.extend(fit.plan_problems(spec, trainer_plan, sampler_plan))
     _pod_overrides(spec, problems)
+    _pod_policy(spec, job, policy, problems)
     _names(spec, trainer_tpu, sampler_tpu, job, problems)
+    _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
     return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived)
@@ -610,6 +617,25 @@ def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
     assert spec.trainer and spec.sampler
     problems.extend(overrides.problems("spec.trainer.template", spec.trainer.template))
     problems.extend(overrides.problems("spec.sampler.template", spec.sampler.template))
+
+
+def _pod_policy(spec: RLJobSpec, job: RLJob, policy: podpolicy.PodPolicy, problems: list[str]) -> None:
+    """The operator's pod policy: templates, images, PriorityClass (rljob.recipes.podpolicy)."""
+    assert spec.trainer and spec.sampler
+    own = naming.service_account(job.metadata.name)
+    for role, part in (("trainer", spec.trainer), ("sampler", spec.sampler)):
+        problems.extend(podpolicy.template_problems(f"spec.{role}.template", part.template, own, policy))
+        problems.extend(podpolicy.image_problems(f"spec.{role}.image", part.image, policy))
+    problems.extend(podpolicy.priority_class_problems(spec.priority_class_name, policy))
+
+
+def _run_values(spec: RLJobSpec, job: RLJob, problems: list[str]) -> None:
+    """Values Kubernetes, Kueue or Cloud Storage would refuse later (rljob.recipes.run_checks)."""
+    assert spec.storage is not None
+    problems.extend(run_checks.service_port(spec.service.port if spec.service else None))
+    problems.extend(run_checks.queue_name(spec.queue_name))
+    meta = job.metadata
+    problems.extend(run_checks.storage_root(spec.storage.root, meta.namespace, meta.name, meta.uid))
 
 
 def _names(

@@ -3,8 +3,10 @@
 A pod meets the Kubernetes Pod Security Standards' `restricted` profile
 (https://kubernetes.io/docs/concepts/security/pod-security-standards/) in all but one point: no
 privilege escalation, every Linux capability dropped, not privileged, the runtime's default seccomp
-profile, only configMap and emptyDir volumes, no host namespaces (no hostNetwork, multi-slice included:
-rljob.recipes.render). The exception, named, because a TPU run needs it:
+profile, volumes of the types `restricted` allows (rljob's configMap and emptyDir; a pod template's are
+limited by the operator's pod policy, rljob.recipes.podpolicy, whose default types are all among them), no
+host namespaces (no hostNetwork, multi-slice included: rljob.recipes.render), no host ports. The exception,
+named, because a TPU run needs it:
 
 - The TPU containers run as root (`restricted` asks for runAsNonRoot). The images run as uid 0 because
   Google's own TPU manifests do and the TPU device nodes the device plugin hands a pod keep their owner on

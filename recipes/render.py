@@ -19,7 +19,7 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, network, overrides, placement, plan, podspec, topology
+from rljob.recipes import failure, naming, network, overrides, placement, plan, podpolicy, podspec, topology
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -424,13 +424,13 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objs, Dumper=_dumper(), sort_keys=False, explicit_start=True, width=1 << 16)
 
 
-def render(job: RLJob) -> list[dict[str, Any]]:
+def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
     cover), then the JobSet. `rljob render` prints exactly
     these and the operator applies exactly these (plus the progress ConfigMap it owns). Raises
-    PlanError."""
-    return objects(plan.resolve(job))
+    PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
+    return objects(plan.resolve(job, policy))
 
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:

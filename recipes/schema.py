@@ -74,6 +74,12 @@ def _pod_spec() -> dict[str, Any]:
     return spec
 
 
+@cache
+def volume_sources() -> frozenset[str]:
+    """The volume source fields of the Kubernetes Volume schema (hostPath, secret, csi, ...)."""
+    return frozenset(_pod_spec()["properties"]["volumes"]["items"]["properties"]) - {"name"}
+
+
 _POD_PARTS = {
     "valueFrom": ("containers", "env", "valueFrom"),
     "envFrom": ("containers", "envFrom"),

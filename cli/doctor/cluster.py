@@ -32,6 +32,7 @@ from rljob.cli.doctor.operator_checks import (
     check_operator,
     find_operator,
 )
+from rljob.cli.doctor.podsecurity import check_pod_security
 from rljob.recipes.api import GROUP, PLURAL
 from rljob.recipes.api import VERSION as RLJOB_VERSION
 from rljob.recipes.naming import JOBSET_GROUP, JOBSET_VERSION
@@ -56,6 +57,8 @@ class ClusterState:
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_sa: str = DEFAULT_OPERATOR_SERVICE_ACCOUNT
     references: dict[tuple[str, str], Obj | bool | None] = field(default_factory=dict)
+    # The RLJob's Namespace: the object, None when missing or not read, False when unreadable.
+    namespace_obj: Obj | bool | None = None
 
 
 def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
@@ -95,6 +98,7 @@ def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
             needs is not None and needs.manifest is not None,
         )
         + (check_references(needs.references, state.references, namespace) if needs else [])
+        + check_pod_security(state.namespace_obj, namespace)
     )
 
 
@@ -296,6 +300,10 @@ def gather(
         state.rljob_probe = r.dry_run(GROUP, RLJOB_VERSION, namespace, PLURAL, dict(rljob))
     if needs is not None:
         _read_references(r, state, needs, namespace)
+    try:
+        state.namespace_obj = r.raw(r.client.CoreV1Api(r.api).read_namespace, namespace)
+    except _Forbidden:
+        state.namespace_obj = False
     labelled = r.items(
         r.client.CoreV1Api(r.api).list_service_account_for_all_namespaces, label_selector=OPERATOR_LABEL
     )

@@ -141,6 +141,7 @@ class BadInput(Exception):
 
 def needs_from_manifest(path: Path) -> Needs:
     """Resolve FILE with the recipe core (the same plan `rljob render` uses) into what it needs."""
+    from rljob.recipes import podpolicy
     from rljob.recipes.plan import PlanError, parse_manifest, resolve
 
     try:
@@ -149,7 +150,8 @@ def needs_from_manifest(path: Path) -> Needs:
         raise BadInput(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         job = parse_manifest(text)
-        run = resolve(job)
+        # The operator's pod policy is the operator's to apply: doctor dry-runs the RLJob through its webhook.
+        run = resolve(job, podpolicy.ALLOW_ALL)
     except PlanError as exc:
         raise BadInput("\n".join(exc.problems)) from None
     return Needs(

@@ -41,7 +41,8 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
 # run/progress ConfigMaps are server-side applied; failed pods are watched to classify failures (never
 # created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount and a Role/RoleBinding
 # for their progress ConfigMap, and NetworkPolicies admitting only the run's own pods; events are posted; a
-# queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue).
+# queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue); the Jobs a
+# JobSet will create are dry-run (never created: the JobSet controller makes them).
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     _perms("get list watch", GROUP, PLURAL)
     + _perms("get patch", GROUP, PLURAL, "status")
@@ -50,6 +51,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("list patch", KUEUE_GROUP, "workloads")
     + _perms("get list watch create patch", "", "configmaps")
     + _perms("list watch", "", "pods")
+    + _perms("create", "batch", "jobs")  # server-side dry runs only (rljob.operator.reconcile)
     + _perms("get create patch", "", "serviceaccounts")
     + _perms("get create patch", "", "services")
     + _perms("get create patch", "networking.k8s.io", "networkpolicies")

@@ -845,3 +845,32 @@ def test_jobset_probe_refusals_are_told_apart(error: str, needle: str) -> None:
     findings = check_jobset_controller([], Probe(False, False, error=error))
     [hook] = [f for f in findings if f.check == "jobset.webhook"]
     assert hook.status is Status.PROBLEM and needle in hook.message
+
+
+@pytest.mark.parametrize(
+    ("ns", "status", "needle"),
+    [
+        ({"metadata": {"name": "rl"}}, "warning", "enforces no Pod Security level"),
+        (
+            {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "privileged"}}},
+            "warning",
+            "privileged",
+        ),
+        ({"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "baseline"}}}, "ok", "baseline"),
+        (
+            {"metadata": {"labels": {"pod-security.kubernetes.io/enforce": "restricted"}}},
+            "problem",
+            "run as root",
+        ),
+        (False, "warning", "cannot read namespace"),
+    ],
+)
+def test_pod_security(ns: Any, status: str, needle: str) -> None:
+    from rljob.cli.doctor.podsecurity import check_pod_security
+
+    (finding,) = check_pod_security(ns, "rl")
+    assert finding.status == status and needle in finding.message, finding
+    if status != "ok":
+        assert (
+            finding.fix == "" if ns is False else "pod-security.kubernetes.io/enforce=baseline" in finding.fix
+        )

@@ -36,6 +36,9 @@ class FakeKube:
         self.rv += 1
         return str(self.rv)
 
+    async def dry_run_create(self, kind: Any, obj: dict[str, Any]) -> dict[str, Any]:
+        return obj
+
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         return await self.apply(obj)
 

@@ -29,6 +29,7 @@ from fixtures.operator import (
     wait_phase,
     wait_rljob,
 )
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -421,3 +422,29 @@ def test_service_mode_gets_a_service_and_its_url(
     assert [labels_of(p)["rljob.dev/role"] for p in pods] == ["trainer"]
     ports = {p.name: p.container_port for c in spec_of(pods[0]).containers for p in c.ports or []}
     assert ports["api"] == 9090
+
+
+def test_a_job_the_api_server_refuses_shows_in_the_status(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    """A refusal the plan cannot foresee (a ResourceQuota of zero Jobs): the reconcile's dry run of the
+    JobSet's Jobs puts the API server's message in the RLJob's status and creates nothing, instead of a
+    JobSet whose controller only posts an event and a run Pending forever."""
+    quota = client.V1ResourceQuota(
+        metadata=client.V1ObjectMeta(name="no-jobs"),
+        spec=client.V1ResourceQuotaSpec(hard={"count/jobs.batch": "0"}),
+    )
+    cluster.core.create_namespaced_resource_quota(namespace, quota)
+    create_rljob(cluster, manifest("refused", namespace))
+
+    def refused() -> dict[str, Any] | None:
+        status = (get_rljob(cluster, namespace, "refused") or {}).get("status") or {}
+        ready = next((x for x in status.get("conditions") or [] if x["type"] == "Ready"), None)
+        return ready if ready and ready.get("reason") == "CreateFailed" else None
+
+    ready = wait_for(refused, 60, "Ready=False CreateFailed")
+    assert "refuses the Jobs of replicated job" in ready["message"] and "quota" in ready["message"], ready
+    assert get_rljob(cluster, namespace, "refused")["status"]["phase"] == "Pending"
+    assert _get_jobset(cluster, namespace, "refused") is None  # nothing created
+    events = cluster.core.list_namespaced_event(namespace, field_selector="reason=CreateFailed").items
+    assert events and any("quota" in (e.message or "") for e in events)

@@ -54,6 +54,13 @@ class MemoryKube:
     async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
         return await self._store("apply", obj)
 
+    async def dry_run_create(self, kind: k8s.Kind, obj: dict[str, Any]) -> dict[str, Any]:
+        """k8s.Kube.dry_run_create: nothing stored; `fail["Job dry run"]` raises."""
+        self.writes.append(("dry-run", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]))
+        if "Job dry run" in self.fail:
+            raise self.fail["Job dry run"]
+        return copy.deepcopy(obj)
+
     async def _store(self, verb: str, obj: dict[str, Any]) -> dict[str, Any]:
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         self.writes.append((verb, *key))
@@ -455,6 +462,53 @@ def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retri
     run(one_attempt())
     assert delays == [1.0, 2.0] and rec._retries == {}
     assert _status(kube)["jobSetName"] == "demo" and _events(kube)[-1] == c.EVENT_JOBSET_CREATED
+
+
+def test_a_job_the_api_server_refuses_is_a_condition_and_an_event_and_nothing_is_created() -> None:
+    """The JobSet controller would create the Jobs and only post an event when one is refused: the dry run
+    of each replicated job's Job before anything is created puts the API server's message in the status.
+    Permanent for the generation: not retried with backoff (a resync or a new generation tries again)."""
+    rec, kube = setup(rljob())
+    message = (
+        'Job.batch "demo-trainer-0" is invalid: spec.template.spec.volumes[0].secret.secretName: Invalid'
+    )
+    kube.fail["Job dry run"] = k8s.ApiError(422, {"message": message})
+    run(rec.reconcile(("ns", "demo")))  # no ChildError: no retry loop
+    ready = _condition(kube, c.READY)
+    assert (_status(kube)["phase"], ready["status"], ready["reason"]) == (
+        "Pending",
+        "False",
+        c.REASON_CREATE_FAILED,
+    )
+    assert "replicated job trainer" in ready["message"] and "secretName: Invalid" in ready["message"]
+    assert _events(kube) == [c.REASON_CREATE_FAILED]
+    assert [w for w in kube.writes if w[0] in ("create", "apply")] == []  # nothing created
+    # The dry runs are the JobSet's Jobs, one per replicated job, named as JobSet names them.
+    del kube.fail["Job dry run"]
+    run(rec.reconcile(("ns", "demo")))
+    assert [w[3] for w in kube.writes if w[0] == "dry-run"][-2:] == ["demo-trainer-0", "demo-sampler-0"]
+    assert _status(kube)["jobSetName"] == "demo" and _events(kube)[-1] == c.EVENT_JOBSET_CREATED
+
+
+def test_jobs_of_builds_the_jobs_jobset_makes() -> None:
+    from rljob.operator.reconcile import jobs_of
+
+    js = {
+        "metadata": {"name": "r", "namespace": "ns", "labels": {"a": "1"}},
+        "spec": {
+            "replicatedJobs": [
+                {"name": "trainer", "template": {"metadata": {"labels": {"b": "2"}}, "spec": {"x": 1}}}
+            ]
+        },
+    }
+    ((name, job),) = jobs_of(js)
+    assert name == "trainer"
+    assert job == {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "r-trainer-0", "namespace": "ns", "labels": {"a": "1", "b": "2"}},
+        "spec": {"x": 1},
+    }
 
 
 def test_a_plan_that_crashes_fails_the_run_once_with_the_reason() -> None:

@@ -15,7 +15,8 @@ import yaml
 from fixtures.recipes import manifest, objects, problems
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from rljob.recipes import overrides, render
+from rljob.recipes import overrides, podpolicy, render
+from rljob.recipes.api import RLJob
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml"
@@ -30,7 +31,7 @@ GOOD: dict[str, Any] = {
     "metadata": {"labels": {"team": "rl"}, "annotations": {"gke-gcsfuse/volumes": "true"}},
     "spec": {
         "env": [HF_ENV, {"name": "LIBTPU_INIT_ARGS", "value": "--xla_tpu_enable_async_all_gather=true"}],
-        "envFrom": [{"secretRef": {"name": "wandb"}}],
+        "envFrom": [{"prefix": "WANDB_", "secretRef": {"name": "wandb"}}],
         "volumes": [GCS_VOLUME, {"name": "scratch", "emptyDir": {}}],
         "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
         "resources": {"requests": {"memory": "64Gi"}, "limits": {"cpu": "100", "ephemeral-storage": "100Gi"}},
@@ -61,7 +62,9 @@ def _pod(js: dict[str, Any], role: str) -> dict[str, Any]:
 
 
 def test_overrides_are_merged_into_the_role_and_only_it() -> None:
-    objs = objects(manifest({"trainer": {"template": GOOD}}))
+    # serviceAccountName rl-wi: a ServiceAccount the operator's pod policy allows (rljob.recipes.podpolicy).
+    policy = podpolicy.PodPolicy(service_accounts=("rl-wi",))
+    objs = render.render(RLJob.model_validate(manifest({"trainer": {"template": GOOD}})), policy)
     js = objs[-1]
     pod, sampler = _pod(js, "trainer"), _pod(js, "sampler")
     assert pod["metadata"]["labels"]["team"] == "rl"
@@ -81,7 +84,7 @@ def test_overrides_are_merged_into_the_role_and_only_it() -> None:
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"] == HF_ENV and env["RLJOB_CONFIG"]["value"] == "/etc/rljob/run.json"
     assert [e["name"] for e in c["env"]][-2:] == ["HF_TOKEN", "LIBTPU_INIT_ARGS"]  # after rljob's
-    assert c["envFrom"] == [{"secretRef": {"name": "wandb"}}]
+    assert c["envFrom"] == [{"prefix": "WANDB_", "secretRef": {"name": "wandb"}}]
     assert c["volumeMounts"][-1] == {"name": "data", "mountPath": "/data", "readOnly": True}
     assert c["resources"] == {
         # the user's memory request wins over the 4Gi floor; a limit without a request sets it
@@ -209,7 +212,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
     ),
     (
         "env-from-two-sources",
-        {"spec": {"envFrom": [{"secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}},
+        {"spec": {"envFrom": [{"prefix": "A_", "secretRef": {"name": "a"}, "configMapRef": {"name": "b"}}]}},
         ["spec.trainer.template.spec.envFrom[0]: must name exactly one of configMapRef, secretRef"],
     ),
     (
@@ -227,6 +230,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         [
             "spec.trainer.template.spec.volumes[0].name: dshm is rljob's",
             "spec.trainer.template.spec.volumes[1]: must have exactly one volume source, has 2",
+            "spec.trainer.template.spec.volumes[1].secret.secretName: required",
             "spec.trainer.template.spec.volumeMounts[0].mountPath: /etc/rljob overlaps rljob's",
             "spec.trainer.template.spec.volumeMounts[1].name: no volume nope in spec.trainer.template.spec",
             "spec.trainer.template.spec.volumeMounts[1].mountPath: /dev/shm/sub overlaps rljob's",
