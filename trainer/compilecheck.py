@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import re
 import sys
@@ -330,14 +331,22 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
     peak = fig.get("peak_bytes_per_device")
     head = f"compile: {name} needs {peak / GIB:.1f} GiB per device" if peak else f"compile: {name} ran out"
     head += f" of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} GiB HBM ({p.drivers})"
-    if not peak:
-        return head
-    if name == "apply":
-        return head + "; a slice with more devices shards the adapter and optimizer state further"
-    fixed = fig.get("argument_bytes", 0) - shard_bytes(p.args[-1]) + p.resident if name == "accumulate" else 0
+    # What does not grow with the rows: the weights, the adapter and its optimizer state (every argument but
+    # the packed rows, and the resident state), by arithmetic over their shards.
+    state = {"accumulate": p.args[:3], "parity_logprobs": p.args[:2]}.get(name, p.args)
+    fixed = shard_bytes(state) + p.resident
+    devices = rc.trainer.devices * rc.trainer.slices
+    # Weights and state that take most of the HBM leave too little for any rows (a layer's gathered weights,
+    # the activations): a larger slice, sized so that they take about half of it.
+    if fixed >= 0.8 * cap or name == "apply":
+        more = max(2, math.ceil(fixed / (0.5 * cap)))
+        return (
+            head + f"; the weights, adapter and optimizer state alone are {fixed / GIB:.1f} GiB per device: "
+            f"spec.trainer.tpu (or spec.trainer.slices) with about {more} x its {devices} devices"
+        )
     budget = rc.spec.packing.token_budget
     align = max(int(rc.spec.packing.segment_align), 1)
-    if fixed:
+    if peak and fixed:
         fit = _largest(budget, int(peak), int(fixed), cap, align)
         rows = _largest(rc.trainer.micro_batch_size, int(peak), int(fixed), cap, 1)
         return (

@@ -169,22 +169,19 @@ def test_roofline_is_the_slower_of_compute_and_memory() -> None:
 
 
 def test_an_oversized_configuration_is_refused_with_the_field_and_a_value_that_fits(tmp_path: Path) -> None:
-    """Rows of 262,144 tokens through a 2-layer model 8192 wide with 32768-wide MLPs on a v5p-8: the
-    activations of one micro-batch cannot fit a device's 95 GiB. Exit 2, the token budget named with a
-    smaller one; the JSON still carries the figures."""
-    budget = 262144
-    rc = run_config(
-        "qwen3-8b-v5p",
-        packing={"tokenBudget": budget},
-        algorithm={"maxPromptTokens": 1024, "maxTokens": 4096},
-    )
+    """A 12-layer model 32768 wide with 131072-wide MLPs (about 180 G parameters, 361 GB of bf16 weights) on
+    a v5p-8: a quarter of its weights takes most of a device's 95 GiB, and the compiler runs out of HBM.
+    Exit 2, the trainer's TPU named with a size that would hold them; the JSON still carries the figures.
+    (An activation-bound refusal, rows of a few hundred thousand tokens, takes the compiler tens of minutes
+    here: not in the test tier.)"""
+    rc = run_config("qwen3-8b-v5p")
     keys = small_keys(
         rc,
-        length=budget,
-        base_emb_dim=8192,
-        base_mlp_dim=32768,
-        base_num_query_heads=64,
+        base_emb_dim=32768,
+        base_mlp_dim=131072,
+        base_num_query_heads=256,
         base_num_kv_heads=8,
+        base_num_decoder_layers=12,
     )
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json(by_alias=True))
@@ -205,7 +202,7 @@ def test_an_oversized_configuration_is_refused_with_the_field_and_a_value_that_f
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [x for x in proc.stderr.splitlines() if x.startswith("compile: ")]
-    assert lines and "spec.packing.tokenBudget" in lines[0], proc.stderr[-3000:]
+    assert lines and "spec.trainer.tpu" in lines[0] and "x its 4 devices" in lines[0], proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])["compile"]
     assert report["fits"] is False and report["programs"]["accumulate"]["fits"] is False
     assert "Traceback" not in proc.stderr
