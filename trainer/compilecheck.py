@@ -335,7 +335,7 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
     # the packed rows, and the resident state), by arithmetic over their shards.
     state = {"accumulate": p.args[:3], "parity_logprobs": p.args[:2]}.get(name, p.args)
     fixed = shard_bytes(state) + p.resident
-    devices = rc.trainer.devices * rc.trainer.slices
+    devices = rc.trainer.devices  # every slice's
     # Weights and state that take most of the HBM leave too little for any rows (a layer's gathered weights,
     # the activations): a larger slice, sized so that they take about half of it.
     if fixed >= 0.8 * cap or name == "apply":
