@@ -13,12 +13,16 @@ export PYTHONSAFEPATH := 1
 # Some machines export PYTHONDONTWRITEBYTECODE=1; then every test subprocess would re-compile
 # maxtext/jax from source. The venv is byte-compiled at install; let our own code cache too.
 unexport PYTHONDONTWRITEBYTECODE
+# The dev venv has libtpu (the compile extra, for `rljob drill --compile`); without a TPU, JAX would try
+# it first and log libtpu's warnings before falling back to the CPU. Everything make runs here is on the
+# CPU; the compile stage describes its TPU topology through libtpu whatever JAX_PLATFORMS says.
+export JAX_PLATFORMS ?= cpu
 
 PYTHON312 ?= $(shell command -v python3.12 2>/dev/null || echo $$HOME/.pyenv/versions/3.12.1/bin/python3.12)
 VENV := .venv
 PY := $(VENV)/bin/python
 UV_VERSION := 0.9.7
-EXTRAS ?= dev,operator,trainer,sampler
+EXTRAS ?= dev,operator,trainer,sampler,compile
 # Re-install when the project's dependency files change.
 DEPS_HASH := $(shell cat pyproject.toml hack/constraints.txt 2>/dev/null | sha1sum | cut -c1-12)
 STAMP := $(VENV)/.installed-$(DEPS_HASH)
@@ -49,7 +53,7 @@ $(STAMP): pyproject.toml $(wildcard hack/constraints.txt)
 # venv after a change to pyproject.toml's dependencies has been installed and tested.
 lock:
 	@rm -f hack/constraints.txt; $(MAKE) --no-print-directory venv
-	@{ echo "# The versions \`make venv\` installs (and CI with it): the dev, operator, trainer and sampler extras as tested."; \
+	@{ echo "# The versions \`make venv\` installs (and CI with it): the dev, operator, trainer, sampler and compile extras as tested."; \
 	  echo "# Regenerate after changing pyproject.toml's dependencies: make lock"; \
 	  $(VENV)/bin/uv pip freeze --python $(PY) --exclude-editable; } > hack/constraints.txt
 

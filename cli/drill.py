@@ -68,9 +68,10 @@ SAMPLER_LOST_GRACE_S = 1.0
 
 
 class DrillBadInput(Exception):
-    def __init__(self, problems: list[str]) -> None:
+    def __init__(self, problems: list[str], report: dict[str, Any] | None = None) -> None:
         super().__init__("\n".join(problems))
         self.problems = problems
+        self.report = report or {}
 
 
 class DrillFailed(Exception):
@@ -228,6 +229,47 @@ def full_mesh(rc: Any, workdir: Path, timeout: float) -> dict[str, int]:
     if wrong:
         raise DrillFailed(f"full-size mesh: MaxText built {got}, the plan says {want}")
     return got
+
+
+# --- compile stage -------------------------------------------------------------------------------------
+
+
+def compile_env() -> dict[str, str]:
+    """The compile stage's environment: JAX on the CPU (libtpu only describes the topology and compiles),
+    none of the scaled run's XLA flags (they would reach the TPU compiler too)."""
+    env = base_env(1)
+    env.pop("XLA_FLAGS", None)
+    return env
+
+
+def run_compile(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
+    """The trainer's TPU programs compiled at full size for the run's topology (every slice) by libtpu's
+    compiler (``python -m rljob.trainer.compilecheck``): their memory and cost per device. A program that
+    does not fit raises DrillBadInput (the fields to change, a value that fits), with the figures."""
+    if rc.spec.service is not None:
+        return {"skipped": "spec.service: the Tinker service's programs are not compiled by this stage"}
+    cfg = workdir / "full-run.json"
+    cfg.write_text(rc.model_dump_json(by_alias=True), encoding="utf-8")
+    try:
+        proc = subprocess.run(
+            [python(), "-m", "rljob.trainer.compilecheck", "--config", str(cfg)],
+            env=compile_env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=workdir,
+        )
+    except subprocess.TimeoutExpired:
+        raise DrillFailed(f"compile stage: not done in {timeout:.0f} s (--compile-timeout)") from None
+    (workdir / "compile.log").write_text(proc.stderr, encoding="utf-8")
+    last = proc.stdout.strip().splitlines()[-1:] if proc.stdout.strip() else []
+    report: dict[str, Any] = json.loads(last[0])["compile"] if last and last[0].startswith("{") else {}
+    if proc.returncode == EXIT_BAD and report:
+        lines = [x for x in proc.stderr.splitlines() if x.startswith(("compile: ", "spec."))]
+        raise DrillBadInput(lines or ["compile: a program does not fit"], {"compile": report})
+    if proc.returncode != 0 or not report:
+        raise DrillFailed("compile stage (python -m rljob.trainer.compilecheck):\n" + _tail(proc.stderr))
+    return report
 
 
 # --- scaling -------------------------------------------------------------------------------------------
@@ -840,7 +882,15 @@ def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> lis
 # --- one drill -----------------------------------------------------------------------------------------
 
 
-def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = True) -> Outcome:
+def drill(
+    case: Case,
+    steps: int,
+    workdir: Path,
+    timeout: float,
+    run: bool = True,
+    compile_timeout: float | None = None,
+) -> Outcome:
+    """The drill of one case; ``compile_timeout``: run the compile stage (and no scaled run)."""
     t0 = time.monotonic()
     try:
         rc = resolve_doc(case.doc)
@@ -852,7 +902,9 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
             dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
             shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
         report: dict[str, Any] = {"full": {**full, "mesh": shown}}
-        if run:
+        if compile_timeout is not None:
+            report["compile"] = run_compile(rc, workdir, compile_timeout)
+        elif run:
             small_doc, scaled = scaled_doc(case.doc, rc, steps)
             try:
                 small = resolve_doc(small_doc, fit_check=False)
@@ -865,7 +917,7 @@ def drill(case: Case, steps: int, workdir: Path, timeout: float, run: bool = Tru
             else:
                 report.update(run_scaled(small, workdir, steps, timeout))
     except DrillBadInput as e:
-        return Outcome(case.name, False, bad_input=e.problems)
+        return Outcome(case.name, False, bad_input=e.problems, report=e.report)
     except DrillFailed as e:
         return Outcome(case.name, False, error=str(e), report={"seconds": round(time.monotonic() - t0, 1)})
     report["seconds"] = round(time.monotonic() - t0, 1)
@@ -908,7 +960,14 @@ def cmd_drill(args: argparse.Namespace) -> int:
     outcomes = []
     for case in cases:
         workdir = Path(tempfile.mkdtemp(prefix="rljob-drill-"))
-        out = drill(case, args.steps, workdir, args.timeout, run=not args.topology_only)
+        out = drill(
+            case,
+            args.steps,
+            workdir,
+            args.timeout,
+            run=not args.topology_only,
+            compile_timeout=args.compile_timeout if args.compile else None,
+        )
         outcomes.append(out)
         line: dict[str, Any] = {"drill": case.name, "ok": out.ok, **out.report}
         if out.bad_input:
@@ -960,4 +1019,11 @@ def register(sub: Any) -> None:
     p.add_argument("--timeout", type=float, default=420.0, help="seconds for the scaled run")
     p.add_argument("--topology-only", action="store_true", help="only the full-size topology and mesh checks")
     p.add_argument("--keep", action="store_true", help="keep the work directory of a drill that passed")
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="instead of the scaled run: compile the trainer's programs at full size for its TPU topology "
+        "with libtpu's compiler (minutes of CPU), their HBM per device and cost (docs/drill.md)",
+    )
+    p.add_argument("--compile-timeout", type=float, default=3600.0, help="seconds for the compile stage")
     p.set_defaults(fn=cmd_drill)

@@ -4,8 +4,14 @@ tests/ (not the repo root: ./operator would shadow the stdlib) goes on sys.path 
 modules import as `fixtures.<name>` under --import-mode=importlib.
 """
 
+import os
 import sys
 from pathlib import Path
+
+# The dev venv has libtpu (pyproject's compile extra, for `rljob drill --compile`): every test runs JAX on
+# the CPU, in this process and in the processes it starts with its environment, unless the caller set a
+# platform. The compile stage's TPU topology comes from libtpu whatever this says.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 _TESTS = str(Path(__file__).resolve().parent)
 if _TESTS not in sys.path:

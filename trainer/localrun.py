@@ -63,7 +63,14 @@ def local_storage(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str
     """The GCS emulator (its variables exported into this process too) and a fresh bucket on it:
     (emulator process, environment for child processes, ``gs://bucket``)."""
     gcs, endpoint = start_gcs(workdir)
-    env = {**os.environ, **emulator_env(endpoint), "PYTHONSAFEPATH": "1"}
+    # The CPU platform unless the caller says otherwise: the dev venv has libtpu (the compile extra), and
+    # JAX would otherwise try a TPU first and log libtpu's warnings before falling back to the CPU.
+    env = {
+        "JAX_PLATFORMS": "cpu",
+        **os.environ,
+        **emulator_env(endpoint),
+        "PYTHONSAFEPATH": "1",
+    }
     os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"
     create_bucket(endpoint, bucket)

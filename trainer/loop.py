@@ -152,9 +152,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             raise BadConfig(problem)
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
-        # The base weights as a jit argument, not a constant: with several processes they span devices
-        # this process cannot address, which a jitted function may take but not close over.
-        scored = jax.jit(lambda base, lora, t, p, s: policy.next_token_logprobs(lora, t, p, s, base=base))
+        scored = policy.scoring_program()
         source = SamplerSource(
             client,
             task,

@@ -287,59 +287,91 @@ def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:
     return toks, pos, jnp.ones((1, t), jnp.int32)
 
 
+def _with_lora(model: Any, spec: ModelSpec, cfg: Any) -> Any:
+    """``model`` wrapped by qwix's LoRA on ``spec``'s targets, every factor created first."""
+    module_path = rf".*/({'|'.join(spec.maxtext_targets)})"
+    provider = qwix.LoraProvider(
+        module_path=module_path,
+        rank=spec.lora_rank,
+        alpha=spec.lora_alpha,
+    )
+    toks, pos, seg = _sample_inputs()
+    # Every LoRA factor exists before qwix wraps the model (add_lora_params), so qwix's first call, whose
+    # only work is to create them, is skipped (skip_nnx_init): that call runs the model eagerly, op by
+    # op (MaxText's layer scan, then one jnp.moveaxis per scanned variable), each a program of its own
+    # over the whole mesh, hundreds of compiles on every process before the first step. Creating the
+    # factors here also keeps them out of a scan: MaxText 0.2.5's Gemma 4 block runs its global layer
+    # inside a jax.lax.scan whose carry is that layer's state (Gemma4ScannableBlock._scan_global_layer),
+    # where a parameter created during the call changes the carry's structure, and its local-layer scan
+    # returns the shared qwix_rngs stacked, which qwix then cannot draw from.
+    add_lora_params(model, module_path, spec.lora_rank, spec.seed + 1000, cfg)
+    return qwix.apply_lora_to_model(
+        model,
+        provider,
+        toks,
+        pos,
+        decoder_segment_ids=seg,
+        enable_dropout=False,
+        rngs=nnx.Rngs(spec.seed + 1000),
+        skip_nnx_init=True,
+    )
+
+
+def _abstract(x: Any, sharding: NamedSharding) -> Any:
+    """A ShapeDtypeStruct of ``x`` laid out by ``sharding`` (an abstract policy's 'array')."""
+    return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)  # type: ignore[no-untyped-call]
+
+
 class Policy:
     """The model split into graph, frozen base parameters and trainable LoRA parameters.
 
     Pure functions of ``lora`` (the trainable state) so they jit, grad and checkpoint as pytrees.
+
+    ``devices`` (the compile stage, rljob.trainer.compilecheck): the policy is built abstractly over
+    these devices (e.g. a TPU topology's compile-only devices, ``jax.experimental.topologies``): the same
+    model, LoRA and shardings, every parameter a ShapeDtypeStruct with its NamedSharding, nothing
+    allocated or initialized. Its functions and the Trainer's then lower and compile for those devices.
     """
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, devices: Any = None) -> None:
         self.spec = spec
         self.cfg = maxtext_config(spec.maxtext)
+        self.abstract = devices is not None
         # The map from raw logits (hidden @ head_weight) to the model's logits, as MaxText's output head
         # applies it (NNXDecoder.apply_output_head): only on tied embedding logits, divided by
         # sqrt(emb_dim) under normalize_embedding_logits, then soft-capped by final_logits_soft_cap.
         self.logit_transform = head_transform(self.cfg)
-        if spec.checkpoint:
-            check_checkpoint_path(spec.checkpoint)  # a missing path fails before the model is built
-        # Built sharded: base weights restored from the checkpoint or initialized on their devices.
-        model = build_model(self.cfg, spec.seed, spec.checkpoint)
-        module_path = rf".*/({'|'.join(spec.maxtext_targets)})"
-        provider = qwix.LoraProvider(
-            module_path=module_path,
-            rank=spec.lora_rank,
-            alpha=spec.lora_alpha,
-        )
-        toks, pos, seg = _sample_inputs()
-        # Every LoRA factor exists before qwix wraps the model (add_lora_params), so qwix's first call, whose
-        # only work is to create them, is skipped (skip_nnx_init): that call runs the model eagerly, op by
-        # op (MaxText's layer scan, then one jnp.moveaxis per scanned variable), each a program of its own
-        # over the whole mesh, hundreds of compiles on every process before the first step. Creating the
-        # factors here also keeps them out of a scan: MaxText 0.2.5's Gemma 4 block runs its global layer
-        # inside a jax.lax.scan whose carry is that layer's state (Gemma4ScannableBlock._scan_global_layer),
-        # where a parameter created during the call changes the carry's structure, and its local-layer scan
-        # returns the shared qwix_rngs stacked, which qwix then cannot draw from.
-        add_lora_params(model, module_path, spec.lora_rank, spec.seed + 1000, self.cfg)
-        lora_model = qwix.apply_lora_to_model(
-            model,
-            provider,
-            toks,
-            pos,
-            decoder_segment_ids=seg,
-            enable_dropout=False,
-            rngs=nnx.Rngs(spec.seed + 1000),
-            skip_nnx_init=True,
-        )
+        if self.abstract:
+            from maxtext.utils import maxtext_utils
+
+            mesh = maxtext_utils.get_mesh_from_config(self.cfg, devices)
+
+            def create() -> Any:
+                with nn.logical_axis_rules(self.cfg.logical_axis_rules):
+                    model = _create_fn(self.cfg, mesh, spec.seed)()
+                return _with_lora(model, spec, self.cfg)
+
+            lora_model = nnx.eval_shape(create)
+            place: Any = _abstract
+        else:
+            if spec.checkpoint:
+                check_checkpoint_path(spec.checkpoint)  # a missing path fails before the model is built
+            # Built sharded: base weights restored from the checkpoint or initialized on their devices.
+            model = build_model(self.cfg, spec.seed, spec.checkpoint)
+            mesh = model.mesh
+            lora_model = _with_lora(model, spec, self.cfg)
+            place = put_global
         nnx.pop(lora_model, nnx.Intermediate)
         parts: Any = nnx.split(lora_model, nnx.LoRAParam, ...)
         self.graphdef: Any = parts[0]
         # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (build_model's
         # come so; put_global returns them as they are).
-        self.mesh: Any = model.mesh
-        # Each process compiled the initialization in its own time: meet before the first cross-process
-        # transfer (rljob.trainer.sync).
-        align("rljob-policy-base")
-        self.base: Any = jax.tree.map(put_global, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
+        self.mesh: Any = mesh
+        if not self.abstract:
+            # Each process compiled the initialization in its own time: meet before the first
+            # cross-process transfer (rljob.trainer.sync).
+            align("rljob-policy-base")
+        self.base: Any = jax.tree.map(place, parts[2], logical_shardings(parts[2], self.cfg, self.mesh))
         lora0 = parts[1]
         self._lora_template = jax.tree.map(
             lora_sharding_meta, lora0, is_leaf=lambda x: isinstance(x, nnx.Variable)
@@ -349,7 +381,7 @@ class Policy:
             logical_shardings(self._lora_template, self.cfg, self.mesh)
         )
         self.lora0: dict[str, Any] = jax.tree.map(
-            put_global, nnx.to_pure_dict(self._lora_template), self.lora_sharding
+            place, nnx.to_pure_dict(self._lora_template), self.lora_sharding
         )
         self.num_layers = int(self.cfg.num_decoder_layers)
         self.vocab_size = int(self.cfg.vocab_size)
@@ -482,6 +514,13 @@ class Policy:
         )
         targets, valid = lp_head.next_token_targets(tokens, segment_ids)
         return lp_head.shift_to_tokens(sharded(h, head, targets, valid))
+
+    def scoring_program(self) -> Any:
+        """The jitted ``(base, lora, tokens, positions, segment_ids) -> [B, T]`` next-token log-probs: the
+        step-0 parity gate's program (rljob.trainer.loop scores the sampler's tokens with it; the compile
+        stage compiles it). The base weights are an argument, not a constant: with several processes they
+        span devices this process cannot address, which a jitted function may take but not close over."""
+        return jax.jit(lambda base, lora, t, p, s: self.next_token_logprobs(lora, t, p, s, base=base))
 
     def zero_lora(self, lora: LoraState) -> LoraState:
         """The adapter switched off: every LoRA factor 0, so each wrapped projection computes exactly

@@ -21,7 +21,10 @@ def put_global(x: Any, sharding: NamedSharding) -> Any:
     """``x``, an array with the same value on every process (local, or global and replicated), as a global
     array laid out by ``sharding`` (on several processes ``jax.device_put`` cannot place a local array
     on other processes' devices: each process supplies its own devices' shards). An array already laid
-    out so is returned as is."""
+    out so is returned as is; a traced one (``jax.eval_shape`` of the trainer's state, the compile stage)
+    is constrained to ``sharding``."""
+    if isinstance(x, jax.core.Tracer):
+        return jax.lax.with_sharding_constraint(x, sharding)  # type: ignore[no-untyped-call]
     if not isinstance(x, jax.Array):
         x = jnp.asarray(x)
     if x.sharding == sharding:  # the very sharding: jit's cache keys on it (an equivalent one recompiles)

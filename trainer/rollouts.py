@@ -74,6 +74,15 @@ def grpo_rollouts(
     return rollouts, int(adv.groups_skipped)
 
 
+def parity_pack(pack: PackConfig, mesh_size: int) -> PackConfig:
+    """The parity gate's packing: the train step's ``[rows, budget]`` with the rows rounded up to a multiple
+    of the trainer mesh's size (so every batch axis divides them). The compile stage compiles the gate's
+    program for this shape."""
+    if pack.rows % mesh_size:
+        return dataclasses.replace(pack, rows=align_up(pack.rows, mesh_size))
+    return pack
+
+
 class SamplerSource:
     """The runtime's RolloutSource: pipelined sampling, grading, advantages, parity gate, evaluation."""
 
@@ -175,9 +184,8 @@ class SamplerSource:
             longest = max(r.num_tokens for r in rollouts)
             budget = max(self.parity_len or 0, align_up(longest, PARITY_ALIGN))
             cfg = PackConfig(budget=budget, rows=self.parity_rows)
-        elif cfg.rows % self.parity_rows:
-            # rows over the whole mesh: every batch axis divides a multiple of its size
-            cfg = dataclasses.replace(cfg, rows=align_up(cfg.rows, self.parity_rows))
+        else:
+            cfg = parity_pack(cfg, self.parity_rows)
         mbs = pack_rollouts(rollouts, cfg)
         return {
             "tokens": np.stack([mb.tokens for mb in mbs]),

@@ -238,6 +238,14 @@ def test_dev_venv_never_installs_the_tpu_extras() -> None:
     makefile = (REPO / "Makefile").read_text()
     m = re.search(r"^EXTRAS \?= (\S+)$", makefile, re.M)
     assert m and not {"tpu", "sampler-tpu"} & set(m[1].split(","))
+    # ... but the TPU compiler (the compile extra), for rljob drill --compile, at the tpu extra's jax pin.
+    assert "compile" in m[1].split(",")
+
+
+def test_compile_extra_is_the_tpu_extras_jax() -> None:
+    """libtpu in the dev venv comes from the same jax[tpu] pin as the trainer image's."""
+    assert _req("compile", "jax") == _req("tpu", "jax")
+    assert installed_version("libtpu") is not None
 
 
 # ------------------------------------------------------------------ resolution and install (slow)

@@ -1,0 +1,442 @@
+"""``python -m rljob.trainer.compilecheck --config run.json``: the trainer's TPU programs, compiled by the
+real TPU compiler (libtpu) for the run's slice, on a machine without a TPU.
+
+The slice is described by ``jax.experimental.topologies.get_topology_desc`` (the run's TPU type as MaxText's
+``accelerator_to_spec_map`` names it, every slice: a multi-slice run's devices carry their slice ids), the
+policy is built abstractly over those devices (:class:`rljob.trainer.model.Policy` with ``devices``: the
+full-size MaxText model with the run's MaxText keys and the qwix LoRA, every parameter a ShapeDtypeStruct
+with its NamedSharding, no weights), and the trainer's own jitted functions are lowered and compiled for the
+run's shapes, as MaxText's ``train_compile`` does for its train step:
+
+- ``accumulate``: :attr:`rljob.trainer.train_step.Trainer.accumulate`, the micro-batches' forward and
+  backward with the fused log-prob head (and the KL reference pass where ``spec.algorithm.klPenaltyCoef`` is
+  on), the gradients summed, ``[micro_batches, rows, tokenBudget]`` packed rows;
+- ``apply``: :attr:`~rljob.trainer.train_step.Trainer.apply`, the optimizer update of the LoRA parameters;
+- ``parity_logprobs``: :meth:`rljob.trainer.model.Policy.scoring_program`, the step-0 parity gate's log-probs
+  of ``[rows rounded up to the mesh size, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
+
+Per program and device: XLA's memory analysis (argument, output, alias, temporary and generated-code bytes),
+the bytes of the trainer's state that stay in HBM while the program runs without being its argument
+(``resident_bytes``: the optimizer state during ``accumulate`` and ``parity_logprobs``, the base weights
+during ``apply``), their sum as the peak against the device's HBM, and XLA's cost analysis (FLOPs, bytes
+accessed) with a roofline time: max(FLOPs / peak bf16 FLOP/s, bytes / HBM bandwidth) per device
+(:data:`CHIPS`, the generations' public specs). Nothing runs: Splash attention, megablox and every other
+Pallas kernel are compiled as on the TPU (``JAX_PLATFORMS=cpu`` keeps JAX's own backend on the CPU; MaxText's
+kernels lower for the compile target, not for the local backend).
+
+Prints one JSON line: ``{"compile": {"topology": "v5p:2x2x1", "type": "v5p-8", "slices": 1, "devices": 4,
+"programs": {NAME: {...}}, "fits": true, "seconds": S}}``. Exit 0 when every program compiled and fits; 2 when
+a program does not fit the device's HBM (the compiler's out-of-memory, or the peak above the capacity), one
+line per program on stderr naming the fields that drive its size and an estimate that fits; 1 on anything
+else (our bug, with the traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.runconfig import RunConfig
+
+__all__ = ["CHIPS", "Chip", "compile_run", "main", "resident_bytes", "roofline"]
+
+GIB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+    """One TPU generation's public figures per chip (``devices`` JAX devices each)."""
+
+    hbm_bytes: int
+    peak_bf16_flops: float
+    hbm_bytes_per_s: float
+    devices: int
+    source: str
+
+    @property
+    def device_hbm(self) -> int:
+        return self.hbm_bytes // self.devices
+
+
+# v5p: https://cloud.google.com/tpu/docs/v5p ("Peak compute per chip (bf16) 459 TFLOPs; HBM2e capacity
+# and bandwidth 95GB, 2765 GBps"; 95 GiB in the TPU7x page's comparison table), one JAX device per chip
+# (megacore).
+# TPU7x: https://cloud.google.com/tpu/docs/tpu7x (per chip: 2307 TFLOPs BF16, 192 GiB HBM, 7380 GBps HBM
+# bandwidth), two TensorCores per chip, each its own JAX device with half of the chip.
+CHIPS: dict[str, Chip] = {
+    "v5p": Chip(95 * GIB, 459e12, 2765e9, 1, "https://cloud.google.com/tpu/docs/v5p"),
+    "tpu7x": Chip(192 * GIB, 2307e12, 7380e9, 2, "https://cloud.google.com/tpu/docs/tpu7x"),
+}
+
+_BATCH_DTYPES = {
+    "tokens": "int32",
+    "segment_ids": "int32",
+    "positions": "int32",
+    "weights": "float32",
+    "advantages": "float32",
+    "old_logprobs": "float32",
+}
+
+
+def generation(rc: RunConfig) -> str:
+    return rc.trainer.tpu.type_name.split("-")[0]
+
+
+def topology_devices(rc: RunConfig) -> list[Any]:
+    """The compile-only devices of the run's trainer slices, as MaxText's train_compile describes them."""
+    # No TPU is attached: libtpu only compiles here, so several compiles (test workers, other drills) may load
+    # it at once (without this the second one fails on libtpu's /tmp/libtpu_lockfile), and it need not ask
+    # the GCE metadata server for a TPU's identity.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    from jax.experimental.topologies import get_topology_desc
+    from maxtext.utils import accelerator_to_spec_map
+
+    hw = accelerator_to_spec_map.get_system_characteristics(rc.trainer.tpu.type_name)
+    return list(
+        get_topology_desc(
+            platform=hw.platform,
+            topology_name=hw.topology_name,
+            chip_config_name=hw.chip_config_name,
+            chips_per_host_bounds=hw.chips_per_host_bounds,
+            num_slices=rc.trainer.slices,
+            wrap=hw.wrap,
+        ).devices
+    )
+
+
+def shard_bytes(tree: Any) -> int:
+    """Bytes one device holds of ``tree`` (ShapeDtypeStructs or arrays with a sharding)."""
+    import jax
+    import numpy as np
+
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        shape = leaf.sharding.shard_shape(leaf.shape) if leaf.sharding is not None else leaf.shape
+        if jax.numpy.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+            itemsize = 8  # a threefry key's data: two uint32
+        else:
+            itemsize = np.dtype(leaf.dtype).itemsize
+        total += int(np.prod(shape, dtype=np.int64)) * itemsize
+    return total
+
+
+def resident_bytes(state: Any) -> int:
+    """Per-device bytes of a trainer state tree (the sum over its leaves' shards)."""
+    return shard_bytes(state)
+
+
+def roofline(flops: float, bytes_accessed: float, chip: Chip) -> tuple[float, str]:
+    """(seconds, bound) of one device: max(FLOPs / its bf16 peak, bytes / its HBM bandwidth)."""
+    compute = flops / (chip.peak_bf16_flops / chip.devices)
+    memory = bytes_accessed / (chip.hbm_bytes_per_s / chip.devices)
+    return max(compute, memory), "compute" if compute >= memory else "memory"
+
+
+@dataclasses.dataclass
+class Program:
+    name: str
+    fn: Any
+    args: tuple[Any, ...]
+    resident: int  # per-device bytes of the state that stays in HBM beside the program's arguments
+    drivers: str  # the spec fields that drive the program's size (the refusal's line)
+    model_flops: float = 0.0  # analytic FLOPs per device (0: XLA's count, the program has no loop)
+
+
+def model_flops(cfg: Any, tokens_per_device: float, *, backward: bool, reference: bool = False) -> float:
+    """FLOPs per device of the model over ``tokens_per_device`` tokens, from MaxText's own count
+    (``maxtext_utils.calculate_tflops_training_per_device``: weights' matmuls x 3 and attention x 3 for a
+    full training step of ``per_device_batch_size x max_target_length`` tokens). The trainer's base weights
+    are frozen: a LoRA step's backward computes the activations' gradients (x 1 more) but not the weights'
+    (the LoRA factors' own are negligible); attention's backward is x 2 as counted. ``reference``: the KL
+    penalty's extra forward pass. Rematerialised recomputation is not counted (model FLOPs, not hardware)."""
+    from maxtext.utils import maxtext_utils
+
+    _, weights, attention = maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)
+    tokens = float(cfg.per_device_batch_size) * float(cfg.max_target_length)
+    fw, fa = weights / 3, attention / 3  # forward only
+    flops = (2 * fw + 3 * fa) if backward else (fw + fa)
+    if reference:
+        flops += fw + fa
+    return float(flops) * 1e12 * tokens_per_device / max(tokens, 1.0)
+
+
+def _abstract_tree(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree`` laid out by ``shardings`` (a prefix tree of NamedShardings, as the
+    Trainer's jit shardings are)."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    def place(s: NamedSharding, sub: Any) -> Any:
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),  # type: ignore[no-untyped-call]
+            sub,
+        )
+
+    return jax.tree.map(place, shardings, tree, is_leaf=lambda s: isinstance(s, NamedSharding))
+
+
+def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
+    """The trainer's TPU programs with abstract arguments of the run's shapes."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from rljob.trainer.rollouts import parity_pack
+
+    cfg = trainer.cfg
+    state = _abstract_tree(jax.eval_shape(trainer.init_state, policy.lora0), trainer.state_sharding)
+    acc = _abstract_tree(jax.eval_shape(trainer.zero_acc, policy.lora0), trainer.acc_sharding)
+    batch = {
+        k: jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
+            (cfg.micro_batches, cfg.rows, cfg.budget), jnp.dtype(d), sharding=trainer.batch_sharding
+        )
+        for k, d in _BATCH_DTYPES.items()
+    }
+    rep = NamedSharding(policy.mesh, P())  # type: ignore[no-untyped-call]
+    gate = parity_pack(pack, int(policy.mesh.size))
+    row = jax.ShapeDtypeStruct((gate.rows, gate.budget), jnp.int32, sharding=rep)  # type: ignore[no-untyped-call]
+    opt = resident_bytes(state.opt_state) + resident_bytes((state.step, state.skipped))
+    step_fields = "spec.packing.tokenBudget, spec.trainer.microBatchSize"
+    n = int(policy.mesh.size)
+    per_mb = cfg.rows * cfg.budget / n
+    return [
+        Program(
+            "accumulate",
+            trainer.accumulate,
+            (acc, state.lora, policy.base, batch),
+            opt,
+            f"{step_fields}, spec.trainer.maxtext.remat_policy, spec.trainer.tpu",
+            cfg.micro_batches * model_flops(policy.cfg, per_mb, backward=True, reference=trainer.with_ref),
+        ),
+        Program("apply", trainer.apply, (state, acc), resident_bytes(policy.base), "spec.trainer.tpu"),
+        Program(
+            "parity_logprobs",
+            policy.scoring_program(),
+            (policy.base, state.lora, row, row, row),
+            opt,
+            f"{step_fields} (rows rounded up to the mesh's {n} devices), spec.trainer.tpu",
+            model_flops(policy.cfg, gate.rows * gate.budget / n, backward=False),
+        ),
+    ]
+
+
+# jax's shard_map: "... maps array axis 0 (of size 4) to mesh axes ('fsdp', 'expert') (of total size 8), but 8
+# does not evenly divide 4"
+_INDIVISIBLE = re.compile(
+    r"array axis (\d+) \(of size \d+\) to mesh axes .*?\(of total size (\d+)\), "
+    r"but \d+ does not evenly divide (\d+)"
+)
+_OOM = re.compile(r"RESOURCE_EXHAUSTED|[Rr]an out of memory|exceeds? .*(HBM|hbm)")
+_USED = re.compile(r"[Uu]sed ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? hbm")
+
+
+def _bytes(num: str, unit: str | None) -> int:
+    return int(float(num) * {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[unit])
+
+
+def compile_one(p: Program, chip: Chip) -> dict[str, Any]:
+    """One program lowered and compiled for the topology: its figures, or ``error`` (and ``oom``)."""
+    t0 = time.monotonic()
+    try:
+        compiled = p.fn.lower(*p.args).compile()
+    except Exception as e:
+        msg = str(e)
+        split = _INDIVISIBLE.search(msg)
+        if split:  # a kernel's shard_map (Splash attention) cannot split the rows over its mesh axes
+            return {
+                "fits": False,
+                "indivisible": {"array_axis": int(split[1]), "devices": int(split[2]), "size": int(split[3])},
+                "error": msg.strip().splitlines()[0][:400],
+                "hbm_bytes_per_device": chip.device_hbm,
+                "compile_seconds": round(time.monotonic() - t0, 1),
+            }
+        if not _OOM.search(msg):
+            raise
+        out: dict[str, Any] = {"fits": False, "oom": True, "error": msg.strip().splitlines()[0][:400]}
+        used = _USED.search(msg)
+        if used:
+            out["peak_bytes_per_device"] = _bytes(used[1], used[2]) + p.resident
+        out["hbm_bytes_per_device"] = chip.device_hbm
+        out["compile_seconds"] = round(time.monotonic() - t0, 1)
+        return out
+    ma = compiled.memory_analysis()
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list) else cost or {}
+    mem = {
+        "argument_bytes": int(ma.argument_size_in_bytes),
+        "output_bytes": int(ma.output_size_in_bytes),
+        "alias_bytes": int(ma.alias_size_in_bytes),
+        "temp_bytes": int(ma.temp_size_in_bytes),
+        "code_bytes": int(ma.generated_code_size_in_bytes),
+        "resident_bytes": p.resident,
+    }
+    peak = (
+        mem["argument_bytes"]
+        + mem["output_bytes"]
+        - mem["alias_bytes"]
+        + mem["temp_bytes"]
+        + mem["code_bytes"]
+        + p.resident
+    )
+    xla_flops = float(cost.get("flops", 0.0))
+    accessed = float(cost.get("bytes accessed", 0.0))
+    # XLA's cost analysis counts a loop's body once (the micro-batch scan, MaxText's layer scan): where the
+    # program loops, its FLOPs are the model's analytic count and its bytes a lower bound.
+    flops = p.model_flops or xla_flops
+    seconds, bound = roofline(flops, accessed, chip)
+    return {
+        "peak_bytes_per_device": peak,
+        "hbm_bytes_per_device": chip.device_hbm,
+        "fits": peak <= chip.device_hbm,
+        **mem,
+        "flops": flops,
+        "bytes_accessed": accessed,
+        "xla_flops": xla_flops,
+        "roofline_seconds": seconds,
+        "bound": bound,
+        "compile_seconds": round(time.monotonic() - t0, 1),
+    }
+
+
+def _largest(value: int, peak: int, fixed: int, capacity: int, multiple: int) -> int:
+    """``value`` scaled so the part of ``peak`` that grows with it fits ``capacity`` (linear estimate),
+    rounded down to ``multiple``; 0 when even the fixed part does not fit."""
+    room, grows = capacity - fixed, peak - fixed
+    if room <= 0 or grows <= 0:
+        return 0
+    return max(0, int(value * room / grows) // multiple * multiple)
+
+
+def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chip) -> str:
+    """One line: the program, its peak against the HBM, the fields and an estimate that fits."""
+    cap = chip.device_hbm
+    split = fig.get("indivisible")
+    if split:
+        n, rows = split["devices"], split["size"]
+        return (
+            f"spec.trainer.microBatchSize: {name}'s packed rows ({rows}) do not divide over the {n} devices "
+            "MaxText's attention kernel splits them over (the batch axes of spec.trainer.mesh); use a "
+            f"multiple of {n}, e.g. {-(-rows // n) * n}"
+        )
+    peak = fig.get("peak_bytes_per_device")
+    head = f"compile: {name} needs {peak / GIB:.1f} GiB per device" if peak else f"compile: {name} ran out"
+    head += f" of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} GiB HBM ({p.drivers})"
+    # What does not grow with the rows: the weights, the adapter and its optimizer state (every argument but
+    # the packed rows, and the resident state), by arithmetic over their shards.
+    state = {"accumulate": p.args[:3], "parity_logprobs": p.args[:2]}.get(name, p.args)
+    fixed = shard_bytes(state) + p.resident
+    devices = rc.trainer.devices  # every slice's
+    # Weights and state that take most of the HBM leave too little for any rows (a layer's gathered weights,
+    # the activations): a larger slice, sized so that they take about half of it.
+    if fixed >= 0.8 * cap or name == "apply":
+        more = max(2, math.ceil(fixed / (0.5 * cap)))
+        return (
+            head + f"; the weights, adapter and optimizer state alone are {fixed / GIB:.1f} GiB per device: "
+            f"spec.trainer.tpu (or spec.trainer.slices) with about {more} x its {devices} devices"
+        )
+    budget = rc.spec.packing.token_budget
+    align = max(int(rc.spec.packing.segment_align), 1)
+    if peak and fixed:
+        fit = _largest(budget, int(peak), int(fixed), cap, align)
+        rows = _largest(rc.trainer.micro_batch_size, int(peak), int(fixed), cap, 1)
+        return (
+            head + f"; about spec.packing.tokenBudget {fit} (now {budget}) or spec.trainer.microBatchSize "
+            f"{rows} (now {rc.trainer.micro_batch_size}) would fit (linear estimate from the temporaries; "
+            "rljob drill --compile again to confirm)"
+        )
+    return head + f"; lower spec.packing.tokenBudget (now {budget}) or give the trainer a larger slice"
+
+
+def compile_run(
+    rc: RunConfig,
+    keys: dict[str, Any] | None = None,
+    log: Callable[[str], None] | None = None,
+    only: set[str] | None = None,
+) -> tuple[dict[str, Any], list[str]]:
+    """(report, refusals) of the run's trainer programs compiled for its TPU topology. ``keys``: MaxText
+    keys instead of the run config's (tests: a small model with the run's other settings; the packed rows
+    are then ``max_target_length`` long); ``only``: these programs (tests)."""
+    import jax
+
+    jax.config.update("jax_platforms", os.environ.get("JAX_PLATFORMS") or "cpu")  # type: ignore[no-untyped-call]
+    from rljob.trainer.main import model_setup
+    from rljob.trainer.model import Policy
+    from rljob.trainer.train_step import Trainer
+
+    t0 = time.monotonic()
+    spec, step_cfg, _ = model_setup(rc, "config", None)
+    mt = dict(keys if keys is not None else spec.maxtext)
+    # MaxText derives the slice count and device count from the compile target (pyconfig: compile_topology).
+    mt.update(compile_topology=rc.trainer.tpu.type_name, compile_topology_num_slices=rc.trainer.slices)
+    spec = dataclasses.replace(spec, maxtext=mt, checkpoint=None)
+    devices = topology_devices(rc)
+    chip = CHIPS[generation(rc)]
+    policy = Policy(spec, devices=devices)
+    if keys is not None:
+        budget = int(mt.get("max_target_length", step_cfg.budget))
+        step_cfg = dataclasses.replace(step_cfg, budget=budget, pad_align=min(step_cfg.pad_align, budget))
+    trainer = Trainer(policy, step_cfg)
+    report: dict[str, Any] = {
+        "model": str(mt.get("model_name", "")),
+        "topology": f"{generation(rc)}:{rc.trainer.tpu.topology}",
+        "type": rc.trainer.tpu.type_name,
+        "slices": rc.trainer.slices,
+        "devices": len(devices),
+        "mesh": {str(k): int(v) for k, v in policy.mesh.shape.items() if int(v) > 1},
+        "shape": {"micro_batches": step_cfg.micro_batches, "rows": step_cfg.rows, "budget": step_cfg.budget},
+        "chip": {"hbm_bytes_per_device": chip.device_hbm, "source": chip.source},
+        "programs": {},
+    }
+    refusals: list[str] = []
+    for p in programs(policy, trainer, step_cfg.pack_config()):
+        if only is not None and p.name not in only:
+            continue
+        if log:
+            log(f"compiling {p.name} for {report['topology']} x {rc.trainer.slices}")
+        fig = compile_one(p, chip)
+        report["programs"][p.name] = fig
+        if not fig["fits"]:
+            refusals.append(refusal(p.name, fig, p, rc, chip))
+    report["fits"] = not refusals
+    report["seconds"] = round(time.monotonic() - t0, 1)
+    progs = report["programs"]
+    if "accumulate" in progs and "roofline_seconds" in progs["accumulate"]:
+        # Per micro-batch of the accumulate call, and the best utilisation of the chips the step can reach.
+        acc = progs["accumulate"]
+        report["roofline_seconds_per_micro_batch"] = acc["roofline_seconds"] / step_cfg.micro_batches
+        report["max_flops_utilisation"] = (
+            acc["flops"] / (acc["roofline_seconds"] * chip.peak_bf16_flops / chip.devices)
+            if acc["roofline_seconds"] > 0
+            else 0.0
+        )
+    return report, refusals
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m rljob.trainer.compilecheck", description=__doc__.splitlines()[0]
+    )
+    p.add_argument("--config", required=True)
+    p.add_argument("--keys", help="JSON of MaxText keys to use instead of the run config's (tests)")
+    args = p.parse_args(argv)
+    rc = RunConfig.load(args.config)
+    keys = json.loads(args.keys) if args.keys else None
+    report, refusals = compile_run(rc, keys, log=lambda m: print(m, file=sys.stderr, flush=True))
+    for line in refusals:
+        print(line, file=sys.stderr)
+    print(json.dumps({"compile": report}), flush=True)
+    return EXIT_OK if not refusals else EXIT_BAD_CONFIG
+
+
+if __name__ == "__main__":
+    sys.exit(main())
