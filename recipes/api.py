@@ -369,7 +369,8 @@ class TrainerSpec(ApiModel):
         ge=1,
         le=1 << 20,
         description="Sequences (packed rows) per optimizer micro-step across all trainer devices. Must be a "
-        "multiple of the fsdpxdata parallelism. Default: the fsdpxdata parallelism (one row per shard).",
+        "multiple of the data x fsdp x expert parallelism, over which MaxText splits the rows (data x fsdp "
+        "under custom_mesh_and_rule ep-as-cp). Default: that parallelism (one row per shard).",
     )
     logprobs: LogprobsSpec | None = Field(default=None, description="Block sizes of the fused log-prob head.")
     template: PodTemplate | None = Field(

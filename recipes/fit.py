@@ -45,7 +45,7 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
-from rljob.recipes import lora_targets, maxtext_keys, tpu
+from rljob.recipes import lora_targets, maxtext_keys, mesh, tpu
 from rljob.recipes.api import RLJobSpec
 from rljob.recipes.runconfig import MESH_AXES, MeshPlan, RunConfig, SamplerPlan, TrainerPlan
 
@@ -363,13 +363,14 @@ def check_trainer(
         f"{_gib(fit.used_bytes)} per device ({parts}) against {_gib(fit.capacity_bytes)} usable of a "
         f"device's {_gib(hbm)} HBM ({TRAINER_RESERVE:.0%} held back for XLA's temporaries)"
     )
-    rows = plan.ici.data * plan.ici.fsdp * plan.dcn.data * plan.dcn.fsdp
+    custom = keys.get("custom_mesh_and_rule")
+    rows = mesh.batch_shards(plan.ici, plan.dcn, str(custom) if custom else None)
     fewer = _max_micro_batch(fit, plan.micro_batch_size, rows)
     if fewer is not None:
         return fit, (
             f"spec.trainer.microBatchSize: {plan.micro_batch_size} rows of {token_budget} tokens over "
             f"{plan.devices} devices do not fit the trainer of {model}: {what}; at most {fewer} rows fit "
-            f"(a multiple of data x fsdp = {rows})"
+            f"(a multiple of {' x '.join(mesh.batch_axes(str(custom) if custom else None))} = {rows})"
         )
     msg = f"spec.trainer.tpu: {plan.tpu.type_name} x {plan.slices} slice(s) cannot hold the trainer of "
     msg += f"{model}: {what}"

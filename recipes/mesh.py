@@ -9,6 +9,8 @@ axis is 1.
 
 from __future__ import annotations
 
+import math
+
 from rljob.recipes.api import MeshAxes, MeshSpec
 from rljob.recipes.runconfig import MESH_AXES, MeshPlan
 
@@ -66,6 +68,19 @@ def resolve(
 def total(ici: MeshPlan, dcn: MeshPlan, axis: str) -> int:
     """Parallelism of one axis over the whole job."""
     return int(getattr(ici, axis)) * int(getattr(dcn, axis))
+
+
+def batch_axes(custom_mesh_and_rule: str | None) -> tuple[str, ...]:
+    """The mesh axes over which MaxText splits a micro-batch's rows: its activation_batch_attn rule
+    (maxtext/configs/base.yml: data, fsdp, fsdp_transpose, expert; the custom_mesh_and_rule files keep
+    data and fsdp, and all but ep-as-cp keep expert). Splash attention's shard_map needs the rows to split
+    evenly over them."""
+    return ("data", "fsdp") if custom_mesh_and_rule == "ep-as-cp" else ("data", "fsdp", "expert")
+
+
+def batch_shards(ici: MeshPlan, dcn: MeshPlan, custom_mesh_and_rule: str | None) -> int:
+    """Shards of a micro-batch's rows (see batch_axes)."""
+    return math.prod(total(ici, dcn, a) for a in batch_axes(custom_mesh_and_rule))
 
 
 def maxtext_keys(ici: MeshPlan, dcn: MeshPlan) -> dict[str, int]:

@@ -565,13 +565,18 @@ def _trainer(
         return None
     ici, dcn = resolved
     devices = trainer_tpu.devices * slices
-    shards = mesh.total(ici, dcn, "data") * mesh.total(ici, dcn, "fsdp")
+    # Splash attention's shard_map splits a micro-batch's rows over these axes: an expert-parallel trainer
+    # whose rows covered only data x fsdp did not compile for a TPU (rljob drill --compile found it).
+    custom = (spec.trainer.maxtext or {}).get("custom_mesh_and_rule")
+    axes = mesh.batch_axes(str(custom) if custom else None)
+    shards = mesh.batch_shards(ici, dcn, str(custom) if custom else None)
     micro = spec.trainer.micro_batch_size or shards
     spec.trainer.micro_batch_size = micro
     if micro % shards:
         problems.append(
             f"spec.trainer.microBatchSize: {micro} rows do not split evenly over "
-            f"data x fsdp = {shards} shards"
+            f"{' x '.join(axes)} = {shards} shards, over which MaxText splits a micro-batch's rows "
+            f"(Splash attention needs them even): use a multiple of {shards}"
         )
     keys, sources = _maxtext(spec, layers, job, _derived_keys(spec, job, ici, dcn, micro / devices), problems)
     problems.extend(_head_problems(spec, keys, micro * spec.packing.token_budget, devices))

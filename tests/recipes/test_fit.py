@@ -154,7 +154,7 @@ def test_a_model_too_big_for_its_slices_is_refused_on_each_role(
 def test_a_micro_batch_too_large_for_the_slice_is_refused_with_the_most_rows_that_fit() -> None:
     # Qwen3-8B on v5p-8 (fsdp 4): a row of 8192 tokens puts 2048 tokens on each device, whose 36 layer
     # inputs take 36 x 2048 x 4096 x 2 bytes; beside the 3.8 GiB of weights and the LoRA state,
-    # (85.5 GiB - fixed) / that per row, rounded down to a multiple of data x fsdp = 4.
+    # (85.5 GiB - fixed) / that per row, rounded down to a multiple of data x fsdp x expert = 4.
     spec = {"recipe": "qwen3-8b-v5p", "trainer": {"microBatchSize": 400}}
     run = plan.resolve(_job({"recipe": "qwen3-8b-v5p"}))
     ok = fit.of_run(run).trainer
@@ -166,7 +166,7 @@ def test_a_micro_batch_too_large_for_the_slice_is_refused_with_the_most_rows_tha
     assert len(lines) == 1 and lines[0].startswith("spec.trainer.microBatchSize: 400 rows of 8192 tokens"), (
         lines
     )
-    assert lines[0].endswith(f"at most {most} rows fit (a multiple of data x fsdp = 4)")
+    assert lines[0].endswith(f"at most {most} rows fit (a multiple of data x fsdp x expert = 4)")
     assert not [
         p for p in _problems({**spec, "trainer": {"microBatchSize": most}}) if p.startswith("spec.trainer.")
     ]

@@ -216,7 +216,21 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "micro-batch",
         {"trainer": {"tpu": "v5p-16", "microBatchSize": 12}},
         [
-            "spec.trainer.microBatchSize: 12 rows do not split evenly over data x fsdp = 8 shards",
+            "spec.trainer.microBatchSize: 12 rows do not split evenly over data x fsdp x expert = 8 shards, "
+            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a multiple "
+            "of 8",
+        ],
+    ),
+    (
+        "micro-batch over an expert axis: the rows split over data x fsdp x expert (Splash's shard_map)",
+        {
+            "model": {"name": "openai/gpt-oss-20b", "maxtextModel": "gpt-oss-20b"},
+            "trainer": {"tpu": "v5p-16", "mesh": {"fsdp": -1, "expert": 2}, "microBatchSize": 4},
+        },
+        [
+            "spec.trainer.microBatchSize: 4 rows do not split evenly over data x fsdp x expert = 8 shards, "
+            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a multiple "
+            "of 8",
         ],
     ),
     (
