@@ -217,8 +217,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         {"trainer": {"tpu": "v5p-16", "microBatchSize": 12}},
         [
             "spec.trainer.microBatchSize: 12 rows do not split evenly over data x fsdp x expert = 8 shards, "
-            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a multiple "
-            "of 8",
+            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a "
+            "multiple of 8",
         ],
     ),
     (
@@ -229,8 +229,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         },
         [
             "spec.trainer.microBatchSize: 4 rows do not split evenly over data x fsdp x expert = 8 shards, "
-            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a multiple "
-            "of 8",
+            "over which MaxText splits a micro-batch's rows (Splash attention needs them even): use a "
+            "multiple of 8",
         ],
     ),
     (
