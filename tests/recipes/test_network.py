@@ -8,7 +8,6 @@ tests create every rendered object through the operator, whose chart RBAC includ
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
@@ -16,18 +15,7 @@ from fixtures.recipes import catalog_cases, manifest, objects
 from rljob.recipes import naming, plan, render
 from rljob.recipes.api import RLJob
 
-BASE: dict[str, Any] = {
-    "apiVersion": "rljob.dev/v1alpha1",
-    "kind": "RLJob",
-    "metadata": {"name": "tk", "namespace": "team"},
-    "spec": {
-        "model": {"name": "Qwen/Qwen3-8B"},
-        "trainer": {"tpu": "v5p-8"},
-        "sampler": {"tpu": "v5p-8"},
-        "storage": {"root": "gs://bucket/runs"},
-        "service": {"api": "tinker", "apiKeySecret": "tinker-keys"},
-    },
-}
+SERVICE = {"service": {"api": "tinker", "apiKeySecret": "tinker-keys"}}
 
 
 def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
@@ -102,11 +90,10 @@ def test_every_pod_of_a_run_admits_only_the_runs_own_pods(name: str, doc: dict[s
 
 
 def test_the_api_port_admits_the_runs_namespace_and_the_listed_ones_only() -> None:
-    doc = copy.deepcopy(BASE)
-    doc["spec"]["service"]["clientNamespaces"] = ["notebooks", "team"]
+    doc = manifest({"service": {**SERVICE["service"], "clientNamespaces": ["notebooks", "ns"]}})
     objs = render.objects(plan.resolve(RLJob.model_validate(doc)))
     js = objs[-1]
-    api = policies(objs)[naming.api_network_policy("tk")]["spec"]
+    api = policies(objs)[naming.api_network_policy("t")]["spec"]
     labels = pod_labels(js)
     assert selects(api["podSelector"], labels[naming.TRAINER])
     assert not selects(api["podSelector"], labels[naming.SAMPLER])
@@ -117,17 +104,17 @@ def test_the_api_port_admits_the_runs_namespace_and_the_listed_ones_only() -> No
     assert render.API_PORT_NAME in [p["name"] for p in trainer["ports"]]
     (peer,) = rule["from"]
     ns = peer["namespaceSelector"]
-    assert selects(ns, {"kubernetes.io/metadata.name": "team"})
+    assert selects(ns, {"kubernetes.io/metadata.name": "ns"})
     assert selects(ns, {"kubernetes.io/metadata.name": "notebooks"})
     assert not selects(ns, {"kubernetes.io/metadata.name": "other"})
     assert "podSelector" not in peer  # any pod of those namespaces
 
 
 def test_without_client_namespaces_only_the_runs_namespace_reaches_the_api() -> None:
-    objs = render.objects(plan.resolve(RLJob.model_validate(BASE)))
-    api = policies(objs)[naming.api_network_policy("tk")]["spec"]
+    objs = render.objects(plan.resolve(RLJob.model_validate(manifest(SERVICE))))
+    api = policies(objs)[naming.api_network_policy("t")]["spec"]
     (expr,) = api["ingress"][0]["from"][0]["namespaceSelector"]["matchExpressions"]
-    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team"]}
+    assert expr == {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["ns"]}
 
 
 def test_the_rl_loop_has_no_api_policy() -> None:
@@ -137,7 +124,6 @@ def test_the_rl_loop_has_no_api_policy() -> None:
 
 @pytest.mark.parametrize("bad", ["Team", "a_b", "-a", "x" * 64])
 def test_client_namespaces_must_be_namespace_names(bad: str) -> None:
-    doc = copy.deepcopy(BASE)
-    doc["spec"]["service"]["clientNamespaces"] = [bad]
+    doc = manifest({"service": {**SERVICE["service"], "clientNamespaces": [bad]}})
     with pytest.raises(ValueError, match="clientNamespaces"):
         plan.resolve(RLJob.model_validate(doc))
