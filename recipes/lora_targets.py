@@ -8,15 +8,21 @@ modules they map to (``query``...).
 A target counts only where the decoder has a module of that name that qwix can wrap and whose adapter
 the trainer exports to PEFT under the Hugging Face model's names:
 
-- qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration): attention and the dense MLP;
+- qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration), llama2 (LlamaForCausalLM: MaxText's
+  block for Llama 2 and Llama 3.x): attention and the dense MLP;
 - qwen3_5 (Qwen3_5MoeForConditionalGeneration): attention (the full-attention layers; the gated delta
   net layers have no q/k/v/o projection) and the shared expert's MLP (``mlp.shared_expert.*_proj``);
   the routed experts are stacked parameters (MaxText ``routed_experts/wi_0``, Hugging Face
   ``mlp.experts.gate_up_proj``), not modules;
 - gpt_oss (GptOssForCausalLM): attention only; its MLP is all experts, stacked parameters on both
-  sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``).
+  sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``);
+- qwen3_moe (Qwen3MoeForCausalLM): attention only; its MLP is all routed experts (no shared expert),
+  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``).
 
-Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4}.py; transformers 5.x models/<family>/
+LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
+A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
+
+Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2}.py; transformers 5.x models/<family>/
 modeling_<family>.py (https://github.com/huggingface/transformers/tree/main/src/transformers/models).
 tests/trainer/test_families.py builds each family's miniature and checks this table against the LoRA
 parameters qwix actually creates.
@@ -31,6 +37,7 @@ __all__ = [
     "ATTENTION",
     "HF_TO_MAXTEXT",
     "MLP",
+    "REFUSED",
     "SUPPORTED",
     "decoder_block",
     "problems",
@@ -55,6 +62,21 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "gemma4": ATTENTION + MLP,
     "qwen3_5": ATTENTION + MLP,
     "gpt_oss": ATTENTION,
+    "llama2": ATTENTION + MLP,
+    "qwen3_moe": ATTENTION,
+}
+
+# decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
+REFUSED: dict[str, str] = {
+    "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout exported yet",
+    "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
+    "mistral": "the PEFT export of the mistral block is not written and tested yet",
+    "mixtral": "the PEFT export of the mixtral block (attention of an all-expert MoE) is not written and tested yet",
+    "gemma3": "the PEFT export of the gemma3 block (its local/global scan blocks) is not written and tested yet",
+    "gemma2": "the PEFT export of the gemma2 block is not written and tested yet",
+    "gemma": "the PEFT export of the gemma block is not written and tested yet",
+    "qwen3_next": "the PEFT export of the qwen3_next block (gated delta net blocks) is not written and tested yet",
+    "llama4": "the PEFT export of the llama4 block (interleaved MoE and NoPE layers) is not written and tested yet",
 }
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}
@@ -82,10 +104,11 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     if block is None:
         return out
     if block not in SUPPORTED:
+        why = f"{REFUSED[block]}; " if block in REFUSED else ""
         out.append(
             (
                 "spec.model.maxtextModel",
-                f"decoder block {block!r}: the trainer exports LoRA adapters of the decoder blocks "
+                f"decoder block {block!r}: {why}the trainer exports LoRA adapters of the decoder blocks "
                 f"{', '.join(sorted(SUPPORTED))} only",
             )
         )
