@@ -67,16 +67,18 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 }
 
 # decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
+_NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
 REFUSED: dict[str, str] = {
-    "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout exported yet",
+    "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout "
+    "exported yet",
     "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
-    "mistral": "the PEFT export of the mistral block is not written and tested yet",
-    "mixtral": "the PEFT export of the mixtral block (attention of an all-expert MoE) is not written and tested yet",
-    "gemma3": "the PEFT export of the gemma3 block (its local/global scan blocks) is not written and tested yet",
-    "gemma2": "the PEFT export of the gemma2 block is not written and tested yet",
-    "gemma": "the PEFT export of the gemma block is not written and tested yet",
-    "qwen3_next": "the PEFT export of the qwen3_next block (gated delta net blocks) is not written and tested yet",
-    "llama4": "the PEFT export of the llama4 block (interleaved MoE and NoPE layers) is not written and tested yet",
+    "mistral": _NOT_YET.format("mistral", ""),
+    "mixtral": _NOT_YET.format("mixtral", " (attention of an all-expert MoE)"),
+    "gemma3": _NOT_YET.format("gemma3", " (its local/global scan blocks)"),
+    "gemma2": _NOT_YET.format("gemma2", ""),
+    "gemma": _NOT_YET.format("gemma", ""),
+    "qwen3_next": _NOT_YET.format("qwen3_next", " (gated delta net blocks)"),
+    "llama4": _NOT_YET.format("llama4", " (interleaved MoE and NoPE layers)"),
 }
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}

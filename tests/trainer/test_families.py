@@ -223,7 +223,7 @@ def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model
     leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
     by = {
         (leaf.hf_parent, leaf.module, leaf.which): (leaf, arr)
-        for leaf, arr in zip(policy.peft.layout, leaves)
+        for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
     }
     checked = 0
     for (parent, module, which), (la, a_arr) in by.items():
