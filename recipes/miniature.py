@@ -3,13 +3,14 @@
 A miniature is what a local rehearsal builds instead of the full model: MaxText loads the model's own
 config file (``model_name``, e.g. ``configs/models/gemma4-31b.yml`` of MaxText 0.2.5) and
 :func:`miniature_overrides` replaces only sizes on top of it: layers, widths, heads, experts, the
-vocabulary. Everything that makes the family different stays the model's own: the decoder block and
-its scan grouping (Qwen3, Qwen3 MoE and Llama 3.1 scan single layers, gpt-oss scans blocks of
+vocabulary. Everything that makes the family different stays the model's own: the decoder block and its
+scan grouping (Qwen3, Qwen3 MoE and Llama 3.1 scan single layers, gpt-oss scans blocks of
 ``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5 blocks of 4 (three gated-delta-net layers,
-then one full-attention layer), Gemma 4 blocks of six (five sliding-window layers, then one global
-layer: ``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``)), MoE routing (top-k, routed and shared experts, ``norm_topk_prob``, router
-bias), attention variants (sinks, sliding windows, gated delta nets, shared key/value projections,
-partial and multi-section RoPE, yarn, Llama 3.1's interleaved RoPE), soft caps, tied and scaled embeddings, norms and activations.
+then one full-attention layer), Gemma 4 blocks of six (five sliding-window layers, then one global layer:
+``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``)), MoE routing (top-k, routed and shared
+experts, ``norm_topk_prob``, router bias), attention variants (sinks, sliding windows, gated delta nets,
+shared key/value projections, partial and multi-section RoPE, yarn, Llama 3.1's interleaved RoPE), soft
+caps, tied and scaled embeddings, norms and activations.
 
 Each miniature keeps at least two scan iterations of its family's block, so that a scan axis is more
 than one layer deep, and widths whose products differ (``heads x head_dim != emb_dim``), so that an
