@@ -68,17 +68,27 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 
 # decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
 _NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
+_NO_CONVERSION = "MaxText 0.2.5's to_maxtext has no Hugging Face checkpoint mapping for it"
 REFUSED: dict[str, str] = {
     "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout "
     "exported yet",
     "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
-    "mistral": _NOT_YET.format("mistral", ""),
+    "mistral": f"{_NO_CONVERSION}, and " + _NOT_YET.format("mistral", ""),
     "mixtral": _NOT_YET.format("mixtral", " (attention of an all-expert MoE)"),
     "gemma3": _NOT_YET.format("gemma3", " (its local/global scan blocks)"),
     "gemma2": _NOT_YET.format("gemma2", ""),
-    "gemma": _NOT_YET.format("gemma", ""),
+    "gemma": f"{_NO_CONVERSION}, and " + _NOT_YET.format("gemma", ""),
+    "gemma4_small": _NOT_YET.format("gemma4_small", ""),
+    "qwen2": _NOT_YET.format("qwen2", " (q/k/v biases)"),
     "qwen3_next": _NOT_YET.format("qwen3_next", " (gated delta net blocks)"),
-    "llama4": _NOT_YET.format("llama4", " (interleaved MoE and NoPE layers)"),
+    "qwen3_custom_moe": _NOT_YET.format("qwen3_custom_moe", ""),
+    "olmo3": _NOT_YET.format("olmo3", ""),
+    "llama4": f"{_NO_CONVERSION}, and " + _NOT_YET.format("llama4", " (interleaved MoE and NoPE layers)"),
+    "gpt3": _NO_CONVERSION,
+    "envy": _NO_CONVERSION,
+    "default": "MaxText's test block, not a Hugging Face model's",
+    "simple": "MaxText's test block, not a Hugging Face model's",
+    "simple_mlp": "MaxText's test block, not a Hugging Face model's",
 }
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}
