@@ -8,15 +8,21 @@ modules they map to (``query``...).
 A target counts only where the decoder has a module of that name that qwix can wrap and whose adapter
 the trainer exports to PEFT under the Hugging Face model's names:
 
-- qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration): attention and the dense MLP;
+- qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration), llama2 (LlamaForCausalLM: MaxText's
+  block for Llama 2 and Llama 3.x): attention and the dense MLP;
 - qwen3_5 (Qwen3_5MoeForConditionalGeneration): attention (the full-attention layers; the gated delta
   net layers have no q/k/v/o projection) and the shared expert's MLP (``mlp.shared_expert.*_proj``);
   the routed experts are stacked parameters (MaxText ``routed_experts/wi_0``, Hugging Face
   ``mlp.experts.gate_up_proj``), not modules;
 - gpt_oss (GptOssForCausalLM): attention only; its MLP is all experts, stacked parameters on both
-  sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``).
+  sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``);
+- qwen3_moe (Qwen3MoeForCausalLM): attention only; its MLP is all routed experts (no shared expert),
+  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``).
 
-Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4}.py; transformers 5.x models/<family>/
+LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
+A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
+
+Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2}.py; transformers 5.x models/<family>/
 modeling_<family>.py (https://github.com/huggingface/transformers/tree/main/src/transformers/models).
 tests/trainer/test_families.py builds each family's miniature and checks this table against the LoRA
 parameters qwix actually creates.
@@ -31,6 +37,7 @@ __all__ = [
     "ATTENTION",
     "HF_TO_MAXTEXT",
     "MLP",
+    "REFUSED",
     "SUPPORTED",
     "decoder_block",
     "problems",
@@ -55,6 +62,33 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "gemma4": ATTENTION + MLP,
     "qwen3_5": ATTENTION + MLP,
     "gpt_oss": ATTENTION,
+    "llama2": ATTENTION + MLP,
+    "qwen3_moe": ATTENTION,
+}
+
+# decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
+_NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
+_NO_CONVERSION = "MaxText 0.2.5's to_maxtext has no Hugging Face checkpoint mapping for it"
+REFUSED: dict[str, str] = {
+    "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout "
+    "exported yet",
+    "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
+    "mistral": f"{_NO_CONVERSION}, and " + _NOT_YET.format("mistral", ""),
+    "mixtral": _NOT_YET.format("mixtral", " (attention of an all-expert MoE)"),
+    "gemma3": _NOT_YET.format("gemma3", " (its local/global scan blocks)"),
+    "gemma2": _NOT_YET.format("gemma2", ""),
+    "gemma": f"{_NO_CONVERSION}, and " + _NOT_YET.format("gemma", ""),
+    "gemma4_small": _NOT_YET.format("gemma4_small", ""),
+    "qwen2": _NOT_YET.format("qwen2", " (q/k/v biases)"),
+    "qwen3_next": _NOT_YET.format("qwen3_next", " (gated delta net blocks)"),
+    "qwen3_custom_moe": _NOT_YET.format("qwen3_custom_moe", ""),
+    "olmo3": _NOT_YET.format("olmo3", ""),
+    "llama4": f"{_NO_CONVERSION}, and " + _NOT_YET.format("llama4", " (interleaved MoE and NoPE layers)"),
+    "gpt3": _NO_CONVERSION,
+    "envy": _NO_CONVERSION,
+    "default": "MaxText's test block, not a Hugging Face model's",
+    "simple": "MaxText's test block, not a Hugging Face model's",
+    "simple_mlp": "MaxText's test block, not a Hugging Face model's",
 }
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}
@@ -82,10 +116,11 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     if block is None:
         return out
     if block not in SUPPORTED:
+        why = f"{REFUSED[block]}; " if block in REFUSED else ""
         out.append(
             (
                 "spec.model.maxtextModel",
-                f"decoder block {block!r}: the trainer exports LoRA adapters of the decoder blocks "
+                f"decoder block {block!r}: {why}the trainer exports LoRA adapters of the decoder blocks "
                 f"{', '.join(sorted(SUPPORTED))} only",
             )
         )

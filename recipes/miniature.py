@@ -3,13 +3,14 @@
 A miniature is what a local rehearsal builds instead of the full model: MaxText loads the model's own
 config file (``model_name``, e.g. ``configs/models/gemma4-31b.yml`` of MaxText 0.2.5) and
 :func:`miniature_overrides` replaces only sizes on top of it: layers, widths, heads, experts, the
-vocabulary. Everything that makes the family different stays the model's own: the decoder block and
-its scan grouping (gpt-oss scans blocks of ``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5
-blocks of 4 (three gated-delta-net layers, then one full-attention layer), Gemma 4 blocks of six
-(five sliding-window layers, then one global layer: ``GEMMA4_ATTENTION_PATTERN`` in MaxText's
-``models/gemma4.py``)), MoE routing (top-k, routed and shared experts, ``norm_topk_prob``, router
-bias), attention variants (sinks, sliding windows, gated delta nets, shared key/value projections,
-partial and multi-section RoPE, yarn), soft caps, tied and scaled embeddings, norms and activations.
+vocabulary. Everything that makes the family different stays the model's own: the decoder block and its
+scan grouping (Qwen3, Qwen3 MoE and Llama 3.1 scan single layers, gpt-oss scans blocks of
+``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5 blocks of 4 (three gated-delta-net layers,
+then one full-attention layer), Gemma 4 blocks of six (five sliding-window layers, then one global layer:
+``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``)), MoE routing (top-k, routed and shared
+experts, ``norm_topk_prob``, router bias), attention variants (sinks, sliding windows, gated delta nets,
+shared key/value projections, partial and multi-section RoPE, yarn, Llama 3.1's interleaved RoPE), soft
+caps, tied and scaled embeddings, norms and activations.
 
 Each miniature keeps at least two scan iterations of its family's block, so that a scan axis is more
 than one layer deep, and widths whose products differ (``heads x head_dim != emb_dim``), so that an
@@ -73,6 +74,26 @@ _SIZES: dict[str, dict[str, Any]] = {
         "gdn_num_key_heads": 2,
         "gdn_num_value_heads": 8,
         "mrope_section": [2, 1, 1],
+    },
+    # Llama 3.1 (MaxText's llama2 block): one scan axis of layers; kept: the llama3.1 RoPE (interleaved
+    # pairs, MaxText LLaMARotaryEmbedding, with its frequency scaling) and the query's 1/sqrt(head_dim)
+    # folded into the query weights (no qk norm, no query_pre_attn_scalar), which the PEFT export undoes;
+    # grouped-query attention 4:1 as the full model's 32:8 (8 heads of 16: 128 != 64).
+    "llama3.1-8b": {
+        **_COMMON,
+        "base_num_query_heads": 8,
+        "head_dim": 16,
+        "base_mlp_dim": 96,
+        "base_num_decoder_layers": 2,
+    },
+    # Qwen3 MoE: routed experts only (16 of 32 wide, top-8 normalized as the full model's 8 of 128), qk norm.
+    "qwen3-30b-a3b": {
+        **_COMMON,
+        "base_mlp_dim": 32,
+        "base_moe_mlp_dim": 32,
+        "num_experts": 16,
+        "num_experts_per_tok": 8,
+        "base_num_decoder_layers": 2,
     },
     # Gemma 4: blocks of 5 sliding-window layers + 1 global layer (2 blocks here) with its own head_dim
     # and KV head count and keys shared as values; tied embeddings scaled by sqrt(emb_dim), the final

@@ -32,6 +32,9 @@ MODELS: dict[str, ModelFacts] = {
     "gemma4-31b": ModelFacts(num_kv_heads=16),
     "gpt-oss-20b": ModelFacts(num_kv_heads=8, num_experts=32),
     "qwen3.5-397b-a17b": ModelFacts(num_kv_heads=2, num_experts=512),
+    "llama3.1-8b": ModelFacts(num_kv_heads=8),
+    "llama3.1-70b": ModelFacts(num_kv_heads=8),
+    "qwen3-30b-a3b": ModelFacts(num_kv_heads=4, num_experts=128),
 }
 
 

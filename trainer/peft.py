@@ -37,7 +37,9 @@ __all__ = [
     "PeftAdapter",
     "decoder_block",
     "hf_layers_prefix",
+    "output_map",
     "peft_layout",
+    "rope_pairs",
 ]
 
 # MaxText module name -> (Hugging Face parent, Hugging Face projection) for llama/qwen3-style models.
@@ -52,7 +54,8 @@ HF_PROJ: dict[str, tuple[str, str]] = {
 }
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
-# PEFT model wraps it as base_model.model): Qwen3ForCausalLM and GptOssForCausalLM keep them at
+# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM and
+# GptOssForCausalLM keep them at
 # model.layers; Qwen3_5MoeForConditionalGeneration and Gemma4ForConditionalGeneration at
 # model.language_model.layers (transformers 5.x, models/qwen3_5_moe/modeling_qwen3_5_moe.py and
 # models/gemma4/modeling_gemma4.py: ``self.model = ...Model(config)`` whose ``self.language_model`` holds
@@ -91,6 +94,37 @@ class LeafLayout:
     scan_axis: int
     scan_shape: tuple[int, ...]
     layers: tuple[int, ...]
+    # How a lora_b's output features differ from the Hugging Face projection's (query and key only, where
+    # the MaxText conversion of the checkpoint changes them; :func:`output_map`): the head width, whether
+    # MaxText's RoPE rotates interleaved pairs (2i, 2i+1) within each head where Hugging Face rotates
+    # (i, i + head_dim/2), and the factor MaxText's kernel is smaller by (1/sqrt(head_dim) folded in).
+    head_dim: int = 0
+    rope_pairs: bool = False
+    scale: float = 1.0
+
+    def to_hf(self, m: np.ndarray) -> np.ndarray:
+        """A layer's PEFT tensor from its [d0, d1] matrix: lora_A (r, in), lora_B (out, r) in the Hugging
+        Face model's feature order and scale."""
+        t = np.ascontiguousarray(m.T)
+        if self.rope_pairs:
+            # per head: MaxText's interleaved pairs -> Hugging Face's halves (evens, then odds), as the
+            # MaxText->HF conversion's adjust_rope does to the kernel
+            h = t.reshape(-1, self.head_dim, t.shape[-1])
+            t = np.concatenate([h[:, ::2], h[:, 1::2]], axis=1).reshape(t.shape)
+        if self.scale != 1.0:
+            t = (t.astype(np.float64) * self.scale).astype(np.float32)
+        return np.ascontiguousarray(t)
+
+    def from_hf(self, t: np.ndarray) -> np.ndarray:
+        """The inverse of :meth:`to_hf` (exact up to the float32 rounding of a non-power-of-two scale)."""
+        t = np.asarray(t, np.float32)
+        if self.scale != 1.0:
+            t = (t.astype(np.float64) / self.scale).astype(np.float32)
+        if self.rope_pairs:
+            half = self.head_dim // 2
+            h = t.reshape(-1, self.head_dim, t.shape[-1])
+            t = np.stack([h[:, :half], h[:, half:]], axis=2).reshape(t.shape)
+        return np.ascontiguousarray(t.T)
 
     def per_layer(self, arr: np.ndarray) -> np.ndarray:
         """[n_layers, d0, d1] from the stacked leaf."""
@@ -106,6 +140,40 @@ class LeafLayout:
 
 
 _ATTENTION_MODULES = ("query", "key", "value", "out")
+
+# Decoder blocks whose attention applies no 1/sqrt(head_dim) to the query: MaxText folds it into the
+# query kernel (layers/attentions.py init_query_w: no qk norm, no query_pre_attn_scalar; models/llama2.py
+# passes none), and its Hugging Face conversion divides q_proj by sqrt(head_dim)
+# (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN scale_query_layer).
+QUERY_SCALE_FOLDED = frozenset({"llama2"})
+
+
+def rope_pairs(cfg: Any) -> bool:
+    """Whether MaxText's RoPE for ``cfg`` rotates interleaved pairs (2i, 2i+1) of each head: the
+    llama3.1 rotary embedding (MaxText 0.2.5 layers/attentions.py init_rotary_embedding picks
+    LLaMARotaryEmbedding for a model_name or rope_type starting with llama3.1, layers/embeddings.py),
+    whose checkpoint conversion interleaves q_proj's and k_proj's halves (adjust_rope)."""
+    if bool(getattr(cfg, "use_mrope", False)) or str(getattr(cfg, "attention_type", "")) == "mla":
+        return False
+    name, rope = str(getattr(cfg, "model_name", "")), str(getattr(cfg, "rope_type", ""))
+    return name.startswith("llama3.1") or rope.startswith("llama3.1")
+
+
+def output_map(cfg: Any, module: str, which: str) -> dict[str, Any]:
+    """The :class:`LeafLayout` fields (head_dim, rope_pairs, scale) of a LoRA leaf of ``module``: only a
+    lora_b of the query or key differs from Hugging Face's layout, and only where MaxText's checkpoint
+    conversion changes that kernel (:func:`rope_pairs`, QUERY_SCALE_FOLDED)."""
+    if which != "b" or module not in ("query", "key"):
+        return {}
+    hd = int(cfg.head_dim)
+    out: dict[str, Any] = {}
+    if rope_pairs(cfg):
+        out |= {"head_dim": hd, "rope_pairs": True}
+    if module == "query" and decoder_block(cfg) in QUERY_SCALE_FOLDED:
+        out["scale"] = float(np.sqrt(np.float64(hd)))
+    return out
+
+
 _SUBLAYER = re.compile(r"^layers?_(\d+)$")
 
 
@@ -191,7 +259,15 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
         seen.setdefault(key, set()).update(layers)
         out.append(
             LeafLayout(
-                "/".join(keys), module, which, parent, (matrix[0], matrix[1]), scan_axis, scan_shape, layers
+                "/".join(keys),
+                module,
+                which,
+                parent,
+                (matrix[0], matrix[1]),
+                scan_axis,
+                scan_shape,
+                layers,
+                **output_map(cfg, module, which),
             )
         )
     return out
@@ -242,7 +318,7 @@ class PeftAdapter:
             per_layer = leaf.per_layer(np.asarray(arr, np.float32))
             for layer, m in zip(leaf.layers, per_layer, strict=True):
                 # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]
-                out[self.name(layer, leaf)] = np.ascontiguousarray(m.T)
+                out[self.name(layer, leaf)] = leaf.to_hf(m)
         return out
 
     def from_peft(self, tensors: Mapping[str, np.ndarray]) -> LoraState:
@@ -261,7 +337,7 @@ class PeftAdapter:
         leaves, treedef = jax.tree_util.tree_flatten(self.lora0)
         out = []
         for arr, leaf in zip(leaves, self.layout, strict=True):
-            mats = [np.asarray(tensors[self.name(layer, leaf)], np.float32).T for layer in leaf.layers]
+            mats = [leaf.from_hf(tensors[self.name(layer, leaf)]) for layer in leaf.layers]
             out.append(jnp.asarray(leaf.stack(mats), arr.dtype))
         return jax.tree_util.tree_unflatten(treedef, out)
 

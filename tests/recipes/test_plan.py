@@ -175,8 +175,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "unknown recipe",
         {"recipe": "llama-9000"},
         [
-            "spec.recipe: unknown recipe 'llama-9000'; known: gemma4-31b-v5p, gpt-oss-20b-v5p, qwen3-8b-v5p, "
-            "qwen3.5-397b-a17b-tpu7x",
+            "spec.recipe: unknown recipe 'llama-9000'; known: gemma4-31b-v5p, gpt-oss-20b-v5p, "
+            "llama3.1-8b-v5p, qwen3-30b-a3b-tpu7x, qwen3-8b-v5p, qwen3.5-397b-a17b-tpu7x",
         ],
     ),
     (

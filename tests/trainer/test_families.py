@@ -9,7 +9,9 @@ files (transformers 5.x models/<family>/modeling_<family>.py): Qwen3.5's q_proj 
 ``heads x head_dim`` wide (query and output gate), its linear-attention layers have no self_attn, its
 MLP LoRA lands on ``mlp.shared_expert``; Gemma 4's full-attention layers use ``global_head_dim`` and
 ``num_global_key_value_heads`` and, with ``attention_k_eq_v`` (MaxText ``share_kv_projections``), have
-no v_proj.
+no v_proj. Qwen3 MoE (qwen3_moe) trains attention only (its MLP is routed experts); Llama 3.1 (llama2)
+attention and MLP, its query and key lora_B mapped from MaxText's interleaved RoPE pairs and folded query
+scale to Hugging Face's layout (checked against MaxText's own MaxText->HF checkpoint conversion below).
 """
 
 from __future__ import annotations
@@ -179,3 +181,86 @@ def test_gpt_oss_block_order_is_hugging_faces() -> None:
         assert all(hf[i] == kind[sub.attention_type] for i in leaf.layers)
         checked += len(leaf.layers)
     assert checked == policy.num_layers
+
+
+def _hf_delta_by_maxtexts_conversion(
+    model: str, policy: Policy, module: str, a: np.ndarray, b: np.ndarray
+) -> Any:
+    """MaxText's own MaxText->Hugging Face conversion (checkpoint_conversion/utils/param_mapping.py HOOK_FNS,
+    saving_to_hf) of one layer's LoRA delta a @ b, as an HF weight (out, in). The hooks are linear, so the
+    converted delta is the change of the converted kernel."""
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    cfg = policy.cfg
+    hf_config = {"num_hidden_layers": policy.num_layers, "head_dim": int(cfg.head_dim)}
+    hooks = param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=True)
+    parent = "self_attention" if module in ("query", "key", "value", "out") else "mlp"
+    chain = hooks[f"params-decoder-layers-{parent}-{module}-kernel"]
+    heads = {"query": int(cfg.num_query_heads), "key": int(cfg.num_kv_heads), "value": int(cfg.num_kv_heads)}
+    delta = a @ b  # [in, out]
+    if module in heads:  # MaxText's kernel: [emb, heads, head_dim]
+        delta = delta.reshape(delta.shape[0], heads[module], int(cfg.head_dim))
+    elif module == "out":  # [heads, head_dim, emb]
+        delta = delta.reshape(int(cfg.num_query_heads), int(cfg.head_dim), delta.shape[-1])
+    target = (b.shape[1], a.shape[0])  # Hugging Face (out, in)
+    for hook in chain if isinstance(chain, list) else [chain]:
+        delta = hook(delta, target)
+    return np.asarray(delta, np.float64)
+
+
+@pytest.mark.parametrize("model", ["llama3.1-8b", "qwen3-30b-a3b", "qwen3-8b"])
+def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model: str) -> None:
+    """For every projection and layer, the PEFT adapter's delta B @ A is what MaxText's own checkpoint
+    conversion makes of the MaxText delta a @ b: for Llama 3.1 its query and key lora_B go from MaxText's
+    interleaved RoPE pairs back to Hugging Face's halves and the query's by sqrt(head_dim) (the scale
+    MaxText folds into the query kernel); for Qwen3 and Qwen3 MoE nothing but the transposes. A broken
+    export (Llama's RoPE map or query scale left out) is caught."""
+    import dataclasses
+
+    policy = _policy(model)
+    lora = _random_like(policy.lora0, seed=3)
+    tensors = policy.peft.to_peft(lora)
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
+    by = {
+        (leaf.hf_parent, leaf.module, leaf.which): (leaf, arr)
+        for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
+    }
+    checked = 0
+    for (parent, module, which), (la, a_arr) in by.items():
+        if which != "a":
+            continue
+        lb, b_arr = by[(parent, module, "b")]
+        assert la.layers == lb.layers
+        for i, (a, b) in enumerate(zip(la.per_layer(a_arr), lb.per_layer(b_arr), strict=True)):
+            layer = la.layers[i]
+            want = _hf_delta_by_maxtexts_conversion(model, policy, module, a, b)
+            got = (
+                tensors[policy.peft.name(layer, lb)].astype(np.float64) @ tensors[policy.peft.name(layer, la)]
+            )
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{module} layer {layer}")
+            checked += 1
+            if model.startswith("llama") and module in ("query", "key"):
+                broken = dataclasses.replace(lb, rope_pairs=False, scale=1.0)
+                bad = (
+                    broken.to_hf(b.astype(np.float32)).astype(np.float64)
+                    @ tensors[policy.peft.name(layer, la)]
+                )
+                assert not np.allclose(bad, want, rtol=1e-3, atol=1e-4), f"{module}: a broken map passed"
+    assert checked == policy.num_layers * len(TARGETS[model])
+
+
+def test_a_query_scale_of_head_dim_128_round_trips_to_float32_rounding() -> None:
+    """Llama 3.1's full head_dim 128: sqrt(128) is not a power of two, so lora_B of the query comes back
+    from PEFT within float32 rounding (the miniature's head_dim 16 round-trips exactly)."""
+    from rljob.trainer.peft import LeafLayout
+
+    leaf = LeafLayout(
+        "decoder/layers/x", "query", "b", "self_attn", (4, 2 * 128), 0, (), (0,), 128, True, 128**0.5
+    )
+    m = np.random.default_rng(0).standard_normal((4, 2 * 128)).astype(np.float32)
+    t = leaf.to_hf(m)
+    assert t.shape == (256, 4)
+    # head 0's HF feature 1 is MaxText's feature 2 (the pairs' first halves first), scaled by sqrt(128)
+    np.testing.assert_allclose(t[1], m[:, 2] * 128**0.5, rtol=1e-6)
+    np.testing.assert_allclose(t[64], m[:, 1] * 128**0.5, rtol=1e-6)
+    np.testing.assert_allclose(leaf.from_hf(t), m, rtol=1e-6)

@@ -73,6 +73,8 @@ def test_scan_blocks_are_maxtexts() -> None:
     assert miniature.scan_block("gpt-oss-20b") == 2
     assert miniature.scan_block("qwen3.5-397b-a17b") == 4
     assert miniature.scan_block("qwen3-8b") == 1
+    assert miniature.scan_block("llama3.1-8b") == 1
+    assert miniature.scan_block("qwen3-30b-a3b") == 1
 
 
 def test_unknown_model_is_named() -> None:

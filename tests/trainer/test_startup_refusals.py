@@ -55,9 +55,15 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
-        "decoder block without an adapter export",
-        {"model": {"maxtextModel": "llama3.1-8b"}},
-        lambda: ModelSpec(maxtext={"model_name": "llama3.1-8b"}),
+        "LoRA target the decoder lacks (Qwen3 MoE MLP: routed experts only)",
+        {"model": {"maxtextModel": "qwen3-30b-a3b"}, "lora": {"targets": ["q_proj", "down_proj"]}},
+        lambda: ModelSpec(maxtext={"model_name": "qwen3-30b-a3b"}, lora_targets=("q_proj", "down_proj")),
+        "spec.lora.targets",
+    ),
+    (
+        "decoder block without an adapter export (DeepSeek's MLA)",
+        {"model": {"maxtextModel": "deepseek3-671b"}},
+        lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}),
         "spec.model.maxtextModel",
     ),
     (
