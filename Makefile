@@ -85,7 +85,12 @@ typecheck: venv pkgview
 	MYPYPATH=$(PKGVIEW):tests $(VENV)/bin/mypy $(PKGVIEW)/rljob hack bench tests
 
 test: lint typecheck
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest -m "not longdrill"
+
+# The drills too long for make test on a 2-core machine (marker longdrill; a 1300 s drill deadline).
+.PHONY: test-long
+test-long: venv
+	$(VENV)/bin/pytest -m longdrill
 
 # The inner loop: everything above but the tests marked cluster (the Go control plane), jax (MaxText
 # compiles) or slow; the markers are declared in pyproject.toml.

@@ -112,11 +112,18 @@ def test_bad_arguments_exit_2_naming_them(
     assert capsys.readouterr().err.startswith(field)
 
 
+# qwen3-30b-a3b-tpu7x: 4 trainer processes of a 16-expert miniature on tpu7x-16 took 28.5 s a step and
+# passed the drill's 420 s deadline on the quiet 2-core machine (447 s, timed out after step 1).
+LONG_DRILLS = frozenset({"qwen3-30b-a3b-tpu7x"})
+
+
 def _drill_cases() -> list[Any]:
     out = []
     for name in recipe_catalog.names():
         for profile in [None, *recipe_catalog.load(name).profiles]:
-            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else "")))
+            # A drill longer than its 420 s deadline on a quiet 2-core machine: the long tier (make test-long).
+            marks = [pytest.mark.longdrill] if name in LONG_DRILLS else []
+            out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else ""), marks=marks))
     return out
 
 
@@ -126,11 +133,17 @@ def _drill_cases() -> list[Any]:
 @pytest.mark.parametrize(("recipe", "profile"), _drill_cases())
 def test_drill(recipe: str, profile: str | None) -> None:
     args = ["--recipe", recipe] + (["--profile", profile] if profile else [])
+    long = recipe in LONG_DRILLS
     proc = subprocess.run(
-        [str(Path(sys.executable).parent / "rljob"), "drill", *args],
+        [
+            str(Path(sys.executable).parent / "rljob"),
+            "drill",
+            *args,
+            *(["--timeout", "1300"] if long else []),
+        ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1500 if long else 900,
         env={**os.environ, "PYTHONSAFEPATH": "1"},
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
