@@ -121,7 +121,7 @@ def _drill_cases() -> list[Any]:
     out = []
     for name in recipe_catalog.names():
         for profile in [None, *recipe_catalog.load(name).profiles]:
-            # A drill longer than its 420 s deadline on a quiet 2-core machine: the long tier (make test-long).
+            # Past its 420 s deadline on a quiet 2-core machine: the long tier (make test-long).
             marks = [pytest.mark.longdrill] if name in LONG_DRILLS else []
             out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else ""), marks=marks))
     return out
