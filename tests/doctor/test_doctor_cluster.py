@@ -84,6 +84,8 @@ def test_healthy_cluster(
         "operator.webhook": {"ok"},
         "operator.admission": {"ok"},
         "user.rbac": {"ok"},
+        # The test's namespace carries no pod-security.kubernetes.io/enforce label.
+        "namespace.pod-security": {"warning"},
     }
     assert "v5p-8-a" in found["nodepools.trainer+sampler"][0]["message"]
 

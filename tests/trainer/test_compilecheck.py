@@ -28,14 +28,14 @@ pytestmark = pytest.mark.jax
 GIB = 1 << 30
 
 
-def run_config(recipe: str, **spec: Any) -> RunConfig:
+def run_config(recipe: str, fit_check: bool = True, **spec: Any) -> RunConfig:
     doc = {
         "apiVersion": "rljob.dev/v1alpha1",
         "kind": "RLJob",
         "metadata": {"name": "cc"},
         "spec": {"recipe": recipe, "storage": {"root": "gs://rljob-cc"}, **spec},
     }
-    return resolve(parse_manifest(yaml.safe_dump(doc)))
+    return resolve(parse_manifest(yaml.safe_dump(doc)), fit_check=fit_check)
 
 
 def small_keys(rc: RunConfig, length: int = 1024, **extra: Any) -> dict[str, Any]:
@@ -97,7 +97,8 @@ def test_each_family_compiles_for_the_tpu_and_its_arguments_are_the_sharded_stat
     import jax
     from rljob.trainer import compilecheck
 
-    rc = run_config(recipe, trainer=trainer)
+    # The model's sizes are shrunk below (small_keys): the full-size model's HBM fit is not the question.
+    rc = run_config(recipe, fit_check=False, trainer=trainer)
     report, refusals = compilecheck.compile_run(rc, small_keys(rc), only={"accumulate", "apply"})
     assert refusals == [] and report["fits"] is True
     devices = rc.trainer.devices  # every slice's
@@ -127,7 +128,10 @@ def test_each_family_compiles_for_the_tpu_and_its_arguments_are_the_sharded_stat
     batch = 6 * cfg["micro_batches"] * cfg["rows"] * cfg["budget"] * 4 // devices
     args = report["programs"]["accumulate"]["argument_bytes"]
     low, high = args - apply_args / 2 - batch, args - 2 * lora - batch
-    assert total / devices * 0.75 <= high and low <= total / devices * 1.25, (low, high, total / devices)
+    # The weights are split over every device but the data axes' (a multi-slice job's slices are data
+    # parallel over DCN, each slice holding a whole copy).
+    shards = devices // (rc.trainer.ici.data * rc.trainer.dcn.data)
+    assert total / shards * 0.75 <= high and low <= total / shards * 1.25, (low, high, total / shards)
 
 
 def _abstract_policy(rc: RunConfig, keys: dict[str, Any]) -> tuple[Any, Any]:
