@@ -258,6 +258,9 @@ integrations:
 featureGates:
   VisibilityOnDemand: false
 CONFIG
+  # Where Kueue's release manifests keep its configuration (rljob doctor reads WaitForPodsReady there).
+  kubectl -n kueue-system create configmap kueue-manager-config \
+    --from-file=controller_manager_config.yaml="$KQ_DIR/config.yaml" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   KUBECONFIG="$KUBECONFIG_PATH" setsid "$BIN/kueue" --config "$KQ_DIR/config.yaml" --zap-devel=false \
     >"$LOGS/kueue.log" 2>&1 </dev/null 9>&- &
   echo $! > "$KQ_DIR/pid"

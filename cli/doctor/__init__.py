@@ -9,7 +9,8 @@ per group, table-tested without a cluster (tests/doctor/):
   answer (a server-side dry-run of a tiny JobSet comes back defaulted);
 - `nodepools`: TPU node pools for the manifest's trainer and sampler shapes (JobSet's exclusive
   placement puts every slice on a pool of its own; roles with the same shape add up);
-- `kueue`: the LocalQueue named by spec.queueName exists and is active;
+- `kueue`: the LocalQueue named by spec.queueName exists and is active, and Kueue's WaitForPodsReady
+  timeout (its ConfigMap kueue-system/kueue-manager-config) leaves the run's pods time to be ready;
 - `operator_checks`: the RLJob CRD, the operator's Deployment, its ServiceAccount's RBAC
   (SubjectAccessReview per permission), its validating webhook, and whether you may create RLJobs;
 - `needs`: what the manifest needs (resolved by the same plan `rljob render` uses) and the objects its

@@ -21,7 +21,14 @@ from rljob.cli.doctor.jobset import (
     probe_result,
     probe_rljob,
 )
-from rljob.cli.doctor.kueue import KUEUE_GROUP, LOCALQUEUE_CRD, check_queue
+from rljob.cli.doctor.kueue import (
+    KUEUE_CONFIG_MAP,
+    KUEUE_CONFIG_NAMESPACE,
+    KUEUE_GROUP,
+    LOCALQUEUE_CRD,
+    check_pods_ready_timeout,
+    check_queue,
+)
 from rljob.cli.doctor.needs import Needs, check_references
 from rljob.cli.doctor.nodepools import check_node_pools
 from rljob.cli.doctor.operator_checks import (
@@ -47,6 +54,8 @@ class ClusterState:
     deployments: list[Obj] = field(default_factory=list)
     nodes: list[Obj] = field(default_factory=list)
     local_queues: list[Obj] | None = None
+    # Kueue's configuration ConfigMap: the object, None when missing or not read, False when unreadable.
+    kueue_config: Obj | bool | None = None
     webhooks: list[Obj] = field(default_factory=list)
     access: dict[Permission, bool | None] = field(default_factory=dict)
     can_create_rljobs: bool | None = None
@@ -85,6 +94,7 @@ def run_checks(state: ClusterState, needs: Needs | None) -> list[Finding]:
         )
         + check_node_pools(state.nodes, needs)
         + check_queue(state.crds, state.local_queues, needs)
+        + check_pods_ready_timeout(state.crds, state.kueue_config, state.nodes, needs)
         + check_operator(
             state.crds,
             state.deployments,
@@ -207,6 +217,20 @@ def _read_lists(r: _Reader, state: ClusterState, needs: Needs | None, namespace:
         state.local_queues = r.items(
             custom.list_namespaced_custom_object, KUEUE_GROUP, storage[0], namespace, "localqueues"
         )
+        state.kueue_config = _read_optional(
+            r, client.CoreV1Api(api).read_namespaced_config_map, KUEUE_CONFIG_MAP, KUEUE_CONFIG_NAMESPACE
+        )
+
+
+def _read_optional(r: _Reader, call: Any, *args: Any) -> Obj | bool | None:
+    """One object: the object, None when it does not exist, False when it may not be read."""
+    from kubernetes.client.exceptions import ApiException
+
+    try:
+        got: Obj | None = r.raw(call, *args)
+    except (_Forbidden, ApiException):
+        return False
+    return got
 
 
 def _read_references(r: _Reader, state: ClusterState, needs: Needs, namespace: str) -> None:

@@ -31,7 +31,7 @@ from rljob.cli.doctor.jobset import (
     probe_result,
     probe_rljob,
 )
-from rljob.cli.doctor.kueue import LOCALQUEUE_CRD, TESTED_KUEUE_VERSION, check_queue
+from rljob.cli.doctor.kueue import KUEUE_CONFIG_KEY, LOCALQUEUE_CRD, TESTED_KUEUE_VERSION, check_queue
 from rljob.cli.doctor.needs import Needs, RoleNeed
 from rljob.cli.doctor.nodepools import check_node_pools, create_pool_command
 from rljob.cli.doctor.operator_checks import (
@@ -626,6 +626,7 @@ def test_run_checks_on_a_complete_cluster_exits_0() -> None:
         deployments=[deployment("jobset-controller-manager", "jobset-system", JS_IMAGE), OP_DEP],
         nodes=pools(("t0", V5P16), ("t1", V5P16), ("s0", V5P8)),
         local_queues=[lq("lq")],
+        kueue_config={"data": {KUEUE_CONFIG_KEY: "apiVersion: config.kueue.x-k8s.io/v1beta2\n"}},
         webhooks=[webhook_config()],
         access=dict(ALL_ALLOWED),
         can_create_rljobs=True,

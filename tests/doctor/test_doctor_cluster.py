@@ -1,13 +1,14 @@
 """`rljob doctor` on the local cluster (marker `cluster`): healthy first, then with pieces removed.
 
 The session's cluster (tests/fixtures/cluster.py) has JobSet (controller as a local process, webhooks
-configured), TPU pools v5p-8 x2, v5p-16 x2 (2 hosts), tpu7x-8 x2, no Kueue; the rljob chart is installed
-with the operator running as a local process (tests/fixtures/operator.py). Pieces are removed in a way
-the next test does not see: a manifest that needs pools the cluster lacks, a queue without Kueue, a
-ServiceAccount with part of the operator's RBAC, a user with no rights, JobSet's webhook pointed at a
-dead port and its mutating webhook configuration deleted (both restored at once). Deleting the JobSet
-CRD would take every JobSet of the session with it and stop the controller, so the missing-CRD case is
-covered by the table-driven tests on the real CRD schema (test_checks.py) instead.
+configured), TPU pools v5p-8 x2, v5p-16 x2 (2 hosts), tpu7x-8 x2, Kueue only where a test asks for
+it; the rljob chart is installed with the operator running as a local process
+(tests/fixtures/operator.py). Pieces are removed in a way the next test does not see: a manifest that
+needs pools the cluster lacks, a queue without its LocalQueue, a ServiceAccount with part of the
+operator's RBAC, a user with no rights, JobSet's webhook pointed at a dead port and its mutating webhook
+configuration deleted (both restored at once), Kueue's WaitForPodsReady timeout set short (restored).
+Deleting the JobSet CRD would take every JobSet of the session with it and stop the controller, so the
+missing-CRD case is covered by the table-driven tests on the real CRD schema (test_checks.py) instead.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from fixtures.k8s import as_dict, status_of
 from fixtures.operator import OperatorProcess
 from kubernetes import client
 from rljob.cli.doctor.jobset import probe_object, probe_result
+from rljob.cli.doctor.kueue import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_CONFIG_NAMESPACE
 from rljob.cli.doctor.operator_checks import OPERATOR_PERMISSIONS
 
 pytestmark = pytest.mark.cluster
@@ -349,3 +351,47 @@ def test_pod_override_references(
     cluster.core.patch_namespaced_secret("hf-token", namespace, {"stringData": {"token": "hf_x"}})
     got = refs()
     assert [s for s, _ in got] == ["ok", "problem", "ok"], got
+
+
+def test_kueue_wait_for_pods_ready_timeout(
+    cluster: Cluster, kueue: Any, namespace: str, rljob_operator: OperatorProcess, tmp_path: Path
+) -> None:
+    """Kueue's configuration read where its release manifests keep it (a ConfigMap in kueue-system): a
+    WaitForPodsReady timeout shorter than the run's pods may take is a warning with the setting to
+    change; a long enough one is ok."""
+    ns, name, key = KUEUE_CONFIG_NAMESPACE, KUEUE_CONFIG_MAP, KUEUE_CONFIG_KEY
+    manifest = write_manifest(tmp_path / "job.yaml", namespace, queueName="team-a")
+    try:
+        before: Any = cluster.core.read_namespaced_config_map(name, ns)
+    except client.ApiException:
+        before = None
+
+    def put(timeout: str) -> None:
+        text = yaml.safe_dump(
+            {
+                "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+                "kind": "Configuration",
+                "waitForPodsReady": {"timeout": timeout},
+            }
+        )
+        body = {"metadata": {"name": name, "namespace": ns}, "data": {key: text}}
+        with contextlib.suppress(client.ApiException):
+            cluster.core.delete_namespaced_config_map(name, ns)
+        cluster.core.create_namespaced_config_map(ns, body)
+
+    try:
+        put("5m")
+        _, found = doctor(cluster.kubeconfig, "--for", str(manifest))
+        [short] = found["kueue.waitforpodsready"]
+        assert short["status"] == "warning" and "waitForPodsReady.timeout 5m" in short["message"], short
+        assert f"in ConfigMap {ns}/{name}, key {key}: waitForPodsReady: {{timeout: " in short["fix"]
+        put("2h")
+        _, found = doctor(cluster.kubeconfig, "--for", str(manifest))
+        [long] = found["kueue.waitforpodsready"]
+        assert long["status"] == "ok" and "timeout 120m" in long["message"], long
+    finally:
+        with contextlib.suppress(client.ApiException):
+            cluster.core.delete_namespaced_config_map(name, ns)
+        if before is not None:
+            before.metadata.resource_version = None
+            cluster.core.create_namespaced_config_map(ns, before)
