@@ -78,6 +78,10 @@ REASON_NOT_RUNNING: Final = "NotRunning"
 REASON_CREATE_FAILED: Final = "CreateFailed"
 """Ready=False while a child object (ServiceAccount, Role, RoleBinding, ConfigMap, JobSet) cannot be created:
 the API answered an error (a 422, an RBAC denial, the JobSet CRD missing); retried with backoff."""
+REASON_POD_CREATE_FAILED: Final = "PodCreateFailed"
+"""Ready=False while a Job of the run cannot create its pods: the Job controller's FailedCreate event (Pod
+Security admission, a ResourceQuota or LimitRange, an admission webhook refusing the pod), with the API
+server's message; it clears when the pods exist and are ready."""
 REASON_NOT_OWNED: Final = "ChildNotOwned"
 """Ready=False while an object with a child's name exists that this RLJob does not own (its controller owner
 reference names another uid): it is never adopted, overwritten or counted; retried with backoff."""
@@ -106,7 +110,8 @@ EVENT_RESTARTING: Final = "Restarting"
 EVENT_SUCCEEDED: Final = "Succeeded"
 EVENT_FAILED: Final = "Failed"
 EVENT_INVALID_SPEC: Final = "InvalidSpec"
-# Also events: REASON_CREATE_FAILED, REASON_NOT_OWNED, REASON_SPEC_NO_LONGER_PLANS (Warning).
+# Also events: REASON_CREATE_FAILED, REASON_POD_CREATE_FAILED, REASON_NOT_OWNED,
+# REASON_SPEC_NO_LONGER_PLANS (Warning).
 
 # ------------------------------------------------------------------------------- JobSet vocabulary
 JS_COMPLETED: Final = "Completed"

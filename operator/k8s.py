@@ -81,6 +81,7 @@ JOBSET: Final = Kind(naming.JOBSET_GROUP, naming.JOBSET_VERSION, "jobsets")
 CONFIGMAP: Final = Kind("", "v1", "configmaps")
 POD: Final = Kind("", "v1", "pods")
 EVENT: Final = Kind("events.k8s.io", "v1", "events")
+CORE_EVENT: Final = Kind("", "v1", "events")  # read only: the Job controller's FailedCreate (reconcile)
 SERVICEACCOUNT: Final = Kind("", "v1", "serviceaccounts")
 ROLE: Final = Kind("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
@@ -225,15 +226,18 @@ class Kube:
         *,
         namespace: str | None = None,
         label_selector: str | None = None,
+        field_selector: str | None = None,
         limit: int = 500,
     ) -> list[dict[str, Any]]:
-        """Every object of `kind` in `namespace` (None: all namespaces) matching the selector (paged)."""
+        """Every object of `kind` in `namespace` (None: all namespaces) matching the selectors (paged)."""
         items: list[dict[str, Any]] = []
         cont: str | None = None
         while True:
             params = {"limit": str(limit)}
             if label_selector:
                 params["labelSelector"] = label_selector
+            if field_selector:
+                params["fieldSelector"] = field_selector
             if cont:
                 params["continue"] = cont
             page = await self.request("GET", kind.path(namespace), resource=kind.plural, params=params)

@@ -43,14 +43,18 @@ from rljob.operator.status import (
     Observed,
     classify_pod,
     derive_status,
+    pod_create_error,
     status_body,
     stop_jobset,
 )
 from rljob.operator.workqueue import Key, WorkQueue
 from rljob.recipes import naming
-from rljob.recipes.api import API_VERSION, KIND, ProgressReport, RLJobStatus
+from rljob.recipes.api import API_VERSION, KIND, Phase, ProgressReport, RLJobStatus
 
 logger = logging.getLogger(__name__)
+
+# How often a run that waits for its pods has its Jobs' FailedCreate events read (and is looked at again).
+POD_CREATE_POLL_S = 20.0
 
 
 def owned(obj: Mapping[str, Any], owner: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,6 +116,8 @@ class Reconciler:
         self._retries: dict[Key, int] = {}
         # RLJobs whose queued JobSet's Workload this operator deactivated (spec.suspend), by JobSet uid.
         self._deactivated: dict[Key, str] = {}
+        # The last read of a waiting run's FailedCreate events: (monotonic time, message).
+        self._pod_create: dict[Key, tuple[float, str | None]] = {}
 
     # ----------------------------------------------------------------------------- watch callbacks
 
@@ -121,6 +127,7 @@ class Reconciler:
         if event_type == "DELETED":
             self.caches.drop_rljob(key)
             self._deactivated.pop(key, None)
+            self._pod_create.pop(key, None)
             return
         if self.caches.put_rljob(body):
             self.queue.add(key)
@@ -262,6 +269,7 @@ class Reconciler:
         report = None
         if progress is not None and progress.report is not None:
             report = _parse_progress(progress.report)
+        pod_create = await self._pod_create_error(key, js, prior, latched)
         failure = self.caches.failures.get(key)
         if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
             failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
@@ -285,6 +293,7 @@ class Reconciler:
                 progress=report,
                 api_url=plan.api_url if plan.objects else None,
                 create_error=create_error,
+                pod_create_error=pod_create,
             )
         )
         new_status = status_body(derived.status)
@@ -312,6 +321,33 @@ class Reconciler:
         if create_error is not None and not refused:
             # After the status and the event: the worker retries with backoff.
             raise ChildError(create_error[1])
+
+    async def _pod_create_error(
+        self, key: Key, js: JobSetView | None, prior: RLJobStatus | None, latched: bool
+    ) -> str | None:
+        """While a run's JobSet waits for its pods (Pending, not suspended), the Job controller's newest
+        FailedCreate of its Jobs: the API server refused their pods (Pod Security admission, a quota), which
+        the JobSet does not report. Read at most every POD_CREATE_POLL_S per run, and the run looked at
+        again then, so that the refusal shows within that time and clears when the pods come."""
+        waiting = prior is None or prior.phase in (Phase.PENDING, Phase.RESTARTING)
+        if latched or js is None or js.suspended or js.completed or js.failed or not waiting:
+            self._pod_create.pop(key, None)
+            return None
+        now = time.monotonic()
+        last = self._pod_create.get(key)
+        if last is not None and now - last[0] < POD_CREATE_POLL_S:
+            return last[1]
+        try:
+            events = await self.kube.list(
+                k8s.CORE_EVENT, namespace=key[0], field_selector="involvedObject.kind=Job,reason=FailedCreate"
+            )
+        except k8s.ApiError as exc:  # e.g. an operator installed without `list events`: say nothing
+            logger.debug("listing FailedCreate events in %s: %s", key[0], exc)
+            events = []
+        message = pod_create_error(events, js.name, datetime.now(UTC))
+        self._pod_create[key] = (now, message)
+        self.queue.add_after(key, POD_CREATE_POLL_S)
+        return message
 
     def _owned_jobset(self, key: Key, uid: str) -> JobSetView | None:
         js = self.caches.jobsets.get(key)

@@ -12,7 +12,9 @@ Rules (the tests in tests/operator/test_status.py are the table of cases):
   tracked from its JobSet to its end, with Accepted=False (SpecNoLongerPlans) and a Warning event.
 - A child that cannot be created (an API error, or an object of the same name this RLJob does not own)
   keeps the run Pending with Ready=False (CreateFailed, ChildNotOwned) and a Warning event; the reconcile
-  retries with backoff.
+  retries with backoff. So does a Job of the run whose pods the API server refuses (Pod Security
+  admission, a quota): the Job controller's FailedCreate event, read by the reconcile while the run
+  waits for pods, is the message (PodCreateFailed), until the pods exist and are ready.
 - A JobSet that disappears before its outcome was observed makes the run Failed (JobSetDeleted): the
   operator does not guess whether it finished, and never silently starts the run over.
 - Restarts, per role (rljob.recipes.failure): the run's (a trainer crash restarts every Job) are the
@@ -276,6 +278,8 @@ class Observed:
     api_url: str | None = None
     # A child the reconcile could not create: (reason, message); REASON_CREATE_FAILED or REASON_NOT_OWNED.
     create_error: tuple[str, str] | None = None
+    # The newest FailedCreate of the run's Jobs (their pods refused by the API server): its message.
+    pod_create_error: str | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -289,6 +293,40 @@ class Event:
 class Derived:
     status: RLJobStatus
     events: Sequence[Event]
+
+
+# How recent a Job's FailedCreate must be to count: the Job controller retries a refused pod create with a
+# backoff of at most a minute (MaxJobApiBackOff, kubernetes pkg/controller/job/job_controller.go), and each
+# retry's event moves lastTimestamp (or the series' lastObservedTime), though the event recorder's spam
+# filter lets one object's repeats through only every 5 minutes after a burst: an event older than 10
+# minutes is a refusal that stopped.
+POD_CREATE_ERROR_WINDOW_S = 10 * 60
+
+
+def pod_create_error(events: Sequence[Mapping[str, Any]], jobset: str, now: datetime) -> str | None:
+    """The message of the newest recent FailedCreate event (core/v1) of a Job of JobSet ``jobset`` (its
+    Jobs are named ``<jobset>-<replicatedJob>-<index>``), or None."""
+    newest: tuple[datetime, str] | None = None
+    for ev in events:
+        obj = ev.get("involvedObject") or {}
+        if ev.get("reason") != "FailedCreate" or obj.get("kind") != "Job":
+            continue
+        name = str(obj.get("name") or "")
+        if not name.startswith(f"{jobset}-"):
+            continue
+        series = ev.get("series") or {}
+        when = (
+            parse_time(ev.get("lastTimestamp"))
+            or parse_time(series.get("lastObservedTime"))
+            or parse_time(ev.get("eventTime"))
+            or parse_time(ev.get("firstTimestamp"))
+        )
+        if when is None or (now - when).total_seconds() > POD_CREATE_ERROR_WINDOW_S:
+            continue
+        message = f"Job {name}: " + " ".join(str(ev.get("message") or "").split())
+        if newest is None or when > newest[0]:
+            newest = (when, message[:1000])
+    return newest[1] if newest else None
 
 
 def stop_jobset(status: RLJobStatus, jobset: JobSetView | None) -> bool:
@@ -495,6 +533,8 @@ def _phase_and_reasons(
             reason,
             f"{what}: waiting for pods ({last.message if last else ''})",
         )
+    if obs.pod_create_error is not None:
+        return Phase.PENDING, c.REASON_POD_CREATE_FAILED, obs.pod_create_error
     return (
         Phase.PENDING,
         c.REASON_WAITING_FOR_PODS,
@@ -503,7 +543,7 @@ def _phase_and_reasons(
     )
 
 
-_CREATE_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_NOT_OWNED})
+_CREATE_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_POD_CREATE_FAILED, c.REASON_NOT_OWNED})
 
 
 def _conditions(
@@ -644,7 +684,9 @@ def derive_status(obs: Observed) -> Derived:
     return Derived(status=status, events=events)
 
 
-_WARN_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_NOT_OWNED, c.REASON_SPEC_NO_LONGER_PLANS})
+_WARN_REASONS = frozenset(
+    {c.REASON_CREATE_FAILED, c.REASON_POD_CREATE_FAILED, c.REASON_NOT_OWNED, c.REASON_SPEC_NO_LONGER_PLANS}
+)
 
 
 def status_body(status: RLJobStatus) -> dict[str, Any]:

@@ -58,7 +58,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
     + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
     + _perms("create patch", "events.k8s.io", "events")
-    + _perms("create patch", "", "events")
+    + _perms("create patch list", "", "events")  # list: the Job controller's FailedCreate (reconcile)
 )
 
 

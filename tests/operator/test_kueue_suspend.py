@@ -72,7 +72,12 @@ class FakeKube:
         self.calls.append(("event", reason))
 
     async def list(
-        self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+        self,
+        kind: k8s.Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
         if kind != kueue.WORKLOAD:
             return []
@@ -183,7 +188,12 @@ def test_without_a_workload_the_operator_suspends_and_resumes_the_jobset_itself(
 def test_other_api_errors_are_raised() -> None:
     class Forbidden(FakeKube):
         async def list(
-            self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+            self,
+            kind: k8s.Kind,
+            *,
+            namespace: str | None = None,
+            label_selector: str | None = None,
+            field_selector: str | None = None,
         ) -> list[dict[str, Any]]:
             raise k8s.ApiError(403, {"reason": "Forbidden", "message": "no"})
 

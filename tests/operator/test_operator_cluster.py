@@ -42,6 +42,18 @@ def _running(c: Cluster, ns: str, name: str) -> dict[str, Any]:
     return status
 
 
+def _wait_ready_reason(c: Cluster, ns: str, name: str, reason: str, timeout: float) -> dict[str, Any]:
+    """The RLJob's Ready condition once its reason is ``reason``."""
+
+    def ready() -> dict[str, Any] | None:
+        status = (get_rljob(c, ns, name) or {}).get("status") or {}
+        cond = next((x for x in status.get("conditions") or [] if x["type"] == "Ready"), None)
+        return cond if cond and cond.get("reason") == reason else None
+
+    got: dict[str, Any] = wait_for(ready, timeout, f"Ready=False {reason}")
+    return got
+
+
 def _trainer_pod(c: Cluster, ns: str, name: str) -> Any:
     return wait_for(
         lambda: next(iter(running_pods(c, ns, name, "trainer")), None), 60, "a Running trainer pod"
@@ -437,14 +449,28 @@ def test_a_job_the_api_server_refuses_shows_in_the_status(
     cluster.core.create_namespaced_resource_quota(namespace, quota)
     create_rljob(cluster, manifest("refused", namespace))
 
-    def refused() -> dict[str, Any] | None:
-        status = (get_rljob(cluster, namespace, "refused") or {}).get("status") or {}
-        ready = next((x for x in status.get("conditions") or [] if x["type"] == "Ready"), None)
-        return ready if ready and ready.get("reason") == "CreateFailed" else None
-
-    ready = wait_for(refused, 60, "Ready=False CreateFailed")
+    ready = _wait_ready_reason(cluster, namespace, "refused", "CreateFailed", 60)
     assert "refuses the Jobs of replicated job" in ready["message"] and "quota" in ready["message"], ready
     assert get_rljob(cluster, namespace, "refused")["status"]["phase"] == "Pending"
     assert _get_jobset(cluster, namespace, "refused") is None  # nothing created
     events = cluster.core.list_namespaced_event(namespace, field_selector="reason=CreateFailed").items
     assert events and any("quota" in (e.message or "") for e in events)
+
+
+def test_pods_the_api_server_refuses_show_in_the_status(
+    cluster: Cluster, namespace: str, rljob_operator: OperatorProcess
+) -> None:
+    """A refusal of the pods, not the Jobs (Pod Security admission enforcing `restricted` in the
+    namespace): the JobSet and its Jobs are created, the Job controller's pod creates are refused and it
+    records FailedCreate events that the JobSet does not report. The reconcile reads them while the run
+    waits: Ready=False PodCreateFailed with the API server's message, and a Warning event on the RLJob."""
+    labels = {"pod-security.kubernetes.io/enforce": "restricted"}
+    cluster.core.patch_namespace(namespace, {"metadata": {"labels": labels}})
+    create_rljob(cluster, manifest("psa", namespace))
+
+    ready = _wait_ready_reason(cluster, namespace, "psa", "PodCreateFailed", 120)
+    assert ready["message"].startswith("Job psa-") and "PodSecurity" in ready["message"], ready
+    assert get_rljob(cluster, namespace, "psa")["status"]["phase"] == "Pending"
+    assert _get_jobset(cluster, namespace, "psa") is not None  # the JobSet exists; its pods do not
+    events = cluster.core.list_namespaced_event(namespace, field_selector="reason=PodCreateFailed").items
+    assert any(e.involved_object.kind == "RLJob" and "PodSecurity" in (e.message or "") for e in events)

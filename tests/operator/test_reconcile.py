@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from rljob.operator import conditions as c
 from rljob.operator import k8s
 from rljob.operator.cache import newer
 from rljob.operator.plans import PlanCache, make_plan
-from rljob.operator.reconcile import Reconciler, owned
+from rljob.operator.reconcile import POD_CREATE_POLL_S, Reconciler, owned
 from rljob.operator.status import controller_uid
 from rljob.operator.workqueue import WorkQueue
 from rljob.recipes.render import render
@@ -31,6 +32,8 @@ class MemoryKube:
         self.writes: list[tuple[str, str, str, str]] = []
         self.rv = 100
         self.fail: dict[str, Exception] = {}  # kind -> what a create of that kind raises
+        self.events: list[dict[str, Any]] = []  # core/v1 Events that `list` serves
+        self.lists: list[tuple[str, str | None]] = []  # (plural, field selector) of every list
 
     def _next_rv(self) -> str:
         self.rv += 1
@@ -91,9 +94,15 @@ class MemoryKube:
         self.writes.append(("event", reason, "", ""))
 
     async def list(
-        self, kind: k8s.Kind, *, namespace: str | None = None, label_selector: str | None = None
+        self,
+        kind: k8s.Kind,
+        *,
+        namespace: str | None = None,
+        label_selector: str | None = None,
+        field_selector: str | None = None,
     ) -> list[dict[str, Any]]:
-        return []
+        self.lists.append((kind.plural, field_selector))
+        return copy.deepcopy(self.events) if kind == k8s.CORE_EVENT else []
 
 
 def setup(body: dict[str, Any]) -> tuple[Reconciler, MemoryKube]:
@@ -460,7 +469,8 @@ def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retri
     assert delays == [1.0, 2.0]
     del kube.fail["JobSet"]
     run(one_attempt())
-    assert delays == [1.0, 2.0] and rec._retries == {}
+    # Created: no more backoff; the run, now waiting for its pods, is looked at again after the poll.
+    assert delays == [1.0, 2.0, POD_CREATE_POLL_S] and rec._retries == {}
     assert _status(kube)["jobSetName"] == "demo" and _events(kube)[-1] == c.EVENT_JOBSET_CREATED
 
 
@@ -578,3 +588,76 @@ def test_the_start_up_warm_up_plans_without_a_problem(caplog: pytest.LogCaptureF
     with caplog.at_level("WARNING", logger="rljob.operator.reconcile"):
         warm_up(render)
     assert caplog.records == []
+
+
+def failed_create(job: str, message: str, seconds_ago: float = 5.0) -> dict[str, Any]:
+    """A core/v1 Event as the Job controller records a refused pod."""
+    when = (datetime.now(UTC) - timedelta(seconds=seconds_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "involvedObject": {"kind": "Job", "name": job, "namespace": "ns"},
+        "reason": "FailedCreate",
+        "type": "Warning",
+        "message": message,
+        "lastTimestamp": when,
+    }
+
+
+PSA = (
+    'Error creating: pods "demo-trainer-0-0-x" is forbidden: violates PodSecurity "restricted:latest": '
+    'allowPrivilegeEscalation != false (container "trainer" must set '
+    "securityContext.allowPrivilegeEscalation=false)"
+)
+
+
+def test_pods_the_api_server_refuses_are_a_condition_and_an_event_until_they_come(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The Job controller records a pod create the API server refused (Pod Security admission, a quota) as
+    a FailedCreate event of the Job; the JobSet says nothing. While the run waits for pods, the reconcile
+    reads those events of the run's Jobs: Ready=False (PodCreateFailed) with the API server's message and a
+    Warning event, re-read every POD_CREATE_POLL_S (the key is requeued); gone when the events stop."""
+    rec, kube = setup(rljob())
+    requeued: list[tuple[Any, float]] = []
+    monkeypatch.setattr(rec.queue, "add_after", lambda key, delay: requeued.append((key, delay)))
+    run(rec.reconcile(("ns", "demo")))
+    rec.observe_jobset("ADDED", kube.objects[("JobSet", "ns", "demo")])
+    rec.observe_rljob("MODIFIED", kube.objects[("RLJob", "ns", "demo")])
+    kube.events = [
+        failed_create("demo-trainer-0", PSA),
+        failed_create("other-trainer-0", "another run's refusal"),  # not this run's Job
+        failed_create("demo-sampler-0", "an old refusal that stopped", seconds_ago=3600),
+    ]
+    rec._pod_create.clear()  # as after POD_CREATE_POLL_S
+    run(rec.reconcile(("ns", "demo")))
+    assert ("events", "involvedObject.kind=Job,reason=FailedCreate") in kube.lists
+    ready = _condition(kube, c.READY)
+    assert (_status(kube)["phase"], ready["status"], ready["reason"]) == (
+        "Pending",
+        "False",
+        c.REASON_POD_CREATE_FAILED,
+    )
+    assert (
+        ready["message"].startswith("Job demo-trainer-0: Error creating")
+        and "PodSecurity" in ready["message"]
+    )
+    assert _events(kube)[-1] == c.REASON_POD_CREATE_FAILED
+    assert requeued[-1] == (("ns", "demo"), POD_CREATE_POLL_S)  # looked at again later
+    # Within the poll interval the list is not repeated.
+    lists = len(kube.lists)
+    rec.observe_rljob("MODIFIED", kube.objects[("RLJob", "ns", "demo")])
+    run(rec.reconcile(("ns", "demo")))
+    assert len(kube.lists) == lists
+    # The namespace is fixed, the pods come: no new refusal, the condition is back to waiting.
+    kube.events = []
+    rec._pod_create.clear()
+    rec.observe_rljob("MODIFIED", kube.objects[("RLJob", "ns", "demo")])
+    run(rec.reconcile(("ns", "demo")))
+    assert _condition(kube, c.READY)["reason"] == c.REASON_WAITING_FOR_PODS
+
+
+def test_a_suspended_or_running_run_reads_no_events() -> None:
+    rec, kube = setup(rljob(suspend=True))
+    run(rec.reconcile(("ns", "demo")))
+    rec.observe_jobset("ADDED", kube.objects[("JobSet", "ns", "demo")])
+    run(rec.reconcile(("ns", "demo")))
+    assert [x for x in kube.lists if x[0] == "events"] == []
