@@ -97,8 +97,8 @@ def plan(
         request, limit = _gi(math.ceil(size / n)), _gi(size)
     else:
         request = user
-        total = k8s_rules.quantity(user) or 0  # not a quantity: the template check reports it
-        limit = user if n == 1 else str(math.ceil(total * n))
+        total = math.ceil((k8s_rules.quantity(user) or 0) * n)  # not a quantity: the template check says so
+        limit = user if n == 1 else _gi(total) if total % GIB == 0 else str(total)
     return CacheDisk(
         path=LOCAL_CACHE_DEFAULT,
         parts=counted,
@@ -109,6 +109,43 @@ def plan(
     )
 
 
+# ------------------------------------------------------------------------------ the node's boot disk
+# A GKE node's pods share the ephemeral storage of its boot disk (100 GB unless the node pool's
+# --disk-size says otherwise, https://cloud.google.com/sdk/gcloud/reference/container/node-pools/create).
+# GKE keeps part of it back (https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes,
+# "Local ephemeral storage reservation"): the eviction threshold, 10% of the file system, and a system
+# reservation of min(50% of the disk, 6 GiB + 35% of the disk, 100 GiB). The file system holds
+# FS_FRACTION of the disk: the page's example node, a 100 GB boot disk, has 98831908Ki of capacity and
+# 47060071478 bytes allocatable, which these figures give to within 0.1%.
+DEFAULT_BOOT_DISK_GB: Final = 100
+FS_FRACTION: Final = 0.9425
+IMAGES_BYTES: Final = 20 * GIB
+"""Room for the container images on the same disk (the trainer's JAX and MaxText, the sampler's vLLM and
+torch): a stated allowance."""
+
+
+def allocatable_bytes(disk_gb: int) -> int:
+    """Ephemeral storage a GKE node with a boot disk of ``disk_gb`` (GiB, as Compute Engine sizes disks)
+    leaves to its pods."""
+    fs = disk_gb * FS_FRACTION
+    system = min(0.5 * disk_gb, 6 + 0.35 * disk_gb, 100)
+    return int((0.9 * fs - system) * GIB)
+
+
+def boot_disk_gb(request_bytes: int) -> int:
+    """The smallest boot disk, in steps of 10 GB and at least GKE's default, whose allocatable ephemeral
+    storage holds one pod's cache request and the images."""
+    need, gb = request_bytes + IMAGES_BYTES, DEFAULT_BOOT_DISK_GB
+    while allocatable_bytes(gb) < need:
+        gb += 10
+    return gb
+
+
+def pod_bytes(disk: CacheDisk) -> int:
+    """What one pod asks of its node's ephemeral storage: the cache emptyDir's sizeLimit."""
+    return int(k8s_rules.quantity(disk.size_limit) or 0)
+
+
 def summary(role: str, disk: CacheDisk) -> str:
     """A line for `rljob plan`."""
     counted = ", ".join(f"{k.replace('_', ' ')} {v / GIB:.1f} GiB" for k, v in disk.parts.items())
@@ -117,7 +154,20 @@ def summary(role: str, disk: CacheDisk) -> str:
         f"+{HEADROOM:.0%}); emptyDir sizeLimit {disk.size_limit}, ephemeral-storage request {disk.request} "
         "per TPU container"
     )
-    return line + (" (the template's)" if disk.source == "template" else "")
+    line += " (the template's)" if disk.source == "template" else ""
+    return line + f"; node pool boot disk >= {boot_disk_gb(pod_bytes(disk))} GB (--disk-size, docs/gke.md)"
 
 
-__all__ = ["COMPILE_CACHE_BYTES", "HEADROOM", "parts", "plan", "sized", "summary", "weight_bytes"]
+__all__ = [
+    "COMPILE_CACHE_BYTES",
+    "DEFAULT_BOOT_DISK_GB",
+    "HEADROOM",
+    "allocatable_bytes",
+    "boot_disk_gb",
+    "parts",
+    "plan",
+    "pod_bytes",
+    "sized",
+    "summary",
+    "weight_bytes",
+]

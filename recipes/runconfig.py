@@ -105,7 +105,8 @@ class CacheDisk(ApiModel):
     size_limit: str = Field(description="The emptyDir's sizeLimit (one pod's).")
     request: str = Field(description="ephemeral-storage requested by each TPU container of the pod.")
     source: Literal["rljob", "template"] = Field(
-        description="rljob: sized from the model; template: the pod template's ephemeral-storage request wins."
+        description="rljob: sized from the model; template: the pod template's ephemeral-storage request "
+        "wins."
     )
 
 
