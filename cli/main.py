@@ -234,11 +234,16 @@ def explain(run: RunConfig) -> str:
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
-    from rljob.recipes import fit
+    from rljob.recipes import disk, fit
 
-    # Bytes per device of each role against its HBM (rljob.recipes.fit: the plan's fit check).
+    # Bytes per device of each role against its HBM (rljob.recipes.fit: the plan's fit check), then each
+    # host's cache disk (rljob.recipes.disk).
     at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: "))
-    lines[at:at] = fit.summary(fit.of_run(run), s)
+    lines[at:at] = [
+        *fit.summary(fit.of_run(run), s),
+        disk.summary("trainer", t.cache_disk),
+        disk.summary("sampler", s.cache_disk),
+    ]
     svc = spec.service
     if svc is not None:  # service mode: the trainer serves an API instead of the loop above
         from rljob.recipes import render

@@ -86,7 +86,8 @@ def restore(name: str, uri: str, local: Path) -> Restored:
 
 
 def save(uri: str, local: Path) -> int:
-    """Write to the cache at ``uri`` the files of ``local`` it lacks; the number written."""
+    """Write to the cache at ``uri`` the regular files of ``local`` it lacks (not symlinks); the number
+    written."""
     if not local.is_dir():
         return 0
     store = open_store(uri)
@@ -94,6 +95,11 @@ def save(uri: str, local: Path) -> int:
     written = 0
     for p in sorted(local.rglob("*")):
         key = p.relative_to(local).as_posix()
+        # A symlink is not saved: the Hugging Face cache that vLLM's --download-dir holds links each
+        # snapshot file to its blob (huggingface_hub's cache layout), and saving both would restore the
+        # weights twice over on the next host. The download recreates the links from the restored blobs.
+        if p.is_symlink():
+            continue
         if p.is_file() and key not in have and not key.endswith(".rljob-partial"):
             store.write(key, p.read_bytes())
             written += 1

@@ -253,7 +253,9 @@ class Resources(ApiModel):
         default=None,
         max_length=16,
         description="Requests by resource name (cpu, memory, ephemeral-storage): win over rljob's floor of "
-        "1 CPU and 4Gi. google.com/tpu is rljob's (from the slice) and refused here.",
+        "1 CPU and 4Gi and its ephemeral-storage for the caches (sized from the model: `rljob plan`; the "
+        "cache emptyDir's sizeLimit then follows this request). google.com/tpu is rljob's (from the slice) "
+        "and refused here.",
     )
     limits: dict[str, Quantity] | None = Field(
         default=None,
@@ -281,8 +283,8 @@ class PodTemplateSpec(ApiModel):
         default=None,
         max_length=64,
         description="Volumes added to the pods (Kubernetes Volume, e.g. csi: {driver: "
-        "gcsfuse.csi.storage.gke.io}, secret, persistentVolumeClaim, ephemeral); names run-config and dshm "
-        "are rljob's.",
+        "gcsfuse.csi.storage.gke.io}, secret, persistentVolumeClaim, ephemeral); names run-config, dshm "
+        "and rljob-cache are rljob's.",
         json_schema_extra=_FREE_ITEMS,
     )
     volume_mounts: list[VolumeMount] | None = Field(

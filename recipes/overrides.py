@@ -30,7 +30,7 @@ from typing import Any, Final
 
 from rljob.recipes import k8s_rules, schema, syntax
 from rljob.recipes.api import PodTemplate
-from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_DIR, CONFIG_ENV
+from rljob.recipes.runconfig import API_KEYS_ENV, CACHE_VOLUME, CONFIG_DIR, CONFIG_ENV, LOCAL_CACHE_DEFAULT
 from rljob.recipes.syntax import key_path
 from rljob.recipes.tpu import ACCELERATOR_LABEL, PLACEMENT_POLICY_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
 
@@ -57,8 +57,8 @@ RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_", "RLJOB_")
 """Every RLJOB_* name is rljob's own (the entrypoints read them; the render sets most), and MEGASCALE_* is
 the multi-slice runtime's."""
 
-RESERVED_VOLUMES: Final = frozenset({"run-config", "dshm"})
-RESERVED_MOUNTS: Final = (CONFIG_DIR, "/dev/shm")
+RESERVED_VOLUMES: Final = frozenset({"run-config", "dshm", CACHE_VOLUME})
+RESERVED_MOUNTS: Final = (CONFIG_DIR, "/dev/shm", LOCAL_CACHE_DEFAULT)
 TPU_NODE_KEYS: Final = (ACCELERATOR_LABEL, TOPOLOGY_LABEL, PLACEMENT_POLICY_LABEL)
 RESERVED_LABELS: Final = frozenset(
     {

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from rljob.recipes import (
+    disk,
     fit,
     lora_targets,
     maxtext_keys,
@@ -30,13 +31,14 @@ from rljob.recipes import (
     syntax,
     tpu,
 )
-from rljob.recipes.api import RLJob, RLJobSpec
+from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
+    CacheDisk,
     Endpoints,
     MeshPlan,
     ProgressTarget,
@@ -543,6 +545,7 @@ def _sampler(
         lora_max_rank=spec.lora.rank,
         max_loras=spec.sampler.max_loras,
         max_num_seqs=spec.sampler.max_num_seqs,
+        cache_disk=_cache_disk(spec, "sampler", sampler_tpu, spec.sampler.template),
     )
 
 
@@ -595,7 +598,22 @@ def _trainer(
         maxtext_version=spec.trainer.maxtext_version,
         maxtext=keys,
         maxtext_sources=sources,
+        cache_disk=_cache_disk(spec, "trainer", trainer_tpu, spec.trainer.template, keys),
     )
+
+
+def _cache_disk(
+    spec: RLJobSpec,
+    role: str,
+    tpu: TpuPlan,
+    template: PodTemplate | None,
+    keys: Mapping[str, Any] | None = None,
+) -> CacheDisk:
+    """The local disk of one host's caches (rljob.recipes.disk), from the model's shapes under the trainer's
+    final MaxText keys (the sampler's: the merged spec's keys, which hold every shape override)."""
+    assert spec.model and spec.trainer
+    model_keys = keys if keys is not None else (spec.trainer.maxtext or {})
+    return disk.plan(role, str(spec.model.maxtext_model), model_keys, _version(spec), tpu, template)
 
 
 NOT_IN_KEYS = frozenset(

@@ -27,14 +27,18 @@ What is not needed, though others set it:
 `/dev/shm` is a memory-backed emptyDir, as in xpk's and vLLM's Kubernetes manifests
 (https://docs.vllm.ai/en/latest/deployment/k8s.html), bounded by `sizeLimit` (the kubelet sizes the tmpfs
 to it and evicts a pod that writes more); the sampler's is larger (vLLM's and Ray's shared-memory queues and
-object store live there). No `readOnlyRootFilesystem`: vLLM downloads the model into $HOME's Hugging Face
-cache and JAX writes its compilation cache under $HOME; `restricted` does not require it.
+object store live there). No `readOnlyRootFilesystem`: vLLM and JAX write small files under $HOME and /tmp
+(the tokenizer, adapters, locks); `restricted` does not require it.
 
 Resources: each TPU container requests its chips (limit = request, as the device plugin requires), and a
 floor of CPU and memory so that the pod is never BestEffort (the first evicted and OOM-killed under node
 memory pressure). No CPU or memory limits: a TPU pod has its TPU VM to itself (the chips of every host of
 the slice are requested), a CPU limit would throttle the host-side input pipeline and a memory limit would
 turn a host-memory peak (a checkpoint restore, vLLM loading weights) into an OOM kill, a counted restart.
+Each TPU container also requests its share of `ephemeral-storage` for the caches (the sampler's model
+download, the compilation caches), which live in rljob's emptyDir `rljob-cache` at the pods' cache path
+rather than the container's writable layer, sized by the plan (rljob.recipes.disk) with the same size as
+the emptyDir's `sizeLimit`; a template's own request wins (rljob.recipes.overrides.resources).
 
 API access: only the trainer talks to the API server (it patches the `<rljob>-progress` ConfigMap,
 contract 4); the sampler pods get no ServiceAccount token (`automountServiceAccountToken: false`).
@@ -75,8 +79,10 @@ def mounts_api_token(role: str) -> bool:
     return role == naming.TRAINER
 
 
-def resources(chips: int, tpu_resource: str) -> dict[str, Any]:
+def resources(chips: int, tpu_resource: str, ephemeral_storage: str) -> dict[str, Any]:
+    """One TPU container's: the floor, its share of the cache disk (the plan's CacheDisk.request) and its
+    chips. No ephemeral-storage limit: the cache's emptyDir has its own sizeLimit."""
     return {
-        "requests": {**REQUESTS, tpu_resource: chips},
+        "requests": {**REQUESTS, "ephemeral-storage": ephemeral_storage, tpu_resource: chips},
         "limits": {tpu_resource: chips},
     }

@@ -24,6 +24,7 @@ from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
     API_KEYS_SECRET_KEY,
+    CACHE_VOLUME,
     CONFIG_DIR,
     CONFIG_ENV,
     CONFIG_KEY,
@@ -40,7 +41,7 @@ from rljob.recipes.tpu import TPU_RESOURCE
 if TYPE_CHECKING:
     import jinja2
     from rljob.recipes.api import PodTemplate
-    from rljob.recipes.runconfig import RunConfig, TpuPlan
+    from rljob.recipes.runconfig import CacheDisk, RunConfig, TpuPlan
 
 # The images' entrypoints: the package's console scripts, reading the mounted run.json.
 TRAINER_COMMAND = ["rljob-trainer", "--config", CONFIG_PATH]
@@ -149,10 +150,15 @@ def _template(run: RunConfig, role: str) -> PodTemplate | None:
     return spec.trainer.template if role == naming.TRAINER else spec.sampler.template
 
 
+def _cache_disk(run: RunConfig, role: str) -> CacheDisk:
+    return run.trainer.cache_disk if role == naming.TRAINER else run.sampler.cache_disk
+
+
 def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict[str, Any]]:
     """The TPU containers of one pod of a role; each knows its place (rljob.recipes.topology reads it)."""
     out = []
     template = _template(run, role)
+    disk = _cache_disk(run, role)
     n = tpu.containers_per_host
     for i in range(n):
         env = _env_common(run, role)
@@ -203,7 +209,7 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
                 "env_from": overrides.env_from(template),
                 "ports": ports,
                 "resources": overrides.resources(
-                    podspec.resources(tpu.chips_per_container, TPU_RESOURCE), template
+                    podspec.resources(tpu.chips_per_container, TPU_RESOURCE, disk.request), template
                 ),
                 "volume_mounts": overrides.volume_mounts(template),
             }
@@ -241,6 +247,8 @@ def _role(run: RunConfig, role: str) -> dict[str, Any]:
         "affinity": overrides.affinity(template),
         "service_account": overrides.service_account(template) or naming.service_account(run.name),
         "volumes": overrides.volumes(template),
+        "cache_path": _cache_disk(run, role).path,
+        "cache_size_limit": _cache_disk(run, role).size_limit,
         "grace_seconds": 120 if role == naming.TRAINER else 30,
         "automount_token": podspec.mounts_api_token(role),
         "shm_size": podspec.SHM_SIZE[role],
@@ -280,6 +288,7 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         container_security=podspec.container_security_context(),
         termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
         config_dir=CONFIG_DIR,
+        cache_volume=CACHE_VOLUME,
         run_configmap=naming.run_configmap(run.name),
     )
     problems = validate_jobset(obj)

@@ -42,8 +42,11 @@ RAY_HEAD_ENV = "RLJOB_RAY_HEAD"
 RAY_PORT_ENV = "RLJOB_RAY_PORT"
 RAY_PORT = 6379
 # Local disk of a pod (or a laptop) where the caches kept under storage.root are restored before start.
+# In a pod it is rljob's emptyDir volume CACHE_VOLUME mounted at LOCAL_CACHE_DEFAULT, sized by the plan
+# (CacheDisk, rljob.recipes.disk), not the container's writable layer.
 LOCAL_CACHE_ENV = "RLJOB_LOCAL_CACHE"
 LOCAL_CACHE_DEFAULT = "/tmp/rljob-cache"
+CACHE_VOLUME = "rljob-cache"
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
 
@@ -91,6 +94,22 @@ class MeshPlan(ApiModel):
         return out
 
 
+class CacheDisk(ApiModel):
+    """The local disk of one host's caches (rljob.recipes.disk): rljob's emptyDir at `path`."""
+
+    path: str = Field(description="Mount path of the emptyDir (the pods' $RLJOB_LOCAL_CACHE default).")
+    parts: dict[str, int] = Field(description="Bytes per host by what the caches hold, before the headroom.")
+    bytes: int = Field(
+        strict=True, ge=0, description="rljob's size per host: the parts with headroom, in GiB."
+    )
+    size_limit: str = Field(description="The emptyDir's sizeLimit (one pod's).")
+    request: str = Field(description="ephemeral-storage requested by each TPU container of the pod.")
+    source: Literal["rljob", "template"] = Field(
+        description="rljob: sized from the model; template: the pod template's ephemeral-storage request "
+        "wins."
+    )
+
+
 class TrainerPlan(ApiModel):
     """The trainer role, resolved."""
 
@@ -108,6 +127,7 @@ class TrainerPlan(ApiModel):
         description="Where each MaxText key came from: rljob, recipe, profile, manifest, or derived (no "
         "layer set it and MaxText's default would not run; RunConfig.derived says why)."
     )
+    cache_disk: CacheDisk = Field(description="The local disk of one host's caches.")
 
 
 class SamplerPlan(ApiModel):
@@ -122,6 +142,7 @@ class SamplerPlan(ApiModel):
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")
     max_num_seqs: int = Field(description="vLLM --max-num-seqs (sequences in flight per replica).")
+    cache_disk: CacheDisk = Field(description="The local disk of one host's caches (the model's weights).")
 
 
 class StoragePaths(ApiModel):
@@ -367,6 +388,7 @@ __all__ = [
     "ADAPTER_AGENT_PORT_OFFSET",
     "API_KEYS_ENV",
     "API_KEYS_SECRET_KEY",
+    "CACHE_VOLUME",
     "CONFIG_DIR",
     "CONFIG_ENV",
     "CONFIG_KEY",
@@ -382,6 +404,7 @@ __all__ = [
     "RAY_PORT_ENV",
     "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
+    "CacheDisk",
     "Endpoints",
     "MeshPlan",
     "ProgressTarget",

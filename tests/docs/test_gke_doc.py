@@ -286,6 +286,8 @@ GCLOUD: dict[tuple[str, ...], tuple[str, set[str]]] = {
             "spot",
             "reservation-affinity",
             "reservation",
+            "disk-size",
+            "ephemeral-storage-local-ssd",
         },
     ),
     ("storage", "buckets", "create"): (
@@ -776,12 +778,12 @@ def test_kueue_objects_are_accepted_by_kueue(kueue: Any, namespace: str) -> None
 
 BROKEN = [
     ("single-host pool with a topology",
-     "--machine-type=ct5p-hightpu-4t --num-nodes=1\n",
-     "--machine-type=ct5p-hightpu-4t --tpu-topology=2x2x1 --num-nodes=1\n",
+     "--machine-type=ct5p-hightpu-4t --num-nodes=1 --disk-size=130\n",
+     "--machine-type=ct5p-hightpu-4t --tpu-topology=2x2x1 --num-nodes=1 --disk-size=130\n",
      pool_problems, "v5p-8-$i: a single-host pool takes no tpu-topology"),
     ("multi-host tpu7x pool with a topology",
-     "--num-nodes=2 \\\n    --placement-policy=tpu7x-16-2x2x2-placement-policy",
-     "--num-nodes=2 --tpu-topology=2x2x2 \\\n    --placement-policy=tpu7x-16-2x2x2-placement-policy",
+     "--disk-size=1120 \\\n    --placement-policy=tpu7x-16-2x2x2-placement-policy",
+     "--disk-size=1120 --tpu-topology=2x2x2 \\\n    --placement-policy=tpu7x-16-2x2x2-placement-policy",
      pool_problems, "tpu7x-16-$i: a multi-host tpu7x pool takes --placement-policy alone"),
     ("multi-host v5p pool without compact placement",
      "--num-nodes=2 \\\n    --placement-type=COMPACT", "--num-nodes=2",

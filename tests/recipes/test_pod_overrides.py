@@ -79,7 +79,9 @@ def test_overrides_are_merged_into_the_role_and_only_it() -> None:
     }
     assert [t["key"] for t in spec["tolerations"]] == ["google.com/tpu", "cloud.google.com/gke-spot"]
     assert spec["affinity"] == GOOD["spec"]["affinity"]
-    assert [v["name"] for v in spec["volumes"]] == ["run-config", "dshm", "data", "scratch"]
+    assert [v["name"] for v in spec["volumes"]] == ["run-config", "dshm", "rljob-cache", "data", "scratch"]
+    # the template's ephemeral-storage (here a limit, which sets the request) sizes rljob's cache volume too
+    assert spec["volumes"][2]["emptyDir"] == {"sizeLimit": "100Gi"}
     (c,) = spec["containers"]
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"] == HF_ENV and env["RLJOB_CONFIG"]["value"] == "/etc/rljob/run.json"

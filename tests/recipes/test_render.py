@@ -230,9 +230,9 @@ def _restricted_violations(pod: dict[str, Any]) -> list[str]:
 def test_pods_meet_the_restricted_profile_but_for_the_named_exception(spec: dict[str, Any]) -> None:
     """Every rendered pod passes `restricted` but for the one exception rljob.recipes.podspec names: its
     TPU containers run as the images' user, root (no runAsNonRoot). The sampler gets no API token; /dev/shm
-    is bounded; every TPU container requests a CPU and memory floor and its chips, limits only its chips;
-    a failed container's log tail becomes its termination message."""
-    js = objects(manifest(spec))[-1]
+    is bounded; every TPU container requests a CPU and memory floor, its share of the cache disk and its
+    chips, limits only its chips; a failed container's log tail becomes its termination message."""
+    js, run = objects(manifest(spec))[-1], resolve(manifest(spec))
     for rj in js["spec"]["replicatedJobs"]:
         pod = rj["template"]["spec"]["template"]["spec"]
         violations = _restricted_violations(pod)
@@ -249,8 +249,14 @@ def test_pods_meet_the_restricted_profile_but_for_the_named_exception(spec: dict
         for c in pod["containers"]:
             res = c["resources"]
             chips = res["limits"]["google.com/tpu"]
+            disk = (run.trainer if rj["name"] == "trainer" else run.sampler).cache_disk
             assert res == {
-                "requests": {"cpu": "1", "memory": "4Gi", "google.com/tpu": chips},
+                "requests": {
+                    "cpu": "1",
+                    "memory": "4Gi",
+                    "ephemeral-storage": disk.request,
+                    "google.com/tpu": chips,
+                },
                 "limits": {"google.com/tpu": chips},
             }
             assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"

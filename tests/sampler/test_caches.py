@@ -42,6 +42,23 @@ def test_restore_and_save_copy_only_what_is_missing(tmp_path: Path) -> None:
     assert (empty.files, empty.present) == (0, 0) and "first start" in empty.line()
 
 
+def test_a_linked_file_is_saved_once(tmp_path: Path) -> None:
+    """The Hugging Face cache links each snapshot file to its blob: the weights are saved (and restored onto
+    the next host's cache disk, rljob.recipes.disk) once, not twice."""
+    uri = str(tmp_path / "storage" / "cache" / "hf")
+    local = tmp_path / "disk" / "hf"
+    blob = local / "models--o--m" / "blobs" / "0123abcd"
+    snapshot = local / "models--o--m" / "snapshots" / "rev" / "model.safetensors"
+    blob.parent.mkdir(parents=True)
+    snapshot.parent.mkdir(parents=True)
+    blob.write_bytes(b"w" * 100)
+    snapshot.symlink_to(os.path.relpath(blob, snapshot.parent))
+    assert caches.save(uri, local) == 1
+    assert open_store(uri).list() == ["models--o--m/blobs/0123abcd"]
+    r = caches.restore("hf", uri, tmp_path / "disk2" / "hf")
+    assert (r.files, r.bytes) == (1, 100)
+
+
 def _start(cfg: Path, port: int, local: Path) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg), "--backend", "cpu"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--no-watch"]
