@@ -21,6 +21,8 @@ class RoleNeed:
     role: str  # trainer | sampler
     tpu: TpuPlan
     slices: int
+    cache_bytes: int = 0  # the ephemeral storage one pod of the role asks for its caches (the plan's)
+    disk_gb: int | None = None  # the smallest node boot disk that holds it (recipes/disk.py)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class BadInput(Exception):
 
 def needs_from_manifest(path: Path) -> Needs:
     """Resolve FILE with the recipe core (the same plan `rljob render` uses) into what it needs."""
-    from rljob.recipes import podpolicy
+    from rljob.recipes import disk, podpolicy
     from rljob.recipes.plan import PlanError, parse_manifest, resolve
 
     try:
@@ -157,9 +159,18 @@ def needs_from_manifest(path: Path) -> Needs:
     return Needs(
         run.name,
         run.namespace,
-        (
-            RoleNeed("trainer", run.trainer.tpu, run.trainer.slices),
-            RoleNeed("sampler", run.sampler.tpu, run.sampler.replicas),
+        tuple(
+            RoleNeed(
+                role,
+                plan.tpu,
+                count,
+                disk.pod_bytes(plan.cache_disk),
+                disk.boot_disk_gb(disk.pod_bytes(plan.cache_disk)),
+            )
+            for role, plan, count in (
+                ("trainer", run.trainer, run.trainer.slices),
+                ("sampler", run.sampler, run.sampler.replicas),
+            )
         ),
         run.spec.queue_name,
         job.model_dump(mode="json", by_alias=True, exclude_none=True, exclude={"status"}),

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from rljob.cli.doctor.common import _UNIT, Obj, _conditions, _count
 from rljob.cli.doctor.findings import Finding, ok, problem, warning
 from rljob.cli.doctor.needs import Needs, RoleNeed
+from rljob.recipes import k8s_rules
+from rljob.recipes.disk import DEFAULT_BOOT_DISK_GB, GIB
 from rljob.recipes.placement import NODEPOOL_LABEL
 from rljob.recipes.runconfig import TpuPlan
 from rljob.recipes.tpu import ACCELERATOR_LABEL, PLACEMENT_POLICY_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
@@ -23,7 +25,11 @@ class Pool:
     nodes: int = 0
     ready: int = 0
     tpu_per_node: int | None = None  # smallest allocatable google.com/tpu over its nodes
+    ephemeral_per_node: int | None = None  # smallest allocatable ephemeral-storage (bytes) over its nodes
     placement_policy: str = ""  # label cloud.google.com/placement-policy-name (multi-host tpu7x)
+
+
+EPHEMERAL = "ephemeral-storage"
 
 
 def tpu_pools(nodes: Sequence[Obj]) -> dict[str, Pool]:
@@ -50,15 +56,26 @@ def tpu_pools(nodes: Sequence[Obj]) -> dict[str, Pool]:
         tpu = (node.get("status", {}).get("allocatable", {}) or {}).get(TPU_RESOURCE)
         count = int(tpu) if tpu is not None and str(tpu).isdigit() else 0
         pool.tpu_per_node = count if pool.tpu_per_node is None else min(pool.tpu_per_node, count)
+        eph = k8s_rules.quantity(
+            str((node.get("status", {}).get("allocatable", {}) or {}).get(EPHEMERAL, ""))
+        )
+        if eph is not None:
+            have = int(eph)
+            pool.ephemeral_per_node = (
+                have if pool.ephemeral_per_node is None else min(pool.ephemeral_per_node, have)
+            )
     return pools
 
 
-def create_pool_command(plan: TpuPlan, name: str) -> str:
-    """The gcloud commands that create one node pool for one slice of this shape (docs/gke.md)."""
+def create_pool_command(plan: TpuPlan, name: str, disk_gb: int | None = None) -> str:
+    """The gcloud commands that create one node pool for one slice of this shape (docs/gke.md); with
+    ``disk_gb`` above GKE's default, the boot disk the role's caches need (recipes/disk.py)."""
     base = (
         f"gcloud container node-pools create {name} --cluster=$CLUSTER --location=$LOCATION "
         f"--node-locations=$ZONE --machine-type={plan.machine_type} --num-nodes={plan.hosts}"
     )
+    if disk_gb is not None and disk_gb > DEFAULT_BOOT_DISK_GB:
+        base += f" --disk-size={disk_gb}"
     if plan.placement_policy:
         policy = plan.placement_policy
         return (
@@ -89,6 +106,9 @@ def check_node_pools(nodes: Sequence[Obj], needs: Needs | None) -> list[Finding]
     for (accelerator, topology), roles in shapes.items():
         plan = roles[0].tpu
         check = "nodepools." + "+".join(r.role for r in roles)
+        cache_bytes = max(r.cache_bytes for r in roles)
+        disks = [r.disk_gb for r in roles if r.disk_gb is not None]
+        disk_gb = max(disks) if disks else None
         wanted = sum(r.slices for r in roles)
         who = " and ".join(f"{r.role} ({_count(r.slices, _UNIT[r.role])})" for r in roles)
         shape = f"{accelerator} {topology} ({plan.type_name}, {_count(plan.hosts, 'node')} each)"
@@ -116,7 +136,7 @@ def check_node_pools(nodes: Sequence[Obj], needs: Needs | None) -> list[Finding]
                     "(exclusive placement: one pool per slice; a pool that scales from zero shows no nodes)",
                     f"create {missing} more, e.g. "
                     + create_pool_command(
-                        plan, f"{plan.type_name}-{needs.name}-{len(full)}"[:40].rstrip("-")
+                        plan, f"{plan.type_name}-{needs.name}-{len(full)}"[:40].rstrip("-"), disk_gb
                     ),
                 )
             )
@@ -136,6 +156,16 @@ def check_node_pools(nodes: Sequence[Obj], needs: Needs | None) -> list[Finding]
                         check,
                         f"pool {p.name}: {p.ready}/{p.nodes} nodes Ready",
                         f"kubectl get nodes -l {NODEPOOL_LABEL}={p.name}",
+                    )
+                )
+            if cache_bytes and p.ephemeral_per_node is not None and p.ephemeral_per_node < cache_bytes:
+                out.append(
+                    problem(
+                        check,
+                        f"pool {p.name}: nodes offer {p.ephemeral_per_node / GIB:.0f} GiB of ephemeral "
+                        f"storage, a pod's caches ask {cache_bytes / GIB:.0f} GiB (the kubelet would not "
+                        "schedule it, or evict it)",
+                        f"recreate the pool with a larger boot disk: --disk-size={disk_gb} (docs/gke.md)",
                     )
                 )
             if (p.tpu_per_node or 0) < plan.chips_per_host:

@@ -464,6 +464,35 @@ def test_create_pool_command(tpu: str, fragments: list[str]) -> None:
         assert "--tpu-topology" not in cmd and "--placement" not in cmd
 
 
+@pytest.mark.parametrize(("disk_gb", "flag"), [(None, None), (100, None), (130, "--disk-size=130")])
+def test_create_pool_command_asks_for_the_caches_boot_disk(disk_gb: int | None, flag: str | None) -> None:
+    cmd = create_pool_command(tpu_catalog.plan("v5p-8"), "p", disk_gb)
+    assert ("--disk-size" in cmd) == (flag is not None) and (flag is None or flag in cmd)
+
+
+def test_pools_whose_nodes_cannot_hold_the_caches_are_a_problem_with_the_disk_to_use() -> None:
+    """A sampler pod's cache emptyDir asks the plan's ephemeral storage: nodes that offer less (GKE's default
+    100 GB boot disk leaves about 44 GiB) cannot run it; the fix names the boot disk that holds it, the
+    same figure as the create command of a missing pool."""
+    gib = 2**30
+    need = needs()
+    sampler = RoleNeed("sampler", tpu_catalog.plan("v5p-8"), 1, cache_bytes=35 * gib, disk_gb=130)
+    need = Needs(need.name, need.namespace, (need.roles[0], sampler))
+
+    def nodes(allocatable_gib: int) -> list[Any]:
+        got = pool("t", "tpu-v5p-slice", "2x2x1", 1) + pool("s", "tpu-v5p-slice", "2x2x1", 1)
+        for n in got:
+            n["status"]["allocatable"]["ephemeral-storage"] = f"{allocatable_gib}Gi"
+        return got
+
+    # Trainer and sampler share the v5p-8 pools: each pool must hold the larger request.
+    bad = [f for f in check_node_pools(nodes(30), need) if f.status is Status.PROBLEM]
+    assert [f.message.split(":")[0] for f in bad] == ["pool t", "pool s"]
+    assert "30 GiB of ephemeral storage, a pod's caches ask 35 GiB" in bad[0].message
+    assert all("--disk-size=130" in f.fix for f in bad)
+    assert [f for f in check_node_pools(nodes(100), need) if f.status is Status.PROBLEM] == []
+
+
 # ---------------------------------------------------------------------------------------------- Kueue
 
 LQ_CRDS = {LOCALQUEUE_CRD: crd(LOCALQUEUE_CRD, version="v1beta1")}
