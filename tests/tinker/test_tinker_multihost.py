@@ -97,7 +97,7 @@ class _Service:
 
     def stop(self) -> list[int | None]:
         self.procs[0].send_signal(signal.SIGTERM)
-        codes = []
+        codes: list[int | None] = []
         for p in self.procs:
             try:
                 codes.append(p.wait(timeout=120))

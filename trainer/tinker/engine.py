@@ -343,11 +343,11 @@ class Engine:
         layer) from ``seed``, B zero; rank slots >= ``rank`` and untrained projections zero and masked."""
         init = jax.nn.initializers.he_uniform()
         key = jax.random.key(seed)
-        leaves, treedef = jax.tree_util.tree_flatten(self.policy.lora0)  # shapes only: no transfer
+        leaves, treedef = jax.tree_util.tree_flatten(self.policy.lora0)
         paths = self.policy.peft.lora_paths()
         lora_out, mask_out = [], []
         for i, (leaf, (module, which)) in enumerate(zip(leaves, paths, strict=True)):
-            arr = jax.ShapeDtypeStruct(leaf.shape, leaf.dtype)
+            arr = leaf  # its shape and dtype only: no transfer (shards may lie on other processes)
             trained = (module in ATTN_MODULES and train_attn) or (module in MLP_MODULES and train_mlp)
             mask = np.zeros(arr.shape, np.float32)
             if trained:
