@@ -3,8 +3,9 @@ localhost coordinator, gloo collectives on CPU, as tests/trainer/test_multihost.
 0 answers HTTP, process 1 runs the same device operations (rljob.trainer.tinker.collective). Driven with
 the official `tinker` SDK, it computes what the one-process service computes on the same seed:
 forward_backward's loss and log-probs, optim_step's update, save_state / load_state (orbax over both
-processes), the PEFT export of sampler weights (gathered over both); a refused request does not stop
-process 1; stopping process 0 ends process 1.
+processes), the PEFT export of sampler weights (gathered over both), prompt log-probs on the trainer
+(compute_logprobs; the CPU sampler of make tinker-cpu serves the samples); a refused request does not
+stop process 1; stopping process 0 ends process 1.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,11 @@ def _port() -> int:
     return int(free_port())
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _datum(seq: list[int], weights: list[float] | None = None) -> Any:
     inputs: dict[str, Any] = {"target_tokens": seq[1:]}
     if weights is not None:
@@ -57,7 +65,8 @@ class _Service:
 
     def __init__(self, tmp: Path, processes: int) -> None:
         tmp.mkdir()
-        rc = tinker_run_config("gs://rljob-test", _port(), tmp / "progress.json")
+        sampler_port = _port()
+        rc = tinker_run_config("gs://rljob-test", sampler_port, tmp / "progress.json")
         store = str(tmp / "store")  # local storage, both processes on this machine
         paths = {k: str(v).replace("gs://rljob-test", store, 1) for k, v in rc.storage.model_dump().items()}
         rc = rc.model_copy(update={"storage": rc.storage.model_copy(update=paths)})
@@ -68,6 +77,11 @@ class _Service:
         cmd += ["--dev-any-key", "--host", "127.0.0.1", "--port", "0"]
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = [tmp / f"process{i}.log" for i in range(processes)]
+        from rljob.trainer.localrun import sampler_command
+
+        env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
+        with (tmp / "sampler.log").open("w") as err:  # the CPU sampler (make tinker-cpu's), same base
+            self.sampler = subprocess.Popen(sampler_command(cfg), env=env, stdout=err, stderr=err)
         for i in range(processes):
             env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
             if processes > 1:
@@ -94,8 +108,16 @@ class _Service:
         assert ready, f"process 0 did not serve: {self.logs[0].read_text()[-3000:]}"
         self.url = str(ready["url"])
         assert ready["processes"] == processes
+        deadline = time.monotonic() + 300
+        while not _listening(sampler_port):
+            assert self.sampler.poll() is None and time.monotonic() < deadline, (
+                tmp / "sampler.log"
+            ).read_text()
+            time.sleep(0.5)
 
     def stop(self) -> list[int | None]:
+        self.sampler.terminate()
+        self.sampler.wait(60)
         self.procs[0].send_signal(signal.SIGTERM)
         codes: list[int | None] = []
         for p in self.procs:
@@ -131,6 +153,11 @@ def _session(url: str) -> dict[str, Any]:
         again = client.create_training_client_from_state_with_optimizer(path).result()
         out["lp_from_state"] = _lps(again.forward(BATCH, "cross_entropy").result())
         out["sampler_path"] = tc.save_weights_for_sampler("w").result().path
+        # prompt log-probs on the trainer (the sampler weights' adapter loaded on every process)
+        sc = client.create_sampling_client(model_path=out["sampler_path"])
+        out["prompt_lp"] = np.asarray(
+            sc.compute_logprobs(types.ModelInput.from_ints([1, 5, 17, 6, 9])).result()[1:]
+        )
         with pytest.raises(tinker.RequestFailedError, match="rank"):  # refused before any collective
             client.create_lora_training_client(base_model=base, rank=10_000).result()
         out["lp_after_refusals"] = _lps(tc.forward(BATCH, "cross_entropy").result())
@@ -149,6 +176,7 @@ def test_two_processes_serve_like_one(tmp_path: Path) -> None:
     one, two = results
     assert two["loss0"] == pytest.approx(one["loss0"], rel=1e-5)
     assert two["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
+    np.testing.assert_allclose(two["prompt_lp"], one["prompt_lp"], rtol=1e-5, atol=1e-6)
     for key in ("lp0", "lp1", "lp2", "lp_loaded", "lp_from_state", "lp_after_refusals"):
         for a, b in zip(two[key], one[key], strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
@@ -160,6 +188,8 @@ def test_two_processes_serve_like_one(tmp_path: Path) -> None:
             np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
         for a, b in zip(r["lp_after_refusals"], r["lp_loaded"], strict=True):
             np.testing.assert_array_equal(a, b)
+        # the sampler weights are the loaded state's: their prompt log-probs are forward's
+        np.testing.assert_allclose(r["prompt_lp"], r["lp_loaded"][0][:4], rtol=1e-5, atol=1e-6)
     # the sampler weights of the two-process service: the whole adapter, as the one-process service wrote
     from safetensors.numpy import load as st_load
 
