@@ -5,7 +5,7 @@ the official `tinker` SDK, it computes what the one-process service computes on 
 forward_backward's loss and log-probs, optim_step's update, save_state / load_state (orbax over both
 processes), the PEFT export of sampler weights (gathered over both), prompt log-probs on the trainer
 (compute_logprobs; the CPU sampler of make tinker-cpu serves the samples); a refused request does not
-stop process 1; stopping process 0 ends process 1.
+stop process 1; stopping process 0 ends process 1; a restarted pair restores a live client.
 """
 
 from __future__ import annotations
@@ -60,35 +60,41 @@ def _lps(out: Any) -> list[np.ndarray]:
 
 
 class _Service:
-    """``processes`` processes of `python -m rljob.trainer.tinker.main` on one run config; process 0
-    serves."""
+    """``processes`` processes of `python -m rljob.trainer.tinker.main` on one run config (``tmp``'s, made
+    once: a second service on the same folder is a restart) on ``port``; process 0 serves. ``sampler``:
+    the CPU sampler of make tinker-cpu beside it (the same base model)."""
 
-    def __init__(self, tmp: Path, processes: int) -> None:
-        tmp.mkdir()
-        sampler_port = _port()
-        rc = tinker_run_config("gs://rljob-test", sampler_port, tmp / "progress.json")
-        store = str(tmp / "store")  # local storage, both processes on this machine
-        paths = {k: str(v).replace("gs://rljob-test", store, 1) for k, v in rc.storage.model_dump().items()}
-        rc = rc.model_copy(update={"storage": rc.storage.model_copy(update=paths)})
+    def __init__(self, tmp: Path, processes: int, *, port: int = 0, sampler: bool = True) -> None:
         cfg = tmp / "run.json"
-        cfg.write_text(rc.model_dump_json(indent=1))
+        if not cfg.exists():
+            tmp.mkdir()
+            rc = tinker_run_config("gs://rljob-test", _port(), tmp / "progress.json")
+            store = str(tmp / "store")  # local storage, every process on this machine
+            paths = {
+                k: str(v).replace("gs://rljob-test", store, 1) for k, v in rc.storage.model_dump().items()
+            }
+            rc = rc.model_copy(update={"storage": rc.storage.model_copy(update=paths)})
+            cfg.write_text(rc.model_dump_json(indent=1))
+        sampler_port = int(json.loads(cfg.read_text())["endpoints"]["samplers"][0].rsplit(":", 1)[1])
         coordinator = f"127.0.0.1:{_port()}"
         cmd = [sys.executable, "-m", "rljob.trainer.tinker.main", "--config", str(cfg), "--model", "tiny"]
-        cmd += ["--dev-any-key", "--host", "127.0.0.1", "--port", "0"]
+        cmd += ["--dev-any-key", "--host", "127.0.0.1", "--port", str(port)]
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = [tmp / f"process{i}.log" for i in range(processes)]
         from rljob.trainer.localrun import sampler_command
 
         env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
-        with (tmp / "sampler.log").open("w") as err:  # the CPU sampler (make tinker-cpu's), same base
-            self.sampler = subprocess.Popen(sampler_command(cfg), env=env, stdout=err, stderr=err)
+        self.sampler: subprocess.Popen[bytes] | None = None
+        if sampler:
+            with (tmp / "sampler.log").open("a") as err:
+                self.sampler = subprocess.Popen(sampler_command(cfg), env=env, stdout=err, stderr=err)
         for i in range(processes):
             env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
             if processes > 1:
                 env.update(
                     RLJOB_NUM_PROCESSES=str(processes), RLJOB_PROCESS_ID=str(i), RLJOB_COORDINATOR=coordinator
                 )
-            with self.logs[i].open("w") as err:
+            with self.logs[i].open("a") as err:
                 self.procs.append(
                     subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=err, text=True)
                 )
@@ -108,16 +114,18 @@ class _Service:
         assert ready, f"process 0 did not serve: {self.logs[0].read_text()[-3000:]}"
         self.url = str(ready["url"])
         assert ready["processes"] == processes
+        self.restored: list[str] = ready["restored"]
         deadline = time.monotonic() + 300
-        while not _listening(sampler_port):
+        while self.sampler is not None and not _listening(sampler_port):
             assert self.sampler.poll() is None and time.monotonic() < deadline, (
                 tmp / "sampler.log"
             ).read_text()
             time.sleep(0.5)
 
     def stop(self) -> list[int | None]:
-        self.sampler.terminate()
-        self.sampler.wait(60)
+        if self.sampler is not None:
+            self.sampler.terminate()
+            self.sampler.wait(60)
         self.procs[0].send_signal(signal.SIGTERM)
         codes: list[int | None] = []
         for p in self.procs:
@@ -201,3 +209,31 @@ def test_two_processes_serve_like_one(tmp_path: Path) -> None:
     assert weights[0].keys() == weights[1].keys()
     for k in weights[0]:
         np.testing.assert_allclose(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
+
+
+def test_a_restarted_two_process_service_restores_its_clients(tmp_path: Path) -> None:
+    """Two processes stopped with a training client live (its session not ended), then started again on
+    the same storage: both restore the client from its automatic checkpoint (an orbax restore over both
+    processes), and the client's next requests continue from it."""
+    port = _port()
+    svc = _Service(tmp_path / "run", 2, port=port, sampler=False)
+    running = [svc]
+    try:
+        # closed (its session finished) while the restarted service runs
+        with tinker.ServiceClient(base_url=svc.url, api_key=KEY) as client:
+            tc = client.create_lora_training_client(base_model=BASE, rank=4, seed=9).result()
+            tc.forward_backward(BATCH, "cross_entropy").result()
+            tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+            want = _lps(tc.forward(BATCH, "cross_entropy").result())
+            running.remove(svc)
+            assert svc.stop() == [0, 0]
+            again = _Service(tmp_path / "run", 2, port=port, sampler=False)
+            running.append(again)
+            assert again.restored == [tc.model_id]
+            got = _lps(tc.forward(BATCH, "cross_entropy").result())
+            for a, b in zip(got, want, strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+            step = tc.optim_step(types.AdamParams(learning_rate=0.05)).result()
+            assert step.metrics["optim/step"] == 2.0
+    finally:
+        assert [s.stop() for s in running] in ([], [[0, 0]])
