@@ -275,7 +275,7 @@ def resolve(
     seq = _algorithm_and_packing(spec, layers, job, problems)  # before the trainer: max_target_length
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
-    _service(spec, trainer_tpu, problems)
+    _service(spec, problems)
     problems += service_keys.problems(spec)
     _lora(spec, problems)
     sampler_plan = _sampler(spec, sampler_tpu, seq, layers, job, problems)
@@ -470,18 +470,14 @@ def _sampler_tpu(spec: RLJobSpec, problems: list[str]) -> TpuPlan | None:
         return None
 
 
-def _service(spec: RLJobSpec, trainer_tpu: TpuPlan | None, problems: list[str]) -> None:
-    """spec.service (service mode): one trainer host, and an adapter slot per training client."""
+def _service(spec: RLJobSpec, problems: list[str]) -> None:
+    """spec.service (service mode): an adapter slot per training client. A trainer of any number of hosts
+    and slices serves: process 0 answers the API and every process runs its device operations in the same
+    order (rljob.trainer.tinker.collective); the rendered Service selects process 0's pod."""
     svc = spec.service
     if svc is None:
         return
     assert spec.trainer and spec.trainer.slices and spec.sampler
-    if trainer_tpu is not None and trainer_tpu.hosts * spec.trainer.slices > 1:
-        problems.append(
-            f"spec.service: the API service trains on one trainer host; spec.trainer.tpu "
-            f"{trainer_tpu.type_name} x {spec.trainer.slices} slice(s) has "
-            f"{trainer_tpu.hosts * spec.trainer.slices} hosts"
-        )
     assert spec.algorithm is not None
     problems.extend(maxtext_policy.service_algorithm_problems(spec.algorithm))
     assert svc.max_training_clients is not None and spec.sampler.max_loras is not None

@@ -368,7 +368,8 @@ def run_main(args: argparse.Namespace) -> int:
     if args.model == "miniature" and args.rollouts != "sampler":
         raise BadConfig("--model miniature: only with --rollouts sampler (the loop rljob drill runs)")
     if rc.spec.service is not None and not args.distributed_check:
-        # Service mode: no loop of its own; the trainer serves the API (one host: the plan refuses more).
+        # Service mode: no loop of its own; the trainer serves the API (process 0; every other process runs
+        # its device operations: rljob.trainer.tinker.main).
         from rljob.trainer.tinker import main as service_main
 
         return service_main.main(["--config", args.config, "--model", args.model])

@@ -177,6 +177,27 @@ def test_a_service_mode_job_is_drilled_until_its_api_answers(tmp_path: Path) -> 
     assert out.report["service"]["api"] == "tinker"
     # the example names an API key Secret: the service refuses a request without a key
     assert out.report["service"]["capabilities"] == {"X-API-Key": "required (spec.service.apiKeySecret)"}
+    assert out.report["service"]["rehearsal"]["sampler_weights"].endswith("/sampler_weights/drill")
+
+
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+def test_a_multi_host_service_mode_job_is_drilled_with_every_process(tmp_path: Path) -> None:
+    """The service example on a trainer of 2 hosts (v5p-16): both trainer processes start, process 0
+    answers the API, and a training client's device operations (create, optim_step, save_state, sampler
+    weights) run on both; both are still running afterwards."""
+    import copy
+
+    (case,) = [c for c in CASES if c.name == "example/qwen3-8b-tinker-service"]
+    doc = copy.deepcopy(case.doc)
+    doc["spec"]["trainer"]["tpu"] = "v5p-16"
+    out = drill.drill(drill.Case("example/qwen3-8b-tinker-service-2-hosts", doc), 2, tmp_path, timeout=600)
+    assert out.ok, out.error
+    assert out.report["trainer_processes"] == 2 and out.report["processes"] == 3
+    rehearsal = out.report["service"]["rehearsal"]
+    assert rehearsal["save_state"] == f"tinker://{rehearsal['model_id']}/weights/drill"
+    assert rehearsal["optim_step"]["optim/step"] == 1.0
 
 
 def test_the_qwen3_5_sampler_replica_is_rehearsed_with_its_2_hosts() -> None:

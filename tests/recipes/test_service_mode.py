@@ -50,7 +50,6 @@ def test_defaults_size_the_samplers_for_every_client() -> None:
     ("spec", "problem"),
     [
         ({"sampler": {"maxLoras": 4}}, "spec.sampler.maxLoras: 4 is below spec.service.maxTrainingClients 8"),
-        ({"trainer": {"tpu": "v5p-16"}}, "spec.service: the API service trains on one trainer host"),
         ({"service": {"api": "openai"}}, "spec.service.api"),
         ({"service": {"maxTrainingClients": 0}}, "spec.service.maxTrainingClients"),
         ({"service": {"port": 80}}, "spec.service.port"),
@@ -60,7 +59,6 @@ def test_defaults_size_the_samplers_for_every_client() -> None:
     ],
     ids=[
         "maxLoras",
-        "multi-host",
         "api",
         "clients",
         "port",
@@ -100,3 +98,36 @@ def test_render_adds_the_api_service_and_port() -> None:
 def test_loop_mode_renders_no_service() -> None:
     rc = plan.resolve(job(service=None))
     assert "Service" not in [o["kind"] for o in render.objects(rc)] and render.api_url(rc) is None
+
+
+@pytest.mark.parametrize(
+    ("trainer", "processes"),
+    [({"tpu": "v5p-16"}, 2), ({"tpu": "v5p-16", "slices": 2}, 4)],
+    ids=["hosts", "slices"],
+)
+def test_multi_host_trainer_serves_from_process_zero(trainer: dict[str, Any], processes: int) -> None:
+    """A trainer of several hosts (and slices) serves the API: the plan accepts it, and the Service selects
+    the pod of process 0 only (the first Job of the trainer's replicated job, its completion index 0),
+    whose first container has the port; every process runs the service (rljob.trainer.tinker.main)."""
+    from rljob.recipes import topology
+
+    rc = plan.resolve(job(trainer=trainer))
+    assert rc.trainer.slices * rc.trainer.tpu.hosts * rc.trainer.tpu.containers_per_host == processes
+    objs = render.objects(rc)
+    (svc,) = [o for o in objs if o["kind"] == "Service"]
+    sel = svc["spec"]["selector"]
+    assert (
+        sel["jobset.sigs.k8s.io/job-index"] == "0" and sel["batch.kubernetes.io/job-completion-index"] == "0"
+    )
+    assert sel["jobset.sigs.k8s.io/jobset-name"] == rc.job_set_name and sel["rljob.dev/role"] == "trainer"
+    js = objs[-1]
+    (trainer_job,) = [r for r in js["spec"]["replicatedJobs"] if r["name"] == naming.TRAINER]
+    assert trainer_job["replicas"] == rc.trainer.slices
+    assert trainer_job["template"]["spec"]["completions"] == rc.trainer.tpu.hosts
+    first = trainer_job["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert {"name": "api", "containerPort": 8080, "protocol": "TCP"} in first["ports"]
+    # the pod the Service selects (slice 0, host 0) runs process 0 in its first container
+    env = {e["name"]: str(e.get("value", "")) for e in first["env"]}
+    env.update({topology.JOB_INDEX_ENV: "0", topology.COMPLETION_INDEX_ENV: "0"})
+    top = topology.process_topology(env)
+    assert (top.process_id, top.num_processes) == (0, processes)

@@ -28,7 +28,8 @@ correction, gradient clipping by global norm when ``grad_clip_norm`` > 0), skips
 the loop does) and clears the buffer. All three are jitted once per loss kind; hyper-parameters are
 arguments, not constants.
 
-Every method runs on the caller's thread; the server calls them from one worker thread only.
+Every method runs on the caller's thread; the server calls them from one worker thread only, through
+rljob.trainer.tinker.collective (on a trainer of several processes, every process runs each call).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ __all__ = [
     "LossSpec",
     "RequestError",
     "TrainingModel",
+    "host",
 ]
 
 LossKind = Literal["cross_entropy", "importance_sampling", "ppo"]
@@ -212,6 +214,20 @@ def _per_token(x: np.ndarray | None, where: str, n: int, default: float) -> np.n
     return x.astype(np.float32)
 
 
+def host(x: Any) -> Any:
+    """A (tree of) device array(s) on the host, whole: ``jax.device_get`` where this process holds every
+    shard, else ``process_allgather`` (a collective: every process calls it, as every operation here)."""
+
+    def one(a: Any) -> np.ndarray:
+        if not isinstance(a, jax.Array) or a.is_fully_addressable or a.sharding.is_fully_replicated:
+            return np.asarray(jax.device_get(a))
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(a, tiled=True))
+
+    return jax.tree.map(one, x)
+
+
 class Engine:
     """Compiled forward / forward_backward / Adam over many LoRA models of one base (module docstring)."""
 
@@ -327,11 +343,11 @@ class Engine:
         layer) from ``seed``, B zero; rank slots >= ``rank`` and untrained projections zero and masked."""
         init = jax.nn.initializers.he_uniform()
         key = jax.random.key(seed)
-        leaves, treedef = jax.tree_util.tree_flatten(jax.device_get(self.policy.lora0))
+        leaves, treedef = jax.tree_util.tree_flatten(self.policy.lora0)
         paths = self.policy.peft.lora_paths()
         lora_out, mask_out = [], []
         for i, (leaf, (module, which)) in enumerate(zip(leaves, paths, strict=True)):
-            arr = np.asarray(leaf)
+            arr = leaf  # its shape and dtype only: no transfer (shards may lie on other processes)
             trained = (module in ATTN_MODULES and train_attn) or (module in MLP_MODULES and train_mlp)
             mask = np.zeros(arr.shape, np.float32)
             if trained:
@@ -528,7 +544,7 @@ class Engine:
             else:
                 value, lp = self._forward(lora, self.policy.base, batch, loss)
             total += float(value)
-            lps.append(np.asarray(jax.device_get(lp)))
+            lps.append(host(lp))
         if backward:
             m.pending += 1
         return total, self._unpack(packed, lps, len(data))
@@ -539,7 +555,7 @@ class Engine:
         grads = m.grads if m.grads is not None else self._put(jax.tree.map(jnp.zeros_like, m.lora))
         hp_arr = put_global(jnp.asarray(hp.array()), self.replicated)
         m.lora, m.mu, m.nu, m.count, metrics = self._apply(m.lora, m.mu, m.nu, m.count, grads, m.mask, hp_arr)
-        out = {k: float(v) for k, v in jax.device_get(metrics).items()}
+        out = {k: float(v) for k, v in host(metrics).items()}
         m.step += 1
         m.skipped += int(out["update_skipped"])
         m.grads, m.pending = None, 0
@@ -558,9 +574,9 @@ class Engine:
         for call in calls:
             value, lp = self._forward(lora, self.policy.base, self.trainer.device_batch(call), loss)
             total += float(value)
-            lps.append(np.asarray(jax.device_get(lp)))
+            lps.append(host(lp))
         return total, self._unpack(packed, lps, len(data))
 
     def peft(self, lora: Any) -> dict[str, np.ndarray]:
         """The adapter in the PEFT layout the samplers load (rank R: unused slots are zero)."""
-        return self.policy.peft.to_peft(jax.device_get(lora))
+        return self.policy.peft.to_peft(host(lora))

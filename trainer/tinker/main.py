@@ -4,7 +4,12 @@ Builds the run's model (the run config's MaxText keys, or with ``--model tiny`` 
 rljob.trainer.tinypolicy, shaped like the CPU sampler's), the :class:`~rljob.trainer.tinker.engine.Engine`
 on the run's packed shape, restores the models of a previous attempt (rljob.trainer.tinker.server), and
 serves the API on ``spec.service.port`` until SIGTERM / SIGINT. Once it answers it prints one JSON line
-``{"event": "serving", "url": ..., "base_model": ...}``.
+``{"event": "serving", "url": ..., "base_model": ..., "processes": ...}``.
+
+A trainer of several processes (hosts; jax.distributed from the JobSet's environment, or RLJOB_NUM_PROCESSES
+/ RLJOB_PROCESS_ID / RLJOB_COORDINATOR locally, as the loop mode) serves from process 0 only: every other
+process builds the same Engine and runs process 0's device operations in turn
+(rljob.trainer.tinker.collective), until process 0 stops.
 
   python -m rljob.trainer.tinker.main --config run.json --model tiny --host 127.0.0.1 --port 0
 """
@@ -24,7 +29,7 @@ from typing import Any
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, ResolvedService, RunConfig
 
-__all__ = ["build", "main", "parser", "serve"]
+__all__ = ["build", "build_engine", "follow", "main", "parser", "serve"]
 
 log = logging.getLogger("rljob.trainer.tinker")
 
@@ -36,6 +41,48 @@ def _service(rc: RunConfig) -> ResolvedService:
     if rc.spec.service is None:
         raise BadConfig("spec.service: not set; this run config runs the RL loop, not an API service")
     return rc.spec.service
+
+
+def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, Any, str]:
+    """(Engine, its StepConfig, the model's arch name) of the run config (``model``: "config" or "tiny");
+    raises BadConfig naming the field."""
+    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.model import CheckpointError, Policy
+    from rljob.trainer.sync import align
+    from rljob.trainer.tinker.engine import Engine
+    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
+    from rljob.trainer.train_step import StepConfig
+
+    svc = _service(rc)
+    if model == "tiny":
+        lora = rc.spec.lora
+        vocab, max_len = cpu_shape(rc)
+        spec = cpu_model_spec(
+            lora.rank, lora.alpha, checkpoint=rc.spec.model.checkpoint, vocab_size=vocab, max_len=max_len
+        )
+        step_cfg = StepConfig(
+            budget=max_len, rows=4, micro_batches=4, segment_align=1, token_tile=32, vocab_chunk=64
+        )
+        arch = "tiny-qwen3"
+    else:
+        spec, step_cfg, _ = model_setup(rc, "config", None)
+        arch = str(rc.trainer.maxtext.get("model_name", ""))
+    if policy is None:
+        align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.sync)
+    try:
+        policy = policy or Policy(spec)
+    except CheckpointError as e:
+        raise BadConfig(str(e)) from e
+    return Engine(policy, step_cfg, max_models=svc.max_training_clients), step_cfg, arch
+
+
+def follow(rc: RunConfig, model: str) -> None:
+    """A process other than 0 of a multi-process trainer: run process 0's device operations until it
+    stops (rljob.trainer.tinker.collective)."""
+    from rljob.trainer.tinker.collective import Channel, Compute
+
+    engine, _, _ = build_engine(rc, model)
+    Compute(engine, Channel()).follow()
 
 
 def build(
@@ -53,12 +100,10 @@ def build(
     The API fails closed: the keys come from spec.service.apiKeySecret's Secret (env API_KEYS_ENV, or
     ``api_keys``), and a value with no key, or an entry that is not one, refuses to start.
     ``dev_any_key`` (`make tinker-cpu`, tests) accepts any ``tml-`` key instead."""
-    from rljob.trainer.main import BadConfig, model_setup
-    from rljob.trainer.model import CheckpointError, Policy
-    from rljob.trainer.tinker.engine import Engine
+    import jax
+    from rljob.trainer.main import BadConfig
+    from rljob.trainer.tinker.collective import Channel, Compute
     from rljob.trainer.tinker.server import Service, ServiceConfig, parse_api_keys
-    from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
-    from rljob.trainer.train_step import StepConfig
 
     svc = _service(rc)
     keys, problems = parse_api_keys(os.environ.get(API_KEYS_ENV, "") if api_keys is None else api_keys)
@@ -70,23 +115,7 @@ def build(
         )
     if dev_any_key:
         log.warning("--dev-any-key: any tml- key is accepted (local development only)")
-    if model == "tiny":
-        lora = rc.spec.lora
-        vocab, max_len = cpu_shape(rc)
-        spec = cpu_model_spec(
-            lora.rank, lora.alpha, checkpoint=rc.spec.model.checkpoint, vocab_size=vocab, max_len=max_len
-        )
-        step_cfg = StepConfig(
-            budget=max_len, rows=4, micro_batches=4, segment_align=1, token_tile=32, vocab_chunk=64
-        )
-        arch = "tiny-qwen3"
-    else:
-        spec, step_cfg, _ = model_setup(rc, "config", None)
-        arch = str(rc.trainer.maxtext.get("model_name", ""))
-    try:
-        policy = policy or Policy(spec)
-    except CheckpointError as e:
-        raise BadConfig(str(e)) from e
+    engine, step_cfg, arch = build_engine(rc, model, policy)
     base_model = rc.spec.model.name
     cfg = ServiceConfig(
         base_model=base_model,
@@ -100,7 +129,8 @@ def build(
         api_keys=keys,
         dev_any_key=dev_any_key,
     )
-    service = Service(Engine(policy, step_cfg, max_models=svc.max_training_clients), cfg, reporter)
+    channel = Channel() if jax.process_count() > 1 else None
+    service = Service(engine, cfg, reporter, Compute(engine, channel))
     restored = service.restore()
     return service, restored
 
@@ -151,7 +181,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
-    from rljob.trainer.main import BadConfig, load_config
+    from rljob.trainer.main import BadConfig, distributed_env, initialize_distributed, load_config
     from rljob.trainer.progress import Reporter, sink_for
 
     try:
@@ -160,6 +190,11 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_BAD_CONFIG if e.code not in (0, None) else EXIT_OK
     try:
         rc = load_config(args.config)
+        denv = distributed_env(rc)
+        initialize_distributed(denv)
+        if denv.process_id != 0:
+            follow(rc, args.model)
+            return EXIT_OK
         reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ))
         service, restored = build(rc, args.model, reporter, dev_any_key=args.dev_any_key)
     except BadConfig as e:
@@ -168,7 +203,13 @@ def main(argv: list[str] | None = None) -> int:
     port = args.port if args.port is not None else _service(rc).port
 
     def ready(url: str) -> None:
-        line = {"event": "serving", "url": url, "base_model": service.cfg.base_model, "restored": restored}
+        line = {
+            "event": "serving",
+            "url": url,
+            "base_model": service.cfg.base_model,
+            "restored": restored,
+            "processes": denv.num_processes,
+        }
         print(json.dumps(line), flush=True)
 
     asyncio.run(serve(service, args.host, port, ready))

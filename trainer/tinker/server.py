@@ -48,16 +48,15 @@ from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import jax
 import numpy as np
 import pydantic
 from aiohttp import web
 from rljob.common.storage import join, open_store
 from rljob.recipes.runconfig import named_adapter
-from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from rljob.trainer.progress import Reporter
 from rljob.trainer.tinker import wire
+from rljob.trainer.tinker.collective import Compute
 from rljob.trainer.tinker.engine import (
     LOSS_INPUTS,
     REQUIRED_INPUTS,
@@ -68,7 +67,6 @@ from rljob.trainer.tinker.engine import (
     TrainingModel,
 )
 from rljob.trainer.tinker.sampling import SamplerError, SamplerPool
-from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 from tinker import types
 
@@ -209,13 +207,22 @@ class _SamplingSession:
 
 
 class Service:
-    def __init__(self, engine: Engine, cfg: ServiceConfig, reporter: Reporter | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        cfg: ServiceConfig,
+        reporter: Reporter | None = None,
+        compute: Compute | None = None,
+    ) -> None:
         if not cfg.api_keys and not cfg.dev_any_key:
             raise ValueError(
                 "spec.service.apiKeySecret: no API key: the Secret's key `api-keys` must list at least one "
                 "non-empty key (comma-separated, each starting with tml-); the service does not run open"
             )
         self.engine, self.cfg, self.reporter = engine, cfg, reporter
+        # Every device operation goes through compute (one process: direct calls; several: each process
+        # runs it, rljob.trainer.tinker.collective); self.engine is read only (the models, the policy).
+        self.compute = compute or Compute(engine)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-jax")
         self.samplers = SamplerPool(cfg.samplers)
         self.futures: dict[str, _Future] = {}
@@ -228,7 +235,6 @@ class Service:
         self.model_session: dict[str, str] = {}
         self.model_owner: dict[str, str] = {}  # model id -> owner id
         self.sampling: dict[str, _SamplingSession] = {}
-        self.lora_cache: dict[str, Any] = {}  # adapter name -> LoRA state (prompt log-probs on the trainer)
         self.last_checkpoint_step: int | None = None
         self.started = time.time()
         self.telemetry_batches = 0
@@ -312,6 +318,7 @@ class Service:
             t.cancel()
         await self.samplers.close()
         self.worker.shutdown(wait=True, cancel_futures=True)
+        self.compute.stop()  # the other processes of a multi-host trainer end too
 
     def _spawn(self, coro: Awaitable[Any]) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
@@ -349,8 +356,8 @@ class Service:
         await self._on_worker(lambda: self._unload(gone, samplers))
 
     def _unload(self, model_ids: list[str], samplers: list[str] | None = None) -> None:
+        self.compute.unload(model_ids)
         for m in model_ids:
-            self.engine.unload(m)
             self.last_request.pop(m, None)
             self.model_owner.pop(m, None)
         self._drop_sampling_objects(samplers or [])
@@ -532,7 +539,7 @@ class Service:
             )
 
         def work() -> dict[str, Any]:
-            m = self.engine.create(
+            m = self.compute.create(
                 model_id,
                 base_model=req.base_model,
                 rank=lc.rank,
@@ -584,7 +591,7 @@ class Service:
         def work() -> bytes:  # checked in turn: a refused request still takes its place in seq_id order
             loss = LossSpec.parse(call.loss_fn, call.loss_fn_config)
             data = wire.datums_of(call, LOSS_INPUTS[loss.kind], REQUIRED_INPUTS[loss.kind])
-            total, lps = self.engine.forward(call.model_id, data, loss, backward=backward)
+            total, lps = self.compute.forward(call.model_id, data, loss, backward=backward)
             weights = [
                 d.weights if d.weights is not None else np.ones_like(lp)
                 for d, lp in zip(data, lps, strict=True)
@@ -603,7 +610,7 @@ class Service:
                 kind = getattr(p, "type", type(p).__name__)
                 raise RequestError(f"optim_params: {kind} is not supported (AdamParams only)")
             hp = AdamHP(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
-            metrics = self.engine.optim_step(req.model_id, hp)
+            metrics = self.compute.optim_step(req.model_id, hp)
             m = self.engine.model(req.model_id)
             self._auto_checkpoint(m)
             self._report()
@@ -647,27 +654,14 @@ class Service:
         folder holds no committed state."""
         directory = self._weights_dir(m.model_id, name)
         meta = {"config": m.config(), "optim_steps": m.step, "user_metadata": user or {}}
-        ck = Checkpointer(directory, max_to_keep=1)
-        try:
-            steps = ck.all_steps()
-            if steps and not overwrite:
-                raise RequestError(f"path: checkpoint {name!r} exists (pass overwrite=True)")
-            ck.save(max(steps, default=-1) + 1, self.engine.state_tree(m), meta)
-        finally:
-            ck.close()
+        exists = None if overwrite else f"path: checkpoint {name!r} exists (pass overwrite=True)"
+        self.compute.save_state(m.model_id, directory, meta, max_to_keep=1, exists=exists)
         path = f"tinker://{m.model_id}/weights/{name}"
         self._index_put(m, f"weights/{name}", path)
         return path
 
     def _restore_state(self, directory: str) -> tuple[dict[str, Any], dict[str, Any]]:
-        ck = Checkpointer(directory, max_to_keep=1)
-        try:
-            restored = ck.restore(self.engine.abstract_state())
-        finally:
-            ck.close()
-        if restored is None:
-            raise RequestError(f"path: no checkpoint at {directory}")
-        return restored
+        return self.compute.restore(directory)  # one process only (tests): not an operation
 
     def _auto_checkpoint(self, m: TrainingModel, force: bool = False) -> None:
         """Save ``m``'s automatic checkpoint when its step is due (``force``: now). Automatic checkpoints
@@ -678,12 +672,7 @@ class Service:
         if force or (every > 0 and m.step % every == 0):
             directory = join(self.cfg.checkpoints, "tinker", _key(m.model_id), "auto")
             meta = {"config": m.config(), "optim_steps": m.step, "skipped": m.skipped}
-            ck = Checkpointer(directory, max_to_keep=2)
-            try:
-                index = max(ck.all_steps(), default=-1) + 1
-                ck.save(index, self.engine.state_tree(m), meta)
-            finally:
-                ck.close()
+            self.compute.save_state(m.model_id, directory, meta, max_to_keep=2, exists=None)
             self.last_checkpoint_step = m.step
         if force:  # a new or reloaded model: the registry changed
             self._save_registry()
@@ -710,19 +699,13 @@ class Service:
             model_id, seq = req.model_id, req.seq_id
 
         def work() -> dict[str, Any]:
-            tree, meta = self._restore_state(directory)
-            cfg = meta["config"]
-            if req.session_id is not None:
-                m = self.engine.create_from_config(model_id, cfg)
+            new = req.session_id is not None
+            self.compute.load_state(model_id, directory, new=new, optimizer=req.optimizer, path=req.path)
+            if new:
                 self.model_session[model_id] = sid
                 self.model_owner[model_id] = owner
                 self.next_seq[model_id] = 1
-            else:
-                m = self.engine.model(model_id)
-                if (m.rank, m.train_attn, m.train_mlp) != (cfg["rank"], cfg["train_attn"], cfg["train_mlp"]):
-                    raise RequestError(f"path: {req.path} has another LoRA shape than model {model_id}")
-            self.engine.set_state(m, tree, optimizer=req.optimizer)
-            m.step = int(meta.get("optim_steps", 0)) if req.optimizer else 0
+            m = self.engine.model(model_id)
             # The loaded state becomes the client's newest automatic checkpoint: a restart restores it.
             self._auto_checkpoint(m, force=True)
             return {"path": req.path, "model_id": model_id, "type": "load_weights"}
@@ -769,7 +752,7 @@ class Service:
         directory): a re-save under one name is a new directory and a new adapter name, so samplers load
         the new weights, never the one they cached under the old name. Written whole first, then the index
         switches to it, then the old version is removed and the name's sampling sessions follow."""
-        tensors = self.engine.peft(m.lora)
+        tensors = self.compute.peft(m.model_id)
         weights = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()})
         cfg = {**self.engine.policy.peft.config(), "base_model_name_or_path": m.base_model}
         config = json.dumps(cfg, indent=1, sort_keys=True).encode()
@@ -780,14 +763,14 @@ class Service:
         store.write(ADAPTER_WEIGHTS, weights)
         store.write(ADAPTER_CONFIG, config)
         adapter = named_adapter(uri)
-        self._cache_lora(adapter, m.lora)
+        self.compute.cache_lora(adapter, m.model_id)
         cid = f"sampler_weights/{name}"
         old = self._index(m.model_id).get(cid)
         self._index_put(m, cid, path, uri=uri)
         if old is not None:
             old_uri, old_adapter = self._sampler_version(old, m.model_id, name)
             if old_uri != uri:
-                self.lora_cache.pop(old_adapter, None)
+                self.compute.forget_lora(old_adapter)
                 old_store = open_store(old_uri)
                 for k in old_store.list():
                     if "/" not in k:  # the version's own files, never a newer version below a legacy folder
@@ -795,11 +778,6 @@ class Service:
         for s in [s for s in list(self.sampling.values()) if s.model_path == path and s.uri != uri]:
             self._add_sampling(dataclasses.replace(s, uri=uri, adapter=adapter))
         return path, uri, adapter
-
-    def _cache_lora(self, adapter: str, lora: Any) -> None:
-        self.lora_cache[adapter] = jax.tree.map(lambda x: x.copy(), lora)
-        while len(self.lora_cache) > max(2, self.engine.max_models):
-            self.lora_cache.pop(next(iter(self.lora_cache)))
 
     async def create_sampling_session(self, request: web.Request) -> web.Response:
         req = await self._body(request, types.CreateSamplingSessionRequest)
@@ -931,29 +909,15 @@ class Service:
             raise RequestError(f"prompt_logprobs_last_n: {last_n}; 1..{prompt.size - 1}")
 
         def work() -> np.ndarray:
-            lora = self._lora_of(s)
             out = np.full(prompt.size, np.nan, np.float32)
             if prompt.size > 1:
-                out[1:] = self.engine.prompt_logprobs(lora, prompt)
+                out[1:] = self.compute.prompt_logprobs(s.adapter, s.uri, s.model_path, prompt)
             if last_n is not None:
                 out[: prompt.size - last_n] = np.nan
             return out
 
         result: np.ndarray = await self._on_worker(work)
         return result
-
-    def _lora_of(self, s: _SamplingSession) -> Any:
-        if s.adapter is None:
-            return self.engine.policy.lora0  # B = 0: the base model
-        if s.adapter not in self.lora_cache:
-            assert s.uri is not None
-            raw = open_store(s.uri).read(ADAPTER_WEIGHTS)
-            if raw is None:
-                raise RequestError(f"model_path: sampler weights {s.model_path} are gone")
-            self._cache_lora(
-                s.adapter, self.engine._put(self.engine.policy.peft.from_peft(dict(st_load(raw))))
-            )
-        return self.lora_cache[s.adapter]
 
     # ================================================================== REST: training runs, checkpoints
 
@@ -1050,7 +1014,7 @@ class Service:
                 store = open_store(self._weights_dir(run_id, name))
             else:
                 store = open_store(self._sampler_dir(run_id, name))  # every version
-                self.lora_cache.pop(self._sampler_version(index[checkpoint_id], run_id, name)[1], None)
+                self.compute.forget_lora(self._sampler_version(index[checkpoint_id], run_id, name)[1])
             for k in store.list():
                 store.delete(k)
             del index[checkpoint_id]
@@ -1157,13 +1121,10 @@ class Service:
         for mid, c in reg.get("models", {}).items():
             directory = join(self.cfg.checkpoints, "tinker", _key(mid), "auto")
             try:
-                tree, meta = self._restore_state(directory)
-            except RequestError:
-                log.warning("model %s: no auto checkpoint; not restored", mid)
+                self.compute.load_state(mid, directory, new=True, optimizer=True, registry=c)
+            except RequestError as e:
+                log.warning("model %s: not restored: %s", mid, e)
                 continue
-            m = self.engine.create_from_config(mid, c)
-            self.engine.set_state(m, tree, optimizer=True)
-            m.step, m.skipped = int(meta.get("optim_steps", 0)), int(meta.get("skipped", 0))
             self.model_owner[mid] = str(c.get("owner", ""))
             if c.get("session"):
                 self.model_session[mid] = c["session"]
