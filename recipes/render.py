@@ -29,9 +29,13 @@ from rljob.recipes.runconfig import (
     CONFIG_KEY,
     CONFIG_PATH,
     COORDINATOR_PORT,
+    RAY_AUTH_MODE_ENV,
+    RAY_AUTH_TOKEN_ENV,
     RAY_HEAD_ENV,
     RAY_PORT,
     RAY_PORT_ENV,
+    RUN_TOKEN_ENV,
+    RUN_TOKEN_SECRET_KEY,
     SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
 )
@@ -131,9 +135,16 @@ def _field(path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _run_token(run: RunConfig, name: str) -> dict[str, Any]:
+    """Env ``name`` holding the run's token, from the Secret the operator creates for the run."""
+    ref = {"name": naming.credentials_secret(run.name), "key": RUN_TOKEN_SECRET_KEY}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+
+
 def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
     return [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
+        _run_token(run, RUN_TOKEN_ENV),
         {"name": "RLJOB_NAME", "value": run.name},
         {"name": "RLJOB_ROLE", "value": role},
         {"name": "POD_NAME", **_field("metadata.name")},
@@ -194,6 +205,9 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
                     {"name": SAMPLER_HOSTS_ENV, "value": str(tpu.hosts)},
                     {"name": RAY_HEAD_ENV, "value": naming.replica_head(run.name, role)},
                     {"name": RAY_PORT_ENV, "value": str(RAY_PORT)},
+                    # Ray's token authentication on the replica's Ray cluster (runconfig.RAY_AUTH_MODE_ENV).
+                    {"name": RAY_AUTH_MODE_ENV, "value": "token"},
+                    _run_token(run, RAY_AUTH_TOKEN_ENV),
                 ]
                 ports.append({"name": "ray", "containerPort": RAY_PORT, "protocol": "TCP"})
         out.append(
