@@ -118,13 +118,18 @@ def _metadata(name: str, namespace: str, labels: dict[str, str]) -> dict[str, An
     return {"name": name, "namespace": namespace, "labels": _value(labels)}
 
 
-def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
-    out = {
+def run_labels(rljob: str) -> dict[str, str]:
+    """The labels of every object of the run named ``rljob`` (the operator's own children's too)."""
+    return {
         "app.kubernetes.io/name": "rljob",
-        "app.kubernetes.io/instance": run.name,
+        "app.kubernetes.io/instance": rljob,
         "app.kubernetes.io/managed-by": "rljob",
-        "rljob.dev/rljob": run.name,
+        "rljob.dev/rljob": rljob,
     }
+
+
+def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
+    out = run_labels(run.name)
     if role:
         out["app.kubernetes.io/component"] = role
         out["rljob.dev/role"] = role
