@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from rljob.common.credentials import authorized
 from rljob.sampler.adapters import version_of
 from rljob.trainer.model import Policy
@@ -248,7 +249,7 @@ class CpuSampler:
         token = self.token
 
         @web.middleware
-        async def api_key(request: web.Request, handler: Any) -> web.StreamResponse:
+        async def api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
             if (
                 token is not None
                 and request.path.startswith("/v1")

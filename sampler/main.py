@@ -38,6 +38,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 from rljob.common import caches
 from rljob.common.credentials import authorized, run_token
@@ -98,7 +99,7 @@ def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str) -> web.
         return web.json_response(payload, status=code)
 
     @web.middleware
-    async def require_token(request: web.Request, handler: Any) -> web.StreamResponse:
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not authorized(request.headers.get("Authorization"), token):
             return reply(401, {"error": "Authorization: missing or not accepted"})
         return await handler(request)

@@ -61,7 +61,7 @@ def test_lifecycle_to_succeeded_and_latched(
         assert owners_of(cluster.core.read_namespaced_config_map(cm, namespace))[0].name == "life"
     # The run's token: a Secret the operator created (as the chart's ServiceAccount), owned by the RLJob.
     secret = cluster.core.read_namespaced_secret("life-credentials", namespace)
-    assert owners_of(secret)[0].name == "life" and set(secret.data) == {"token"}
+    assert owners_of(secret)[0].name == "life" and set(secret.data or {}) == {"token"}
     status = _running(cluster, namespace, "life")
     assert status["jobSetName"] == "life" and status["restarts"] == {
         "used": 0,
