@@ -5,6 +5,8 @@ replica with a counted restart (contract 3)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -123,10 +125,11 @@ def test_bootstrap_on_cpu_one_server_sees_every_worker_and_a_lost_worker_fails_t
     doc = manifest({"sampler": {"tpu": "v5p-16"}}, name="rj")
     envs: list[Mapping[str, str]] = [_sampler_env(doc, 0, pod) for pod in (0, 1)]
     assert all(e[RAY_HEAD_ENV].endswith(naming.subdomain("rj")) for e in envs)
+    ray_port = free_port()
     replica = ray_replica.start_local_replica(
         envs,
         serve_port=free_port(),
-        ray_port=free_port(),
+        ray_port=ray_port,
         log_dir=tmp_path,
         head_args=["--poll-s=0.5", "--lost-grace-s=0.5", "--join-timeout-s=240"],
     )
@@ -136,6 +139,14 @@ def test_bootstrap_on_cpu_one_server_sees_every_worker_and_a_lost_worker_fails_t
         assert healthy, log[-3000:]
         assert "standin-serve: sees 2 Ray nodes, a task ran on each" in log
         assert "ray: 2/2 nodes after" in log  # the server started only once the worker had joined
+        # Ray's token authentication: a client without the run's token is refused, one with it served.
+        status = [*ray_replica._ray_cli(), "status", f"--address=127.0.0.1:{ray_port}"]
+        bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        refused = subprocess.run(status, env=bare, capture_output=True, text=True, timeout=120)
+        assert "InvalidAuthToken" in refused.stdout + refused.stderr, refused.stderr[-2000:]
+        token = {RAY_AUTH_MODE_ENV: "token", RAY_AUTH_TOKEN_ENV: TOKEN}
+        served = subprocess.run(status, env={**bare, **token}, capture_output=True, text=True, timeout=120)
+        assert served.returncode == 0 and "InvalidAuthToken" not in served.stderr, served.stderr[-2000:]
 
         replica.kill(1)  # the worker's host is gone
         assert replica.pods[0].wait(timeout=240) == ray_replica.EXIT_REPLICA_LOST
