@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -64,6 +65,13 @@ def _serve_one_and_stop(proc: subprocess.Popen[str], port: int) -> str:
             break
         except OSError:
             time.sleep(1.0)
+    # As vLLM with --api-key: /health open, every /v1 path only with the run's token.
+    with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+        assert r.status == 200
+    for headers in ({}, bearer("not-the-token")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=2)
+        assert refused.value.code == 401
     body = json.dumps({"model": model, "prompt": [[1, 2, 3]], "max_tokens": 4, "logprobs": 0}).encode()
     req = urllib.request.Request(
         f"{base}/v1/completions", body, {"Content-Type": "application/json", **bearer(TOKEN)}
