@@ -447,7 +447,8 @@ def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
     cover), then the JobSet. `rljob render` prints exactly
-    these and the operator applies exactly these (plus the progress ConfigMap it owns). Raises
+    these and the operator applies exactly these (plus the progress ConfigMap and the run's credentials
+    Secret, whose random token no render holds: rljob.common.credentials). Raises
     PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
     return objects(plan.resolve(job, policy))
 
