@@ -441,7 +441,10 @@ def local_run_config(
 
 def start_storage(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
     """The repo's GCS emulator (``python -m rljob.trainer.gcs_emulator``) with the drill's bucket: the
-    process and the variables that point GCS clients at it."""
+    process and the variables that point GCS clients at it, with a new run token (what the run's
+    credentials Secret gives its pods: rljob.common.credentials)."""
+    from rljob.common.credentials import token_env
+
     proc = subprocess.Popen(
         [python(), "-m", "rljob.trainer.gcs_emulator", "--workdir", str(workdir), "--bucket", STORAGE[5:]],
         env=base_env(1),
@@ -456,7 +459,7 @@ def start_storage(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]
         proc.kill()
         raise DrillFailed(f"the GCS emulator did not start; see {workdir / 'gcs-emulator.log'}")
     env: dict[str, str] = json.loads(line)["env"]
-    return proc, env
+    return proc, {**env, **token_env()}
 
 
 def _objects(env: dict[str, str], prefix: str) -> list[str]:
@@ -489,9 +492,17 @@ def _launch(
 ) -> tuple[list[Proc], list[Proc], list[Proc]]:
     """The render's commands, one local process per container of every pod of every slice (of ``roles``),
     each with the environment its container gets (the config path, the coordinator and a multi-host sampler
-    replica's Ray head local): (all, trainers, samplers)."""
+    replica's Ray head local; the run token of ``storage_env`` wherever the container takes the run's
+    credentials Secret): (all, trainers, samplers)."""
     from rljob.recipes import naming, topology
-    from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RAY_HEAD_ENV, RAY_PORT_ENV, SAMPLER_HOSTS_ENV
+    from rljob.recipes.runconfig import (
+        CONFIG_ENV,
+        CONFIG_PATH,
+        RAY_HEAD_ENV,
+        RAY_PORT_ENV,
+        RUN_TOKEN_ENV,
+        SAMPLER_HOSTS_ENV,
+    )
 
     commands = {
         rj["name"]: rj["template"]["spec"]["template"]["spec"]["containers"]
@@ -509,6 +520,12 @@ def _launch(
             pod_env: dict[str, str] = {}
             group = False
             spec_c = commands[c.role][c.container_index]
+            secret_env = {
+                item["name"]: storage_env[RUN_TOKEN_ENV]
+                for item in spec_c.get("env", [])
+                if ((item.get("valueFrom") or {}).get("secretKeyRef") or {}).get("name")
+                == naming.credentials_secret(rc.name)
+            }
             command = [str(cfg) if a == CONFIG_PATH else a for a in _bin(spec_c["command"])]
             label = f"{c.role}-{c.job_index}-{c.pod_index}/{c.container}"
             if c.role == naming.TRAINER:
@@ -528,7 +545,7 @@ def _launch(
                     port = ray_ports.setdefault(c.job_index, free_port())
                     pod_env = {RAY_HEAD_ENV: "127.0.0.1", RAY_PORT_ENV: str(port)}
                     command += [f"--ray-lost-grace-s={SAMPLER_LOST_GRACE_S:g}", "--ray-poll-s=1"]
-            env = {**base_env(devices), **storage_env, **c.env, **overrides, **pod_env}
+            env = {**base_env(devices), **storage_env, **c.env, **secret_env, **overrides, **pod_env}
             out = workdir / f"{label.replace('/', '.')}.log"
             p = Proc(
                 label,
@@ -644,12 +661,15 @@ def worker_loss(samplers: list[Proc], timeout: float) -> dict[str, Any] | None:
     return {"killed": worker.label, "head_exit": code, "seconds": round(time.monotonic() - t0, 1)}
 
 
-def _completion(port: int) -> list[int]:
-    """One sampling request to the replica on ``port`` (the base model, a token-id prompt): its tokens."""
+def _completion(port: int, token: str) -> list[int]:
+    """One sampling request to the replica on ``port`` (the base model, a token-id prompt, the run's
+    ``token``): its tokens."""
+    from rljob.common.credentials import bearer
     from rljob.common.http import shared
 
     body = {"prompt": [1, 2, 3], "n": 2, "max_tokens": 2, "temperature": 1.0, "return_token_ids": True}
-    choices = shared().post_json(f"http://127.0.0.1:{port}/v1/completions", body, timeout=60)["choices"]
+    url = f"http://127.0.0.1:{port}/v1/completions"
+    choices = shared().post_json(url, body, headers=bearer(token), timeout=60)["choices"]
     return [len(c["token_ids"]) for c in choices]
 
 
@@ -659,6 +679,7 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
     sampling request served by each; then a multi-host replica's worker killed (worker_loss)."""
     from rljob.common.http import NO_RETRY, HttpError, shared
     from rljob.recipes import naming
+    from rljob.recipes.runconfig import RUN_TOKEN_ENV
 
     js = jobset_of(rc)
     ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
@@ -685,7 +706,7 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
                     break
                 except HttpError:
                     time.sleep(0.5)
-            tokens.append(_completion(port))
+            tokens.append(_completion(port, storage_env[RUN_TOKEN_ENV]))
         out = {**sampler_replicas(rc, samplers), "completion_tokens": tokens}
         out["healthy_seconds"] = round(time.monotonic() - t0, 1)
         out["worker_loss"] = worker_loss(samplers, timeout=max(30.0, timeout - (time.monotonic() - t0)))
@@ -813,6 +834,8 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
 
 
 def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, Any]:
+    from rljob.recipes.runconfig import RUN_TOKEN_ENV
+
     js = jobset_of(rc)
     sampler_ports = [free_port(span=2) for _ in range(rc.sampler.replicas)]
     coord_port = free_port()
@@ -860,7 +883,10 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
         if not versions:
             raise DrillFailed(f"the trainer exported no adapter; {trainers[0].label}:\n{trainers[0].tail()}")
         loaded = _wait_sampler_version(
-            sampler_ports, max(versions, default=-1), min(60.0, max(5.0, deadline - time.monotonic()))
+            sampler_ports,
+            max(versions, default=-1),
+            min(60.0, max(5.0, deadline - time.monotonic())),
+            storage_env[RUN_TOKEN_ENV],
         )
         for p in samplers:
             if p.popen.poll() is not None:
@@ -920,8 +946,10 @@ def _adapter_versions(env: dict[str, str], adapters: str) -> list[int]:
     return sorted(out)
 
 
-def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> list[Any]:
-    """Each sampler's served adapter version once it is ``version`` (its status endpoint, port + 1)."""
+def _wait_sampler_version(ports: list[int], version: int, timeout: float, token: str) -> list[Any]:
+    """Each sampler's served adapter version once it is ``version`` (its status endpoint, port + 1, asked
+    with the run's ``token``)."""
+    from rljob.common.credentials import bearer
     from rljob.common.http import NO_RETRY, HttpError, shared
     from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET
 
@@ -932,7 +960,7 @@ def _wait_sampler_version(ports: list[int], version: int, timeout: float) -> lis
         for port in ports:
             try:
                 url = f"http://127.0.0.1:{port + ADAPTER_AGENT_PORT_OFFSET}/rljob/v1/adapter"
-                last.append(shared().get_json(url, timeout=2, retry=NO_RETRY))
+                last.append(shared().get_json(url, headers=bearer(token), timeout=2, retry=NO_RETRY))
             except (HttpError, ValueError):
                 last.append(None)
         if all(isinstance(s, dict) and s.get("version") == version for s in last):

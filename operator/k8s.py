@@ -11,8 +11,8 @@ Every write goes through here with the fixed field manager `rljob-operator`:
 - `create`: a POST of a whole object we own that the caches say does not exist yet; if it exists after
   all (409 AlreadyExists: a run interrupted half-way), it is read back and, only when its controller owner
   reference names the same owner uid, server-side applied (a JobSet is taken as it is: Kueue may hold its
-  spec.suspend); an object of that name owned by anything else is never adopted or overwritten
-  (`NotOwned`). A create costs
+  spec.suspend; so is the run's credentials Secret: its token is never replaced); an object of that name
+  owned by anything else is never adopted or overwritten (`NotOwned`). A create costs
   the API server about a quarter less CPU than an apply of a new object (bench/operator_scale.py);
 - `apply`: server-side apply (`application/apply-patch+yaml`, force) of a whole object we own;
 - `apply_status`: server-side apply of `.status` through the status subresource (one per reconcile);
@@ -87,6 +87,7 @@ ROLE: Final = Kind("rbac.authorization.k8s.io", "v1", "roles")
 ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
 SERVICE: Final = Kind("", "v1", "services")
 NETWORKPOLICY: Final = Kind("networking.k8s.io", "v1", "networkpolicies")
+SECRET: Final = Kind("", "v1", "secrets")  # only the run's credentials Secret: created, read back after a 409
 JOB: Final = Kind("batch", "v1", "jobs")  # only ever dry-run (Kube.dry_run_create)
 
 KINDS: Final = {
@@ -98,6 +99,7 @@ KINDS: Final = {
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): ROLEBINDING,
     ("v1", "Service"): SERVICE,
     ("networking.k8s.io/v1", "NetworkPolicy"): NETWORKPOLICY,
+    ("v1", "Secret"): SECRET,
 }
 
 
@@ -276,6 +278,9 @@ class Kube:
             # An existing JobSet is taken as it is: its spec is immutable but for suspend, which Kueue may
             # hold (a forced apply of the render's suspend: false would take it from Kueue and start a
             # queued run); _reconcile_mutable then handles suspend and the queue label as for any other.
+            return existing
+        if kind == SECRET:
+            # The run's token: the pods of a run interrupted half-way may hold it already; never replaced.
             return existing
         return await self.apply(obj)
 

@@ -23,6 +23,7 @@ nothing to do. With no changes, a reconcile makes no API call at all.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import dataclasses
 import json
@@ -33,6 +34,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pydantic
+from rljob.common.credentials import new_token
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue, metrics
 from rljob.operator.cache import Caches, ProgressEntry, RLJobEntry
@@ -50,6 +52,8 @@ from rljob.operator.status import (
 from rljob.operator.workqueue import Key, WorkQueue
 from rljob.recipes import naming
 from rljob.recipes.api import API_VERSION, KIND, Phase, ProgressReport, RLJobStatus
+from rljob.recipes.render import run_labels
+from rljob.recipes.runconfig import RUN_TOKEN_SECRET_KEY
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +90,23 @@ def progress_configmap(owner: Mapping[str, Any]) -> dict[str, Any]:
         "metadata": {"name": name, "labels": {c.LABEL_PROGRESS: "true"}},
     }
     return owned(cm, owner)
+
+
+def credentials_secret(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """The `<rljob>-credentials` Secret: a new random token (rljob.common.credentials), which every port of
+    the run requires and every container gets through a secretKeyRef of the render. Immutable; created once
+    (k8s.Kube.create keeps an existing one of this RLJob: its pods may hold the token already)."""
+    name = owner["metadata"]["name"]
+    token = base64.b64encode(new_token().encode()).decode()
+    secret = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": naming.credentials_secret(name), "labels": run_labels(name)},
+        "type": "Opaque",
+        "immutable": True,
+        "data": {RUN_TOKEN_SECRET_KEY: token},
+    }
+    return owned(secret, owner)
 
 
 # ------------------------------------------------------------------------------------------ service
@@ -358,19 +379,21 @@ class Reconciler:
         return entry if entry is not None and uid and entry.owner_uid == uid else None
 
     async def _create_children(self, key: Key, body: Mapping[str, Any], plan: Plan) -> None:
-        """Every object of a new run. In waves: the ServiceAccount, Role and ConfigMaps (the progress one
-        too) concurrently; then the RoleBinding (the API server resolves its Role to check escalation:
-        404 before it exists); then the JobSet, whose pods need all of them. Created (POST), or server-side
-        applied where one of ours exists already (k8s.Kube.create; NotOwned for one that is not ours)."""
+        """Every object of a new run. In waves: the ServiceAccount, Role, ConfigMaps (the progress one too)
+        and the run's credentials Secret concurrently; then the RoleBinding (the API server resolves its
+        Role to check escalation: 404 before it exists); then the JobSet, whose pods need all of them.
+        Created (POST), or server-side applied where one of ours exists already (k8s.Kube.create; NotOwned
+        for one that is not ours)."""
         if not plan.objects:
             plan = self.plans.make_plan(body, self.render)
         await self._dry_run_jobs(body, plan)
         first = self._owned_progress(key, str(body["metadata"].get("uid") or "")) is None
-        for wave in _waves(plan.objects):
+        for i, wave in enumerate(_waves(plan.objects)):
+            wave = [owned(obj, body) for obj in wave]
+            if i == 0:
+                wave.insert(0, credentials_secret(body))
             if first:
-                wave = [progress_configmap(body), *(owned(obj, body) for obj in wave)]
-            else:
-                wave = [owned(obj, body) for obj in wave]
+                wave.insert(0, progress_configmap(body))
             resps = await asyncio.gather(*(self.kube.create(obj) for obj in wave))
             if first:
                 self.caches.put_progress(key, resps[0])

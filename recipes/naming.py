@@ -50,6 +50,11 @@ def progress_configmap(rljob: str) -> str:
     return f"{rljob}-progress"
 
 
+def credentials_secret(rljob: str) -> str:
+    """The Secret holding the run's token (created by the operator, rljob.common.credentials)."""
+    return f"{rljob}-credentials"
+
+
 def service_account(rljob: str) -> str:
     return f"{rljob}-rljob"
 
@@ -86,6 +91,7 @@ def generated(rljob: str, roles: dict[str, tuple[int, int]]) -> dict[str, str]:
         "coordinator label": coordinator(rljob),
         "run ConfigMap": run_configmap(rljob),
         "progress ConfigMap": progress_configmap(rljob),
+        "credentials Secret": credentials_secret(rljob),
         "ServiceAccount": service_account(rljob),
         "API Service": api_service(rljob),
     }

@@ -30,7 +30,16 @@ from typing import Any, Final
 
 from rljob.recipes import k8s_rules, schema, syntax
 from rljob.recipes.api import PodTemplate
-from rljob.recipes.runconfig import API_KEYS_ENV, CACHE_VOLUME, CONFIG_DIR, CONFIG_ENV, LOCAL_CACHE_DEFAULT
+from rljob.recipes.runconfig import (
+    API_KEYS_ENV,
+    CACHE_VOLUME,
+    CONFIG_DIR,
+    CONFIG_ENV,
+    LOCAL_CACHE_DEFAULT,
+    RAY_AUTH_MODE_ENV,
+    RAY_AUTH_TOKEN_ENV,
+    VLLM_API_KEY_ENV,
+)
 from rljob.recipes.syntax import key_path
 from rljob.recipes.tpu import ACCELERATOR_LABEL, PLACEMENT_POLICY_LABEL, TOPOLOGY_LABEL, TPU_RESOURCE
 
@@ -49,6 +58,9 @@ RESERVED_ENV: Final = frozenset(
         "POD_INDEX",
         "JAX_COORDINATOR_ADDRESS",
         API_KEYS_ENV,
+        RAY_AUTH_MODE_ENV,
+        RAY_AUTH_TOKEN_ENV,
+        VLLM_API_KEY_ENV,
     }
 )
 """Env names the render sets (a test checks every rendered name is here), and RLJOB_TENSORBOARD_DIR, which the

@@ -30,9 +30,13 @@ from rljob.recipes.runconfig import (
     CONFIG_KEY,
     CONFIG_PATH,
     COORDINATOR_PORT,
+    RAY_AUTH_MODE_ENV,
+    RAY_AUTH_TOKEN_ENV,
     RAY_HEAD_ENV,
     RAY_PORT,
     RAY_PORT_ENV,
+    RUN_TOKEN_ENV,
+    RUN_TOKEN_SECRET_KEY,
     SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
 )
@@ -115,13 +119,18 @@ def _metadata(name: str, namespace: str, labels: dict[str, str]) -> dict[str, An
     return {"name": name, "namespace": namespace, "labels": _value(labels)}
 
 
-def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
-    out = {
+def run_labels(rljob: str) -> dict[str, str]:
+    """The labels of every object of the run named ``rljob`` (the operator's own children's too)."""
+    return {
         "app.kubernetes.io/name": "rljob",
-        "app.kubernetes.io/instance": run.name,
+        "app.kubernetes.io/instance": rljob,
         "app.kubernetes.io/managed-by": "rljob",
-        "rljob.dev/rljob": run.name,
+        "rljob.dev/rljob": rljob,
     }
+
+
+def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
+    out = run_labels(run.name)
     if role:
         out["app.kubernetes.io/component"] = role
         out["rljob.dev/role"] = role
@@ -132,9 +141,16 @@ def _field(path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+def _run_token(run: RunConfig, name: str) -> dict[str, Any]:
+    """Env ``name`` holding the run's token, from the Secret the operator creates for the run."""
+    ref = {"name": naming.credentials_secret(run.name), "key": RUN_TOKEN_SECRET_KEY}
+    return {"name": name, "valueFrom": {"secretKeyRef": ref}}
+
+
 def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
     return [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
+        _run_token(run, RUN_TOKEN_ENV),
         {"name": "RLJOB_NAME", "value": run.name},
         {"name": "RLJOB_ROLE", "value": role},
         {"name": "POD_NAME", **_field("metadata.name")},
@@ -200,6 +216,9 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
                     {"name": SAMPLER_HOSTS_ENV, "value": str(tpu.hosts)},
                     {"name": RAY_HEAD_ENV, "value": naming.replica_head(run.name, role)},
                     {"name": RAY_PORT_ENV, "value": str(RAY_PORT)},
+                    # Ray's token authentication on the replica's Ray cluster (runconfig.RAY_AUTH_MODE_ENV).
+                    {"name": RAY_AUTH_MODE_ENV, "value": "token"},
+                    _run_token(run, RAY_AUTH_TOKEN_ENV),
                 ]
                 ports.append({"name": "ray", "containerPort": RAY_PORT, "protocol": "TCP"})
         out.append(
@@ -437,7 +456,8 @@ def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
     cover), then the JobSet. `rljob render` prints exactly
-    these and the operator applies exactly these (plus the progress ConfigMap it owns). Raises
+    these and the operator applies exactly these (plus the progress ConfigMap and the run's credentials
+    Secret, whose random token no render holds: rljob.common.credentials). Raises
     PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
     return objects(plan.resolve(job, policy))
 

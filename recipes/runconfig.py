@@ -31,6 +31,13 @@ NAMED_ADAPTERS_DIR = "tinker"
 # Secret spec.service.apiKeySecret names.
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
+# The run's own token (rljob.common.credentials): from key RUN_TOKEN_SECRET_KEY of the Secret the operator
+# creates for each run (naming.credentials_secret), in every trainer and sampler container's env.
+RUN_TOKEN_ENV = "RLJOB_RUN_TOKEN"
+RUN_TOKEN_SECRET_KEY = "token"
+# The sampler gives vLLM the run's token in this variable, vLLM's own for its --api-key (in the env, not in
+# the argv, so it shows in no process list or log line).
+VLLM_API_KEY_ENV = "VLLM_API_KEY"
 # The JAX coordinator (trainer process 0). Not 8476..8479: libtpu's TPU_PROCESS_PORT of the pod's TPU
 # containers (rljob.recipes.topology); 8482 is the port JAX's own Cloud TPU cluster detection uses for it
 # (jax/_src/clusters/cloud_tpu_cluster.py, coordinator_port).
@@ -41,6 +48,10 @@ SAMPLER_HOSTS_ENV = "RLJOB_SAMPLER_HOSTS"
 RAY_HEAD_ENV = "RLJOB_RAY_HEAD"
 RAY_PORT_ENV = "RLJOB_RAY_PORT"
 RAY_PORT = 6379
+# Ray's token authentication (Ray >= 2.52: https://docs.ray.io/en/latest/ray-security/token-auth.html):
+# every node of a replica's Ray cluster gets RAY_AUTH_MODE=token and the run's token as RAY_AUTH_TOKEN.
+RAY_AUTH_MODE_ENV = "RAY_AUTH_MODE"
+RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 # Local disk of a pod (or a laptop) where the caches kept under storage.root are restored before start.
 # In a pod it is rljob's emptyDir volume CACHE_VOLUME mounted at LOCAL_CACHE_DEFAULT, sized by the plan
 # (CacheDisk, rljob.recipes.disk), not the container's writable layer.
@@ -399,11 +410,16 @@ __all__ = [
     "MESH_AXES",
     "NAMED_ADAPTERS_DIR",
     "PROGRESS_KEY",
+    "RAY_AUTH_MODE_ENV",
+    "RAY_AUTH_TOKEN_ENV",
     "RAY_HEAD_ENV",
     "RAY_PORT",
     "RAY_PORT_ENV",
+    "RUN_TOKEN_ENV",
+    "RUN_TOKEN_SECRET_KEY",
     "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
+    "VLLM_API_KEY_ENV",
     "CacheDisk",
     "Endpoints",
     "MeshPlan",

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rljob.common.credentials import bearer
 from rljob.common.http import HttpError, HttpStatusError, HttpUnavailable, Retry, shared
 from rljob.common.storage import Store, open_store
 from rljob.recipes.runconfig import named_adapter
@@ -87,10 +88,10 @@ class ServerError(RuntimeError):
 _RETRY = Retry(attempts=3, base_s=0.5, cap_s=2.0)
 
 
-def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str]:
+def _post_json(url: str, body: dict[str, Any], timeout: float, token: str | None) -> tuple[int, str]:
     """The status and text of a POST's answer (a 4xx's too); ServerError when there is none."""
     try:
-        resp = shared().post(url, json=body, timeout=timeout, retry=_RETRY)
+        resp = shared().post(url, json=body, headers=bearer(token), timeout=timeout, retry=_RETRY)
     except (HttpStatusError, HttpUnavailable) as e:
         if e.status is not None:
             return e.status, e.text
@@ -101,21 +102,28 @@ def _post_json(url: str, body: dict[str, Any], timeout: float) -> tuple[int, str
 
 
 class LoraEndpoint:
-    """The runtime-LoRA endpoints of one server (vLLM or the CPU backend)."""
+    """The runtime-LoRA endpoints of one server (vLLM or the CPU backend), called with the run's ``token``
+    (the server requires it under /v1: rljob.common.credentials)."""
 
-    def __init__(self, base_url: str, timeout: float = 600.0) -> None:
+    def __init__(self, base_url: str, timeout: float = 600.0, token: str | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.token = token
 
     def load(self, name: str, path: str) -> None:
         code, text = _post_json(
-            f"{self.base_url}/v1/load_lora_adapter", {"lora_name": name, "lora_path": path}, self.timeout
+            f"{self.base_url}/v1/load_lora_adapter",
+            {"lora_name": name, "lora_path": path},
+            self.timeout,
+            self.token,
         )
         if code != 200 and "already" not in text:
             raise ServerError(f"load_lora_adapter {name}: HTTP {code}: {text[:300]}")
 
     def unload(self, name: str) -> None:
-        code, text = _post_json(f"{self.base_url}/v1/unload_lora_adapter", {"lora_name": name}, self.timeout)
+        code, text = _post_json(
+            f"{self.base_url}/v1/unload_lora_adapter", {"lora_name": name}, self.timeout, self.token
+        )
         if code not in (200, 404):
             raise ServerError(f"unload_lora_adapter {name}: HTTP {code}: {text[:300]}")
 

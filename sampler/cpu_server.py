@@ -17,6 +17,10 @@ Endpoints (same paths, bodies and response shapes as vLLM):
 - `GET /rljob/v1/adapter`: the adapter version the watcher serves (also `adapter_version` in every
   completion response).
 
+With ``token`` (the run's, rljob.common.credentials) every `/v1` request must carry `Authorization: Bearer
+<token>` and is answered 401 without it, as vLLM's server started with `--api-key` (or `VLLM_API_KEY`)
+checks the paths under `/v1` and leaves `/health` open (https://docs.vllm.ai/en/stable/usage/security/).
+
 The model is the trainer's tiny MaxText policy (rljob.trainer.model via rljob.trainer.tinypolicy),
 built from the same keys and seed, so the two
 processes share base weights and the step-0 parity gate can compare their log-probs.
@@ -32,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
+from rljob.common.credentials import authorized
 from rljob.sampler.adapters import version_of
 from rljob.trainer.model import Policy
 from rljob.trainer.tinypolicy import Sampler, load_peft_dir
@@ -69,7 +75,9 @@ class CpuSampler:
         max_loras: int,
         status: Callable[[], dict[str, Any]] | None = None,
         seed: int = 0,
+        token: str | None = None,
     ) -> None:
+        self.token = token
         self.next_seed = seed
         self.policy = policy
         self.sampler = Sampler(policy)
@@ -238,7 +246,19 @@ class CpuSampler:
         )
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        token = self.token
+
+        @web.middleware
+        async def api_key(request: web.Request, handler: Handler) -> web.StreamResponse:
+            if (
+                token is not None
+                and request.path.startswith("/v1")
+                and not authorized(request.headers.get("Authorization"), token)
+            ):
+                return web.json_response({"error": "Unauthorized"}, status=401)
+            return await handler(request)
+
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[api_key])
         app.router.add_get("/health", self.health)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)

@@ -9,6 +9,10 @@ Backends:
   (RLJOB_SAMPLER_HOSTS > 1: `rljob drill`) runs the replica's Ray bootstrap as on TPU, the head serving
   this backend from a stand-in for `vllm serve` that first checks every node (rljob.sampler.ray_replica).
 
+The run's token (env RLJOB_RUN_TOKEN, from the run's credentials Secret: rljob.common.credentials) is
+required: without it the sampler exits 2. vLLM (or the CPU backend) requires it on its /v1 API and the
+adapter agent on every request.
+
 Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
 (`<rljob>-v<N>`), then unloads the previous one. On the sampler's port + 1 the adapter agent loads named
 adapters from storage on request (rljob.sampler.adapters.AdapterAgent; the Tinker service's saved sampler
@@ -19,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import json
 import logging
 import os
@@ -35,16 +38,21 @@ from typing import Any
 from urllib.parse import urlparse
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from pydantic import ValidationError
 from rljob.common import caches
+from rljob.common.credentials import authorized, run_token
 from rljob.common.http import NO_RETRY, HttpError, shared
 from rljob.common.storage import NoCredentials, join
+from rljob.recipes import naming
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
     CONFIG_ENV,
     NAMED_ADAPTERS_DIR,
+    RUN_TOKEN_ENV,
+    RUN_TOKEN_SECRET_KEY,
     SAMPLER_PORT,
     RunConfig,
 )
@@ -78,14 +86,23 @@ def _wait_healthy(base: str, proc: subprocess.Popen[bytes] | None, timeout: floa
     return False
 
 
-def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str | None = None) -> web.Application:
+def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str) -> web.Application:
     """GET /rljob/v1/adapter: the watcher's served version; POST ADAPTER_AGENT_PATH {name, uri}: the adapter
     agent (load a PEFT directory from storage under a name; the Tinker service's saved sampler weights).
-    The agent checks every name and uri (AdapterAgent.check: 400 naming the field); with ``token`` a POST
-    must also carry ``Authorization: Bearer <token>`` (401 otherwise)."""
+    Every request must carry ``Authorization: Bearer <token>`` (the run's token, compared in constant time;
+    401 before anything else otherwise); the agent then checks every name and uri (AdapterAgent.check: 400
+    naming the field)."""
+    if not token:
+        raise ValueError("status_app: no token (the adapter agent never serves without one)")
 
     def reply(code: int, payload: Any) -> web.Response:
         return web.json_response(payload, status=code)
+
+    @web.middleware
+    async def require_token(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if not authorized(request.headers.get("Authorization"), token):
+            return reply(401, {"error": "Authorization: missing or not accepted"})
+        return await handler(request)
 
     async def get(request: web.Request) -> web.Response:
         return reply(200 if request.path_qs == "/rljob/v1/adapter" else 404, watcher.status())
@@ -93,10 +110,6 @@ def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str | None =
     async def post(request: web.Request) -> web.Response:
         if request.path_qs != ADAPTER_AGENT_PATH:
             return reply(404, {"error": f"no route {request.path_qs}"})
-        if token is not None and not hmac.compare_digest(
-            request.headers.get("Authorization", "").encode(), f"Bearer {token}".encode()
-        ):
-            return reply(401, {"error": "Authorization: missing or not accepted"})
         size = request.content_length or 0
         if not 0 < size <= 64 * 1024:
             return reply(400, {"error": "body: a JSON object {name, uri} of at most 64 KiB"})
@@ -114,7 +127,7 @@ def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str | None =
             return reply(502, {"error": f"{type(e).__name__}: {e}"})
         return reply(200, {"name": name, "loaded": loaded})
 
-    app = web.Application(client_max_size=64 * 1024 + 1)
+    app = web.Application(client_max_size=64 * 1024 + 1, middlewares=[require_token])
     app.router.add_get("/{tail:.*}", get)
     app.router.add_post("/{tail:.*}", post)
     return app
@@ -130,7 +143,8 @@ class StatusServer:
         watcher: AdapterWatcher,
         agent: AdapterAgent,
         host: str = "0.0.0.0",
-        token: str | None = None,
+        *,
+        token: str,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="adapter-status")
@@ -156,10 +170,10 @@ class StatusServer:
 
 
 def _status_server(
-    port: int, watcher: AdapterWatcher, agent: AdapterAgent, host: str = "0.0.0.0"
+    port: int, watcher: AdapterWatcher, agent: AdapterAgent, token: str, host: str = "0.0.0.0"
 ) -> StatusServer:
-    """The adapter status route and the adapter agent (:func:`status_app`) on ``port``."""
-    return StatusServer(port, watcher, agent, host)
+    """The adapter status route and the adapter agent (:func:`status_app`) on ``port``, behind ``token``."""
+    return StatusServer(port, watcher, agent, host, token=token)
 
 
 def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port: int) -> int:
@@ -168,7 +182,9 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     try:
-        cmd = build_command(rc, port=port, download_dir=str(caches.local_root() / caches.HF))
+        cmd = build_command(
+            rc, port=port, download_dir=str(caches.local_root() / caches.HF), api_key=watcher_for.token
+        )
         layout = ray_replica.layout_from_env(os.environ)
     except (SamplerConfigError, ray_replica.BootstrapError) as e:
         print(str(e), file=sys.stderr)
@@ -208,7 +224,7 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
     base = f"http://127.0.0.1:{port}"
     if _wait_healthy(base, proc, timeout=3600):
         watcher = watcher_for(base)
-        _status_server(status_port, watcher, watcher_for.agent(base))
+        _status_server(status_port, watcher, watcher_for.agent(base), watcher_for.token)
         if rc.spec.service is None:  # a service run publishes no LATEST: its adapters come by name
             watcher.start()
         for s in syncs:  # seed storage with what this start downloaded and compiled
@@ -220,20 +236,25 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
 
 
 class WatcherFactory:
-    def __init__(self, rc: RunConfig, adapter_dir: Path, poll_s: float) -> None:
-        self.rc, self.adapter_dir, self.poll_s = rc, adapter_dir, poll_s
+    """The adapter watcher and agent of the server at a base URL, calling it with the run's ``token``."""
+
+    def __init__(self, rc: RunConfig, adapter_dir: Path, poll_s: float, token: str) -> None:
+        self.rc, self.adapter_dir, self.poll_s, self.token = rc, adapter_dir, poll_s, token
 
     def agent(self, base_url: str) -> AdapterAgent:
         """The adapter agent of the server at ``base_url`` (up to spec.sampler.maxLoras adapters)."""
         allowed = join(self.rc.storage.adapters, NAMED_ADAPTERS_DIR)
         return AdapterAgent(
-            LoraEndpoint(base_url), self.adapter_dir / "named", self.rc.sampler.max_loras, allowed
+            LoraEndpoint(base_url, token=self.token),
+            self.adapter_dir / "named",
+            self.rc.sampler.max_loras,
+            allowed,
         )
 
     def __call__(self, base_url: str) -> AdapterWatcher:
         return AdapterWatcher(
             AdapterStore(self.rc.storage.adapters),
-            LoraEndpoint(base_url),
+            LoraEndpoint(base_url, token=self.token),
             self.adapter_dir,
             self.rc.name,
             poll_s=self.poll_s,
@@ -284,7 +305,9 @@ def run_cpu(
         return EXIT_BAD_CONFIG
     base = f"http://127.0.0.1:{port}"
     watcher = watcher_for(base)
-    server = CpuSampler(policy, max_loras=rc.sampler.max_loras, status=watcher.status, seed=seed)
+    server = CpuSampler(
+        policy, max_loras=rc.sampler.max_loras, status=watcher.status, seed=seed, token=watcher_for.token
+    )
 
     async def serve() -> None:
         runner = web.AppRunner(server.app(), access_log=None)
@@ -293,7 +316,7 @@ def run_cpu(
         status_port = port + ADAPTER_AGENT_PORT_OFFSET
         try:
             await site.start()
-            _status_server(status_port, watcher, watcher_for.agent(base), host)
+            _status_server(status_port, watcher, watcher_for.agent(base), watcher_for.token, host)
         except OSError as e:  # a port is taken: a restart (exit 1, counted, retried) may find it free
             print(
                 f"sampler: cannot listen on {host}:{port} and :{status_port}: {e}",
@@ -414,9 +437,18 @@ def main(argv: list[str] | None = None, *, replica: bool = True) -> int:
 
 
 def _run(args: argparse.Namespace, rc: RunConfig, argv: list[str], replica: bool) -> int:
+    token = run_token()
+    if token is None:
+        print(
+            f"{RUN_TOKEN_ENV}: not set: the run's token (key {RUN_TOKEN_SECRET_KEY} of the Secret "
+            f"{naming.credentials_secret(rc.name)}, which the operator creates for the run) is required; the "
+            "sampler serves nothing without it",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_CONFIG
     port = args.port or _port_for(rc, args.replica)
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
-    factory = WatcherFactory(rc, adapter_dir, args.poll_s)
+    factory = WatcherFactory(rc, adapter_dir, args.poll_s, token)
     if args.backend == "cpu":
         try:
             layout = ray_replica.layout_from_env(os.environ) if replica else None

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rljob.recipes import syntax
-from rljob.recipes.runconfig import SAMPLER_PORT, RunConfig
+from rljob.recipes.runconfig import SAMPLER_PORT, VLLM_API_KEY_ENV, RunConfig
 
 # The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
 VLLM_TPU_VERSION = "0.32.0"
@@ -52,8 +52,14 @@ def pow2_at_least(n: int) -> int:
     return 1 << max(0, math.ceil(math.log2(max(1, n))))
 
 
-def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str | None = None) -> VllmCommand:
-    """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field."""
+def build_command(
+    rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str | None = None, api_key: str | None = None
+) -> VllmCommand:
+    """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field. With
+    ``api_key`` (the run's token) the server requires `Authorization: Bearer <api_key>` on its /v1 API: vLLM
+    reads `--api-key`, or VLLM_API_KEY_ENV where the flag is absent (vllm/entrypoints/openai/api_server.py;
+    https://docs.vllm.ai/en/stable/usage/security/), given here in the env so that the token shows in no
+    process list or log line; `/health` stays open for the readiness checks."""
     spec = rc.spec
     model = spec.model.name
     if not syntax.matches(syntax.HF_MODEL_ID, model):
@@ -116,6 +122,8 @@ def build_command(rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str 
         # LoRA is served on tpu-inference's torch (vLLM model) path only.
         "MODEL_IMPL_TYPE": "vllm",
     }
+    if api_key:
+        env[VLLM_API_KEY_ENV] = api_key
     if ep > 1:
         # Expert parallelism as tpu-inference names it: its ShardingStrategy (additional_config
         # sharding.sharding_strategy) splits the replica's devices into tensor_parallelism x

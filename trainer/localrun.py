@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
@@ -61,7 +62,9 @@ def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def local_storage(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str], str]:
     """The GCS emulator (its variables exported into this process too) and a fresh bucket on it:
-    (emulator process, environment for child processes, ``gs://bucket``)."""
+    (emulator process, environment for child processes, ``gs://bucket``). The environment also holds a new
+    run token (rljob.common.credentials), as a pod's comes from its run's Secret: the sampler requires it
+    and the trainer sends it."""
     gcs, endpoint = start_gcs(workdir)
     # The CPU platform unless the caller says otherwise: the dev venv has libtpu (the compile extra), and
     # JAX would otherwise try a TPU first and log libtpu's warnings before falling back to the CPU.
@@ -70,6 +73,7 @@ def local_storage(workdir: Path) -> tuple[subprocess.Popen[bytes], dict[str, str
         **os.environ,
         **emulator_env(endpoint),
         "PYTHONSAFEPATH": "1",
+        **token_env(),
     }
     os.environ.update({k: env[k] for k in ("STORAGE_EMULATOR_HOST", "GOOGLE_CLOUD_PROJECT")})
     bucket = f"rljob-{uuid.uuid4().hex[:10]}"

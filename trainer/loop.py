@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+from rljob.common.credentials import run_token
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.data import DatasetError, Task
@@ -130,7 +131,9 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         chat.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
         reward_url = spec.dataset.reward_url
         task: Task = RemoteReward(chat, reward_url) if reward_url else chat
-        client = SamplerClient(rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs)
+        client = SamplerClient(
+            rc.endpoints.samplers, rc.name, max_seqs=rc.sampler.max_num_seqs, token=run_token()
+        )
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
         elif args.model == "miniature":

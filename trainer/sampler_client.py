@@ -12,6 +12,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from rljob.common.credentials import bearer
 from rljob.common.http import (
     NO_RETRY,
     HttpClosed,
@@ -68,7 +69,8 @@ class Completion:
 
 class SamplerClient:
     """OpenAI-style completions against one or more samplers (vLLM or the CPU backend), over
-    rljob.common.http on an event loop of its own (the loop's threads call it synchronously)."""
+    rljob.common.http on an event loop of its own (the loop's threads call it synchronously); every request
+    carries the run's ``token`` (the samplers require it: rljob.common.credentials)."""
 
     def __init__(
         self,
@@ -79,6 +81,7 @@ class SamplerClient:
         max_seqs: int = 256,
         inflight: int = 1,
         retry_cap_s: float = 5.0,
+        token: str | None = None,
     ) -> None:
         if not urls:
             raise LoopConfigError("endpoints.samplers: no sampler URL in the run config")
@@ -87,6 +90,7 @@ class SamplerClient:
         self.max_seqs, self.inflight = max_seqs, inflight
         self.urls = [u.rstrip("/") for u in urls]
         self.prefix = name_prefix
+        self.headers = bearer(token)
         self.timeout = timeout
         self.retry_s = retry_s
         # The wait for a sampler that is down, restarting or behind on the adapter version: retry_s, doubling
@@ -123,8 +127,8 @@ class SamplerClient:
 
     async def _arequest(self, url: str, body: dict[str, Any] | None = None) -> Any:
         if body is None:
-            return await self._http.aio.get_json(url)
-        return await self._http.aio.post_json(url, body)
+            return await self._http.aio.get_json(url, headers=self.headers)
+        return await self._http.aio.post_json(url, body, headers=self.headers)
 
     async def _sleep(self, attempt: int) -> None:
         await self._http.aio.sleep(self.backoff.delay(attempt))

@@ -42,7 +42,8 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
 # created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount and a Role/RoleBinding
 # for their progress ConfigMap, and NetworkPolicies admitting only the run's own pods; events are posted; a
 # queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue); the Jobs a
-# JobSet will create are dry-run (never created: the JobSet controller makes them).
+# JobSet will create are dry-run (never created: the JobSet controller makes them); each run's credentials
+# Secret is created (and read back only after a 409, to check its owner).
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     _perms("get list watch", GROUP, PLURAL)
     + _perms("get patch", GROUP, PLURAL, "status")
@@ -55,6 +56,7 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("get create patch", "", "serviceaccounts")
     + _perms("get create patch", "", "services")
     + _perms("get create patch", "networking.k8s.io", "networkpolicies")
+    + _perms("get create", "", "secrets")
     + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
     + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
     + _perms("create patch", "events.k8s.io", "events")

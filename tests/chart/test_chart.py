@@ -96,8 +96,10 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
     assert by_kind(template(helm, "metrics.auth=false"), "ClusterRoleBinding") == [
         bindings["rljob-rljob-operator"]
     ]
+    # Secrets: only create and get (each run's credentials Secret; get after a 409, to check its owner).
+    secrets = [r for r in rules if "secrets" in r["resources"]]
+    assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]}]
     for rule in rules:
-        assert "secrets" not in rule["resources"], rule
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
         assert "delete" not in rule["verbs"], rule
     pods = [r for r in rules if "pods" in r["resources"]]

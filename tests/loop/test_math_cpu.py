@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
 from rljob.common.storage import open_store
 from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
@@ -21,8 +22,11 @@ from rljob.trainer.localrun import local_run_config, sampler_command, trainer_co
 pytestmark = [pytest.mark.jax]
 
 
+TOKEN = token_env()  # the run's token, which the sampler requires and the trainer sends
+
+
 def _env() -> dict[str, str]:  # after the emulator fixture has set STORAGE_EMULATOR_HOST
-    return {**os.environ, "PYTHONSAFEPATH": "1"}
+    return {**os.environ, "PYTHONSAFEPATH": "1", **TOKEN}
 
 
 def _config(bucket: str, tmp_path: Path, port: int) -> Path:

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from rljob.common.credentials import token_env
 from rljob.recipes.failure import NO_CREDENTIALS
 from rljob.trainer.localrun import local_run_config
 
@@ -30,6 +31,7 @@ def test_missing_credentials_is_one_line(argv: list[str], tmp_path: Path) -> Non
     home = tmp_path / "home"
     home.mkdir()
     env = {"PATH": os.environ["PATH"], "HOME": str(home), "PYTHONSAFEPATH": "1", "NO_GCE_CHECK": "True"}
+    env.update(token_env())  # the run's token, which the sampler requires
     proc = subprocess.run(
         [sys.executable, *argv, "--config", str(cfg)], capture_output=True, text=True, timeout=300, env=env
     )

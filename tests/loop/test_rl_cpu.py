@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
@@ -99,7 +100,7 @@ def test_trainer_restart_resumes_and_sampler_kill_is_waited_for(gcs_emulator: An
     rc = local_run_config(f"gs://{bucket}", port, tmp_path / "progress.json", {"steps": 14})
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json())
-    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    env = {**os.environ, "PYTHONSAFEPATH": "1", **token_env()}  # the run's token, as a pod's Secret gives it
     metrics = tmp_path / "metrics.jsonl"
 
     def sampler() -> subprocess.Popen[bytes]:

@@ -1,7 +1,8 @@
 """operator/k8s.py's `create` against the local API server: a new object is POSTed; one of the same owner
 that exists already (a run interrupted half-way) is server-side applied, except a JobSet, which is taken
 as it is: its spec.suspend may be Kueue's, and a forced apply of the render's `suspend: false` would start
-a queued run behind Kueue's back. One with another controller owner, or none, is never touched."""
+a queued run behind Kueue's back; and the run's credentials Secret, whose token the run's pods may hold
+already. One with another controller owner, or none, is never touched."""
 
 from __future__ import annotations
 
@@ -111,3 +112,19 @@ def test_create_never_touches_an_object_it_does_not_own(
     assert err.value.owner == (other["uid"] if other else "")
     cm = cluster.core.read_namespaced_config_map(foreign["metadata"]["name"], namespace)
     assert cm.data == {"run.json": "{}"}  # untouched
+
+
+def test_create_keeps_an_existing_credentials_secret_and_its_token(cluster: Cluster, namespace: str) -> None:
+    import base64
+
+    from rljob.operator.reconcile import credentials_secret
+
+    body = {"metadata": {"name": "cred", "namespace": namespace, "uid": "unused"}}
+    owner = _owner(cluster, namespace, "owner")
+    first, second = (_owned(credentials_secret(body), owner) for _ in range(2))
+    assert first["data"] != second["data"]  # a new token each time one is built
+    created, again = _create_all(cluster, [first, second])
+    assert created["data"] == again["data"] == first["data"]
+    stored = cluster.core.read_namespaced_secret("cred-credentials", namespace)
+    assert stored.data == first["data"] and stored.immutable is True
+    assert len(base64.b64decode(first["data"]["token"])) >= 43

@@ -113,12 +113,16 @@ def test_namespaced_mode_grants_only_the_served_namespace(
         ("create", "roles.rbac.authorization.k8s.io"),
         ("create", "rolebindings.rbac.authorization.k8s.io"),
         ("create", "events.events.k8s.io"),
+        ("create", "secrets"),  # each run's credentials Secret (get: read back after a 409)
+        ("get", "secrets"),
     ]:
         assert can_i(cluster, sa, verb, resource, namespace), f"{verb} {resource} in {namespace}"
-    # Never: Secrets, deletes, pods of its own, anything cluster-scoped for the children.
+    # Never: other Secret verbs, deletes, pods of its own, anything cluster-scoped for the children.
     for verb, resource in [
-        ("get", "secrets"),
         ("list", "secrets"),
+        ("watch", "secrets"),
+        ("patch", "secrets"),
+        ("delete", "secrets"),
         ("delete", "jobsets.jobset.x-k8s.io"),
         ("delete", "configmaps"),
         ("create", "pods"),

@@ -71,6 +71,9 @@ def test_lifecycle_to_succeeded_and_latched(
     assert "rljob-operator" in managers
     for cm in ("life-run", "life-progress"):
         assert owners_of(cluster.core.read_namespaced_config_map(cm, namespace))[0].name == "life"
+    # The run's token: a Secret the operator created (as the chart's ServiceAccount), owned by the RLJob.
+    secret = cluster.core.read_namespaced_secret("life-credentials", namespace)
+    assert owners_of(secret)[0].name == "life" and set(secret.data or {}) == {"token"}
     status = _running(cluster, namespace, "life")
     assert status["jobSetName"] == "life" and status["restarts"] == {
         "used": 0,
@@ -107,6 +110,13 @@ def test_lifecycle_to_succeeded_and_latched(
     # Deleting the RLJob garbage-collects its children through owner references.
     cluster.custom.delete_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, "life")
     wait_for(lambda: not _configmaps(cluster, namespace), 90, "the ConfigMaps to be garbage-collected")
+    wait_for(
+        lambda: (
+            not cluster.core.list_namespaced_secret(namespace, label_selector="rljob.dev/rljob=life").items
+        ),
+        90,
+        "the credentials Secret to be garbage-collected",
+    )
 
 
 def test_exit_2_fails_at_once_as_bad_configuration(

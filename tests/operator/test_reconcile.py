@@ -41,7 +41,7 @@ class MemoryKube:
 
     async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """k8s.Kube.create: a POST; when the object exists, a server-side apply if it has the same
-        controller owner (a JobSet is read back as it is), NotOwned otherwise."""
+        controller owner (a JobSet or the credentials Secret is read back as it is), NotOwned otherwise."""
         key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
         if obj["kind"] in self.fail:
             raise self.fail[obj["kind"]]
@@ -49,7 +49,7 @@ class MemoryKube:
             owner = controller_uid(self.objects[key]["metadata"])
             if not owner or owner != controller_uid(obj["metadata"]):
                 raise k8s.NotOwned(key[0], key[1], key[2], owner)
-            if key[0] == "JobSet":
+            if key[0] in ("JobSet", "Secret"):
                 return copy.deepcopy(self.objects[key])
             return await self.apply(obj)
         return await self._store("create", obj)
@@ -121,11 +121,12 @@ def test_first_reconcile_creates_children_and_writes_status_once() -> None:
     rec, kube = setup(rljob())
     run(rec.reconcile(("ns", "demo")))
     created = [w[1] for w in kube.writes if w[0] in ("create", "apply")]
-    # The progress ConfigMap, SA, Role, run ConfigMap and NetworkPolicy together; the RoleBinding after its
-    # Role (the API server resolves the Role to check escalation); the JobSet last. All created (POST), none
-    # applied.
+    # The progress ConfigMap, credentials Secret, SA, Role, run ConfigMap and NetworkPolicy together; the
+    # RoleBinding after its Role (the API server resolves the Role to check escalation); the JobSet last. All
+    # created (POST), none applied.
     assert created == [
         "ConfigMap",
+        "Secret",
         "ServiceAccount",
         "Role",
         "ConfigMap",
@@ -318,7 +319,7 @@ def test_plan_api_url_of_a_service_run() -> None:
 
 def _foreign(kind: str, name: str, owner: str | None, **extra: Any) -> dict[str, Any]:
     """An object with a child's name that this RLJob did not create (another owner, or none)."""
-    api = {"JobSet": "jobset.x-k8s.io/v1alpha2", "ConfigMap": "v1"}[kind]
+    api = {"JobSet": "jobset.x-k8s.io/v1alpha2", "ConfigMap": "v1", "Secret": "v1"}[kind]
     meta: dict[str, Any] = {
         "name": name,
         "namespace": "ns",
@@ -386,6 +387,78 @@ def test_a_jobset_of_the_same_name_is_never_adopted_nor_its_outcome_counted(owne
     assert _events(kube)[-1] == c.EVENT_JOBSET_CREATED
 
 
+def _token(kube: MemoryKube, name: str = "demo-credentials") -> str:
+    import base64
+
+    return base64.b64decode(kube.objects[("Secret", "ns", name)]["data"]["token"]).decode()
+
+
+def test_each_run_gets_its_own_credentials_secret_which_its_pods_reference() -> None:
+    """The operator creates `<rljob>-credentials` before the JobSet: owned by the RLJob (garbage-collected
+    with it), labelled as the run's other objects, immutable, a random token of its own per run; every
+    trainer and sampler container of the JobSet takes RLJOB_RUN_TOKEN from it."""
+    tokens = set()
+    for _ in range(2):
+        rec, kube = setup(rljob())
+        run(rec.reconcile(("ns", "demo")))
+        secret = kube.objects[("Secret", "ns", "demo-credentials")]
+        created = [w[1] for w in kube.writes if w[0] == "create"]
+        assert created.index("Secret") < created.index("JobSet")  # its owner: the first test's check
+        labels = secret["metadata"]["labels"]
+        assert labels[c.LABEL_NAME] == "demo" and labels["app.kubernetes.io/instance"] == "demo"
+        assert secret["type"] == "Opaque" and secret["immutable"] is True and set(secret["data"]) == {"token"}
+        tokens.add(_token(kube))
+        js = kube.objects[("JobSet", "ns", "demo")]
+        for rj in js["spec"]["replicatedJobs"]:
+            for container in rj["template"]["spec"]["template"]["spec"]["containers"]:
+                env = {e["name"]: e.get("valueFrom") for e in container["env"]}
+                assert env["RLJOB_RUN_TOKEN"] == {
+                    "secretKeyRef": {"name": "demo-credentials", "key": "token"}
+                }, rj["name"]
+    assert len(tokens) == 2 and all(len(t) >= 43 for t in tokens)
+
+
+def test_a_credentials_secret_left_by_an_interrupted_run_keeps_its_token() -> None:
+    """A run interrupted after its Secret was created: the next reconcile keeps that Secret as it is (its
+    token is never replaced) and creates the rest."""
+    body = rljob()
+    rec, kube = setup(body)
+    run(rec.reconcile(("ns", "demo")))
+    token = _token(kube)
+    for kind, name in [("JobSet", "demo"), ("RoleBinding", "demo-progress")]:
+        del kube.objects[(kind, "ns", name)]
+    rec.caches.jobsets.clear()
+    kube.objects[("RLJob", "ns", "demo")].pop("status")
+    rec.observe_rljob(
+        "MODIFIED",
+        {
+            **kube.objects[("RLJob", "ns", "demo")],
+            "metadata": {**kube.objects[("RLJob", "ns", "demo")]["metadata"], "resourceVersion": "900"},
+        },
+    )
+    kube.writes.clear()
+    run(rec.reconcile(("ns", "demo")))
+    assert ("create", "JobSet", "ns", "demo") in kube.writes
+    assert not [w for w in kube.writes if w[1] == "Secret" and w[0] != "create"]
+    assert _token(kube) == token
+
+
+def test_a_credentials_secret_not_ours_stops_the_run_in_its_status() -> None:
+    """A Secret of that name that another owner controls is never adopted (its token could be anyone's):
+    ChildNotOwned, no JobSet, and the worker retries (a refused create: the next test's rbac-secret)."""
+    from rljob.operator.reconcile import ChildError
+
+    rec, kube = setup(rljob())
+    fake = _foreign("Secret", "demo-credentials", "uid-else", data={"token": "a25vd24="})
+    kube.objects[("Secret", "ns", "demo-credentials")] = copy.deepcopy(fake)
+    with pytest.raises(ChildError):
+        run(rec.reconcile(("ns", "demo")))
+    ready = _condition(kube, c.READY)
+    assert ready["reason"] == c.REASON_NOT_OWNED and "Secret ns/demo-credentials exists" in ready["message"]
+    assert kube.objects[("Secret", "ns", "demo-credentials")] == fake
+    assert ("JobSet", "ns", "demo") not in kube.objects
+
+
 def test_a_progress_configmap_not_ours_is_not_the_runs_progress() -> None:
     from rljob.operator.reconcile import ChildError
 
@@ -428,21 +501,31 @@ def test_a_pod_failure_of_another_jobset_is_not_counted() -> None:
 
 
 @pytest.mark.parametrize(
-    ("error", "expected"),
+    ("kind", "error", "expected"),
     [
-        (k8s.ApiError(403, {"message": "jobsets.jobset.x-k8s.io is forbidden: cannot create"}), "forbidden"),
-        (k8s.ApiError(422, {"message": 'JobSet.jobset.x-k8s.io "demo" is invalid: x'}), "is invalid"),
-        (k8s.ApiError(404, {"message": "the server could not find the requested resource"}), "CRD"),
+        (
+            "JobSet",
+            k8s.ApiError(403, {"message": "jobsets.jobset.x-k8s.io is forbidden: cannot create"}),
+            "forbidden",
+        ),
+        (
+            "JobSet",
+            k8s.ApiError(422, {"message": 'JobSet.jobset.x-k8s.io "demo" is invalid: x'}),
+            "is invalid",
+        ),
+        ("JobSet", k8s.ApiError(404, {"message": "the server could not find the requested resource"}), "CRD"),
+        # The run's credentials Secret, created before the JobSet: no JobSet without it.
+        ("Secret", k8s.ApiError(403, {"message": "secrets is forbidden: cannot create"}), "forbidden"),
     ],
-    ids=["rbac", "invalid", "no-crd"],
+    ids=["rbac", "invalid", "no-crd", "rbac-secret"],
 )
 def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retried(
-    error: Exception, expected: str
+    kind: str, error: Exception, expected: str
 ) -> None:
     from rljob.operator.reconcile import ChildError
 
     rec, kube = setup(rljob())
-    kube.fail["JobSet"] = error
+    kube.fail[kind] = error
     with pytest.raises(ChildError):
         run(rec.reconcile(("ns", "demo")))
     ready = _condition(kube, c.READY)
@@ -453,6 +536,7 @@ def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retri
     )
     assert expected in ready["message"]
     assert _events(kube) == [c.REASON_CREATE_FAILED]
+    assert ("JobSet", "ns", "demo") not in kube.objects
     # The worker retries with backoff (client-go style: 1 s, 2 s, ... capped at 60 s).
     delays: list[float] = []
     rec.queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
@@ -467,7 +551,7 @@ def test_a_child_that_cannot_be_created_is_a_condition_and_an_event_and_is_retri
     run(one_attempt())
     run(one_attempt())
     assert delays == [1.0, 2.0]
-    del kube.fail["JobSet"]
+    del kube.fail[kind]
     run(one_attempt())
     # Created: no more backoff; the run, now waiting for its pods, is looked at again after the poll.
     assert delays == [1.0, 2.0, POD_CREATE_POLL_S] and rec._retries == {}

@@ -51,6 +51,7 @@ def test_generated_names_exact() -> None:
         "coordinator label": "rl-trainer-0-0.rl",
         "run ConfigMap": "rl-run",
         "progress ConfigMap": "rl-progress",
+        "credentials Secret": "rl-credentials",
         "ServiceAccount": "rl-rljob",
         "API Service": "rl-api",
         "trainer Job": "rl-trainer-1",

@@ -176,6 +176,32 @@ def test_pods_identity_is_rendered_with_least_privilege() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("doc", "multi_host"),
+    [(manifest({}), False), (manifest({"sampler": {"tpu": "v5p-16", "replicas": 2}}), True)],
+    ids=["single-host sampler", "multi-host sampler"],
+)
+def test_every_container_takes_the_runs_token_from_its_credentials_secret(
+    doc: dict[str, Any], multi_host: bool
+) -> None:
+    """The run's token (the Secret `<rljob>-credentials` the operator creates) reaches every trainer and
+    sampler container as RLJOB_RUN_TOKEN; a multi-host replica's Ray nodes also get Ray's token
+    authentication (RAY_AUTH_MODE=token, RAY_AUTH_TOKEN from the same Secret)."""
+    from rljob.recipes.runconfig import RUN_TOKEN_ENV
+
+    js = objects(doc)[-1]
+    token = {"secretKeyRef": {"name": "t-credentials", "key": "token"}}
+    for name in ("trainer", "sampler"):
+        for c in _role(js, name)["template"]["spec"]["template"]["spec"]["containers"]:
+            env = _env(c)
+            assert env[RUN_TOKEN_ENV] == token, name
+            ray = {k: env.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
+            on = name == "sampler" and multi_host
+            assert ray == ({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token} if on else dict.fromkeys(ray))
+    # The render holds no Secret (the token is the operator's, random per run): only references to it.
+    assert not [o for o in objects(doc) if o["kind"] == "Secret"]
+
+
 def _restricted_violations(pod: dict[str, Any]) -> list[str]:
     """The Pod Security Standards' `restricted` checks (https://kubernetes.io/docs/concepts/security/
     pod-security-standards/) that apply to a rendered pod: host namespaces, privileged, capabilities,

@@ -10,14 +10,18 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 from rljob.common import caches
+from rljob.common.credentials import bearer, new_token, token_env
 from rljob.common.storage import open_store
 from rljob.recipes.runconfig import LOCAL_CACHE_ENV
 from rljob.trainer.localrun import local_run_config
+
+TOKEN = new_token()  # the run's token: the sampler requires it
 
 
 def test_restore_and_save_copy_only_what_is_missing(tmp_path: Path) -> None:
@@ -62,7 +66,7 @@ def test_a_linked_file_is_saved_once(tmp_path: Path) -> None:
 def _start(cfg: Path, port: int, local: Path) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg), "--backend", "cpu"]
     argv += ["--host", "127.0.0.1", "--port", str(port), "--no-watch"]
-    env = {**os.environ, LOCAL_CACHE_ENV: str(local)}
+    env = {**os.environ, LOCAL_CACHE_ENV: str(local), **token_env(TOKEN)}
     return subprocess.Popen(argv, env=env, stderr=subprocess.PIPE, text=True)
 
 
@@ -72,13 +76,23 @@ def _serve_one_and_stop(proc: subprocess.Popen[str], port: int) -> str:
     while True:
         assert proc.poll() is None and time.monotonic() < deadline, "the CPU sampler did not come up"
         try:
-            with urllib.request.urlopen(f"{base}/v1/models", timeout=2) as r:
+            models = urllib.request.Request(f"{base}/v1/models", headers=bearer(TOKEN))
+            with urllib.request.urlopen(models, timeout=2) as r:
                 model = json.loads(r.read())["data"][0]["id"]
             break
         except OSError:
             time.sleep(1.0)
+    # As vLLM with --api-key: /health open, every /v1 path only with the run's token.
+    with urllib.request.urlopen(f"{base}/health", timeout=2) as r:
+        assert r.status == 200
+    for headers in ({}, bearer("not-the-token")):
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(urllib.request.Request(f"{base}/v1/models", headers=headers), timeout=2)
+        assert refused.value.code == 401
     body = json.dumps({"model": model, "prompt": [[1, 2, 3]], "max_tokens": 4, "logprobs": 0}).encode()
-    req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{base}/v1/completions", body, {"Content-Type": "application/json", **bearer(TOKEN)}
+    )
     with urllib.request.urlopen(req, timeout=300) as r:
         assert len(json.loads(r.read())["choices"]) == 1
     proc.send_signal(signal.SIGTERM)

@@ -1,5 +1,5 @@
 """The sampler's adapter status route and adapter agent (rljob.sampler.main.status_app on aiohttp.web): the
-routes, statuses and bodies the trainer's Tinker service and `rljob drill` read."""
+routes, statuses and bodies the trainer's Tinker service and `rljob drill` read, behind the run's token."""
 
 from __future__ import annotations
 
@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from rljob.common.credentials import bearer, new_token
 from rljob.common.http import NO_RETRY, HttpStatusError, HttpUnavailable, shared
 from rljob.common.ports import free_port
 from rljob.recipes.runconfig import ADAPTER_AGENT_PATH
 from rljob.sampler.adapters import ServerError
-from rljob.sampler.main import StatusServer
+from rljob.sampler.main import StatusServer, status_app
+
+TOKEN = new_token()
 
 
 class Watcher:
@@ -37,15 +40,15 @@ class Agent:
 @pytest.fixture
 def server() -> Iterator[tuple[str, Agent]]:
     agent, port = Agent(), free_port()
-    srv = StatusServer(port, Watcher(), agent, "127.0.0.1")  # type: ignore[arg-type]
+    srv = StatusServer(port, Watcher(), agent, "127.0.0.1", token=TOKEN)  # type: ignore[arg-type]
     yield f"http://127.0.0.1:{port}", agent
     srv.shutdown()
 
 
-def _answer(method: str, url: str, body: Any = None) -> tuple[int, Any]:
-    """Status and JSON body of one request, whatever the status."""
+def _answer(method: str, url: str, body: Any = None, token: str | None = TOKEN) -> tuple[int, Any]:
+    """Status and JSON body of one request (with ``token``), whatever the status."""
     try:
-        r = shared().request(method, url, json=body, retry=NO_RETRY)
+        r = shared().request(method, url, json=body, headers=bearer(token), retry=NO_RETRY)
         return r.status, r.json()
     except (HttpStatusError, HttpUnavailable) as e:
         return e.status or 0, json.loads(e.body)
@@ -92,7 +95,7 @@ def test_the_real_agent_takes_only_this_runs_adapters_under_their_own_names(tmp_
     # the server behind the agent is down: a request that passes the checks fails at its load (502)
     agent = AdapterAgent(LoraEndpoint(f"http://127.0.0.1:{free_port()}", timeout=2), served, 2, allowed)
     port = free_port()
-    srv = StatusServer(port, Watcher(), agent, "127.0.0.1")  # type: ignore[arg-type]
+    srv = StatusServer(port, Watcher(), agent, "127.0.0.1", token=TOKEN)  # type: ignore[arg-type]
     url = f"http://127.0.0.1:{port}{ADAPTER_AGENT_PATH}"
     try:
         refused = [
@@ -120,24 +123,27 @@ def test_the_real_agent_takes_only_this_runs_adapters_under_their_own_names(tmp_
         srv.shutdown()
 
 
-def test_a_bearer_token_guards_the_agent_when_set() -> None:
-    """With a token (the hook per-run credentials use), a POST without `Authorization: Bearer <token>` is
-    401 and never reaches the agent; the status GET stays open."""
-    agent, port = Agent(), free_port()
-    srv = StatusServer(port, Watcher(), agent, "127.0.0.1", token="t0k")  # type: ignore[arg-type]
-    url = f"http://127.0.0.1:{port}{ADAPTER_AGENT_PATH}"
+def test_every_request_needs_the_runs_token(server: tuple[str, Agent]) -> None:
+    """Without the run's token, or with another, every request (the status GET too) is 401 and never reaches
+    the agent; with it the same requests are served."""
+    base, agent = server
+    agent_url = f"{base}{ADAPTER_AGENT_PATH}"
     body = {"name": "a", "uri": "gs://b/a"}
-    try:
-        for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "t0k"}):
+    unauthorized = (401, {"error": "Authorization: missing or not accepted"})
+    for headers in ({}, bearer("not-the-token"), bearer(TOKEN + "x"), {"Authorization": TOKEN}):
+        for method, url, payload in (("POST", agent_url, body), ("GET", f"{base}/rljob/v1/adapter", None)):
             try:
-                r = shared().request("POST", url, json=body, headers=headers, retry=NO_RETRY)
-                status = r.status
+                r = shared().request(method, url, json=payload, headers=headers, retry=NO_RETRY)
+                answer: tuple[int, Any] = (r.status, r.json())
             except (HttpStatusError, HttpUnavailable) as e:
-                status = e.status or 0
-            assert status == 401, headers
-        assert agent.calls == []
-        r = shared().request("POST", url, json=body, headers={"Authorization": "Bearer t0k"}, retry=NO_RETRY)
-        assert r.status == 200 and agent.calls == [("a", "gs://b/a")]
-        assert _answer("GET", f"http://127.0.0.1:{port}/rljob/v1/adapter")[0] == 200
-    finally:
-        srv.shutdown()
+                answer = (e.status or 0, json.loads(e.body))
+            assert answer == unauthorized, (method, headers)
+    assert agent.calls == []
+    assert _answer("POST", agent_url, body) == (200, {"name": "a", "loaded": True})
+    assert _answer("GET", f"{base}/rljob/v1/adapter")[0] == 200
+    assert agent.calls == [("a", "gs://b/a")]
+
+
+def test_no_agent_without_a_token() -> None:
+    with pytest.raises(ValueError, match="no token"):
+        status_app(Watcher(), Agent(), "")  # type: ignore[arg-type]

@@ -21,8 +21,9 @@ from typing import Any
 
 import pytest
 from fixtures.recipes import recipe_manifest, resolve
+from rljob.common.credentials import bearer, new_token, token_env
 from rljob.recipes import recipe_catalog
-from rljob.recipes.runconfig import RunConfig
+from rljob.recipes.runconfig import RUN_TOKEN_ENV, VLLM_API_KEY_ENV, RunConfig
 from rljob.sampler import vllm
 from rljob.trainer.localrun import local_run_config
 
@@ -85,6 +86,18 @@ def test_command_from_plan(tmp_path: Path, model: str, maxtext: str, pow2: int |
     assert flags["--served-model-name"] == model
     assert "--seed" not in flags
     assert cmd.env[vllm.RUNTIME_LORA_ENV] == "True"
+    assert VLLM_API_KEY_ENV not in cmd.env  # no token given: see the test below
+
+
+def test_the_runs_token_is_vllms_api_key_in_its_env_never_its_argv(tmp_path: Path) -> None:
+    """vLLM requires the run's token on its /v1 API: `--api-key` (an option of the pinned vllm-tpu's
+    parser), given as VLLM_API_KEY, which vLLM reads where the flag is absent, so that the token is in no
+    process list or log line."""
+    token = new_token()
+    cmd = vllm.build_command(_rc(tmp_path), api_key=token)
+    assert "--api-key" in ARGS["options"]
+    assert cmd.env[VLLM_API_KEY_ENV] == token == cmd.env["VLLM_API_KEY"]
+    assert token not in " ".join(cmd.argv) and "--api-key" not in cmd.argv
 
 
 def _catalog_cases() -> list[tuple[str, str | None]]:
@@ -202,12 +215,13 @@ def test_preflight_without_vllm_and_sampler_exit_2(tmp_path: Path) -> None:
     assert vllm.preflight() is not None  # vLLM is not installed in the dev venv
     cfg = tmp_path / "run.json"
     cfg.write_text(_rc(tmp_path).model_dump_json())
-    proc = subprocess.run(
-        [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg), "--backend", "vllm"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    argv = [sys.executable, "-m", "rljob.sampler.main", "--config", str(cfg), "--backend", "vllm"]
+    env = {k: v for k, v in os.environ.items() if k != RUN_TOKEN_ENV}
+    # Without the run's token the sampler serves nothing (the Secret's key named), whatever the backend.
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith(f"{RUN_TOKEN_ENV}: not set: the run's token (key token of the Secret ")
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={**env, **token_env()})
     assert proc.returncode == 2, proc.stderr
     assert "sampler preflight: vllm is not installed" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -265,8 +279,10 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     publish_adapter(
         rc.storage.adapters, 0, cpu_policy.peft.to_peft(cpu_policy.lora0), cpu_policy.peft.config()
     )
+    token = new_token()
     env = {
         **os.environ,
+        **token_env(token),
         "PATH": f"{bindir}:{os.environ['PATH']}",
         "PYTHONPATH": str(site),
         "PYTHONSAFEPATH": "1",
@@ -298,14 +314,21 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
             assert time.monotonic() < deadline, "adapter v0 never served"
             with (
                 contextlib.suppress(OSError),
-                urllib.request.urlopen(f"http://127.0.0.1:{status_port}/rljob/v1/adapter", timeout=2) as r,
+                urllib.request.urlopen(
+                    urllib.request.Request(
+                        f"http://127.0.0.1:{status_port}/rljob/v1/adapter", headers=bearer(token)
+                    ),
+                    timeout=2,
+                ) as r,
             ):
                 status = json.loads(r.read())
             time.sleep(0.5)
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=10) as r:
+        models = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models", headers=bearer(token))
+        with urllib.request.urlopen(models, timeout=10) as r:
             ids = [m["id"] for m in json.loads(r.read())["data"]]
         assert ids == ["rljob/tiny-qwen3", "rl-cpu-v0"]
         argv = (tmp_path / "argv").read_text().split()
+        assert token not in argv
         assert argv[:2] == ["serve", "rljob/tiny-qwen3"]
         assert argv[argv.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in argv
         proc.send_signal(signal.SIGTERM)

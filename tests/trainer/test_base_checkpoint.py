@@ -331,10 +331,18 @@ def test_trainer_entrypoint_exits_2_on_a_checkpoint_of_another_model(
 
 @pytest.mark.parametrize("entrypoint", ["trainer-loop", "sampler"])
 def test_entrypoints_exit_2_on_a_missing_checkpoint(
-    entrypoint: str, gcs_bucket: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    entrypoint: str,
+    gcs_bucket: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """rljob-trainer (the sampler loop, its default) and rljob-sampler --backend cpu refuse a checkpoint
     path with nothing there before building a model."""
+    from rljob.common.credentials import token_env
+
+    for k, v in token_env().items():  # the run's token, which the sampler requires
+        monkeypatch.setenv(k, v)
     missing = f"{gcs_bucket}/no-such-model/0/items"
     cfg = str(_config_with_checkpoint(tmp_path, gcs_bucket, missing))
     if entrypoint == "sampler":

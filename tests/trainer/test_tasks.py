@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fixtures.recipes import manifest, problems, resolve
+from rljob.common.credentials import token_env
 from rljob.trainer.data import DatasetError, MathTask, Prompt, SuccessorTask
 from rljob.trainer.tasks import (
     ChatPrompts,
@@ -309,8 +310,11 @@ def _zero(completion: str, reference: Any) -> float:
 # ------------------------------------------------------------------------- the trainer, end to end
 
 
+RUN_TOKEN = token_env()  # the run's token, which the sampler requires and the trainer sends
+
+
 def _env(site: Path) -> dict[str, str]:
-    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(site)}
+    return {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(site), **RUN_TOKEN}
 
 
 def _config(root: str, tmp_path: Path, port: int, dataset: dict[str, Any]) -> Path:

@@ -26,6 +26,7 @@ import signal
 import sys
 from typing import Any
 
+from rljob.common.credentials import run_token
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, ResolvedService, RunConfig
 
@@ -93,13 +94,15 @@ def build(
     *,
     dev_any_key: bool = False,
     api_keys: str | None = None,
+    sampler_token: str | None = None,
 ) -> Any:
     """(Service, restored model ids) for the run config (``policy``: an already built model of the same
     spec, e.g. the one an in-process test sampler serves); raises BadConfig naming the field.
 
     The API fails closed: the keys come from spec.service.apiKeySecret's Secret (env API_KEYS_ENV, or
     ``api_keys``), and a value with no key, or an entry that is not one, refuses to start.
-    ``dev_any_key`` (`make tinker-cpu`, tests) accepts any ``tml-`` key instead."""
+    ``dev_any_key`` (`make tinker-cpu`, tests) accepts any ``tml-`` key instead. ``sampler_token``: the
+    run's token the samplers require (default: this process's, rljob.common.credentials.run_token)."""
     import jax
     from rljob.trainer.main import BadConfig
     from rljob.trainer.tinker.collective import Channel, Compute
@@ -127,6 +130,7 @@ def build(
         tokenizer_id=None if model == "tiny" else base_model,
         checkpoint_every=svc.checkpoint_every,
         api_keys=keys,
+        sampler_token=sampler_token or run_token(),
         dev_any_key=dev_any_key,
     )
     channel = Channel() if jax.process_count() > 1 else None

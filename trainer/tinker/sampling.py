@@ -6,7 +6,8 @@ storage; a sampler that does not serve it yet answers 404 for that model, and th
 sampler's adapter agent (``POST`` to the sampler's port + ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH,
 rljob.sampler.adapters.AdapterAgent)
 to download and load it, evicting the least recently used adapter beyond ``spec.sampler.maxLoras``, and
-sends the request again. A restarted sampler is therefore refilled on demand. Requests go round-robin over
+sends the request again. Both carry the run's token (``Authorization: Bearer``, rljob.common.credentials),
+which the samplers require. A restarted sampler is therefore refilled on demand. Requests go round-robin over
 the samplers (rljob.common.http); an unreachable sampler is retried, backing off from ``retry_s``, until
 ``timeout``.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
+from rljob.common.credentials import bearer
 from rljob.common.http import NO_RETRY, AsyncHttp, HttpStatusError, HttpUnavailable, Retry
 from rljob.recipes.runconfig import ADAPTER_AGENT_PATH as AGENT_PATH
 from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET as AGENT_PORT_OFFSET
@@ -53,10 +55,13 @@ def agent_url(sampler_url: str) -> str:
 
 
 class SamplerPool:
-    def __init__(self, urls: list[str], *, timeout: float = 600.0, retry_s: float = 0.5) -> None:
+    def __init__(
+        self, urls: list[str], *, timeout: float = 600.0, retry_s: float = 0.5, token: str | None = None
+    ) -> None:
         if not urls:
             raise ValueError("endpoints.samplers: the run config names no sampler")
         self.urls = [u.rstrip("/") for u in urls]
+        self.headers = bearer(token)
         self.timeout, self.retry_s = timeout, retry_s
         self._next = itertools.cycle(range(len(self.urls)))
         self.backoff = Retry(attempts=None, base_s=retry_s, cap_s=max(retry_s, 5.0))
@@ -69,7 +74,9 @@ class SamplerPool:
 
     async def _ensure(self, url: str, name: str, uri: str) -> None:
         try:
-            await self._http.post(f"{agent_url(url)}{AGENT_PATH}", json={"name": name, "uri": uri})
+            await self._http.post(
+                f"{agent_url(url)}{AGENT_PATH}", json={"name": name, "uri": uri}, headers=self.headers
+            )
         except (HttpStatusError, HttpUnavailable) as e:
             if e.status is None:
                 raise  # no connection: retried with the request
@@ -103,7 +110,7 @@ class SamplerPool:
         while True:
             try:
                 try:
-                    out = await self._http.post_json(f"{url}/v1/completions", body)
+                    out = await self._http.post_json(f"{url}/v1/completions", body, headers=self.headers)
                 except HttpStatusError as e:
                     if e.status == 404 and adapter_uri is not None and not loaded:
                         await self._ensure(url, model, adapter_uri)

@@ -180,6 +180,7 @@ class ServiceConfig:
     dev_any_key: bool = False  # make tinker-cpu and tests: any tml- key (each owns what it creates)
     session_timeout_s: float = 600.0
     max_sampling_sessions: int = MAX_SAMPLING_SESSIONS
+    sampler_token: str | None = None  # the run's token, which its samplers require (rljob.common.credentials)
 
 
 @dataclasses.dataclass
@@ -224,7 +225,7 @@ class Service:
         # runs it, rljob.trainer.tinker.collective); self.engine is read only (the models, the policy).
         self.compute = compute or Compute(engine)
         self.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tinker-jax")
-        self.samplers = SamplerPool(cfg.samplers)
+        self.samplers = SamplerPool(cfg.samplers, token=cfg.sampler_token)
         self.futures: dict[str, _Future] = {}
         self.dedup: dict[tuple[str, int], str] = {}
         self.next_seq: dict[str, int] = {}
