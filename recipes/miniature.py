@@ -4,7 +4,7 @@ A miniature is what a local rehearsal builds instead of the full model: MaxText 
 config file (``model_name``, e.g. ``configs/models/gemma4-31b.yml`` of MaxText 0.2.5) and
 :func:`miniature_overrides` replaces only sizes on top of it: layers, widths, heads, experts, the
 vocabulary. Everything that makes the family different stays the model's own: the decoder block and its
-scan grouping (Qwen3, Qwen3 MoE and Llama 3.1 scan single layers, gpt-oss scans blocks of
+scan grouping (Qwen3, Qwen3 MoE, Mixtral and Llama 3.1 scan single layers, gpt-oss scans blocks of
 ``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5 blocks of 4 (three gated-delta-net layers,
 then one full-attention layer), Gemma 4 blocks of six (five sliding-window layers, then one global layer:
 ``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``), Gemma 3 blocks of six the same way
@@ -95,6 +95,17 @@ _SIZES: dict[str, dict[str, Any]] = {
         "base_moe_mlp_dim": 32,
         "num_experts": 16,
         "num_experts_per_tok": 8,
+        "base_num_decoder_layers": 2,
+    },
+    # Mixtral 8x7B: all routed experts, 8 of them, top-2 as the full model (only their width shrunk);
+    # kept: the query's 1/sqrt(head_dim) folded into the query weights (no qk norm), which the PEFT export
+    # undoes, RoPE base 1M; grouped-query attention 4:1 as the full model's 32:8 (8 heads of 16: 128 != 64).
+    "mixtral-8x7b": {
+        **_COMMON,
+        "base_num_query_heads": 8,
+        "head_dim": 16,
+        "base_mlp_dim": 32,
+        "base_moe_mlp_dim": 32,
         "base_num_decoder_layers": 2,
     },
     # Gemma 3 (27B): blocks of 5 sliding-window layers + 1 global layer (2 blocks here) and a remainder

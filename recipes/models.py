@@ -38,6 +38,8 @@ MODELS: dict[str, ModelFacts] = {
     "gemma3-4b": ModelFacts(num_kv_heads=4),
     "gemma3-12b": ModelFacts(num_kv_heads=8),
     "gemma3-27b": ModelFacts(num_kv_heads=16),
+    "mixtral-8x7b": ModelFacts(num_kv_heads=8, num_experts=8),
+    "mixtral-8x22b": ModelFacts(num_kv_heads=8, num_experts=8),
 }
 
 

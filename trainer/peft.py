@@ -54,8 +54,8 @@ HF_PROJ: dict[str, tuple[str, str]] = {
 }
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
-# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM and
-# GptOssForCausalLM keep them at
+# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM,
+# MixtralForCausalLM and GptOssForCausalLM keep them at
 # model.layers; Qwen3_5MoeForConditionalGeneration, Gemma4ForConditionalGeneration and
 # Gemma3ForConditionalGeneration at model.language_model.layers (transformers 5.x,
 # models/qwen3_5_moe/modeling_qwen3_5_moe.py, models/gemma4/modeling_gemma4.py and
@@ -148,9 +148,11 @@ _ATTENTION_MODULES = ("query", "key", "value", "out")
 
 # Decoder blocks whose attention applies no 1/sqrt(head_dim) to the query: MaxText folds it into the
 # query kernel (layers/attentions.py init_query_w: no qk norm, no query_pre_attn_scalar; models/llama2.py
-# passes none), and its Hugging Face conversion divides q_proj by sqrt(head_dim)
-# (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN scale_query_layer).
-QUERY_SCALE_FOLDED = frozenset({"llama2"})
+# and models/mixtral.py pass none), and its Hugging Face conversion divides q_proj by sqrt(head_dim)
+# (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN and
+# MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN, scale_query_layer). Mixtral's RoPE rotates halves as Hugging
+# Face's does (MaxText's default RotaryEmbedding; its conversion reorders nothing).
+QUERY_SCALE_FOLDED = frozenset({"llama2", "mixtral"})
 
 
 def rope_pairs(cfg: Any) -> bool:

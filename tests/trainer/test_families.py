@@ -12,7 +12,8 @@ MLP LoRA lands on ``mlp.shared_expert``; Gemma 4's full-attention layers use ``g
 no v_proj. Qwen3 MoE (qwen3_moe) trains attention only (its MLP is routed experts); Llama 3.1 (llama2)
 attention and MLP, its query and key lora_B mapped from MaxText's interleaved RoPE pairs and folded query
 scale to Hugging Face's layout (checked against MaxText's own MaxText->HF checkpoint conversion below).
-Gemma 3 (gemma3) trains attention
+Mixtral (mixtral) trains attention only (its MLP is routed experts), its query lora_B scaled back by
+sqrt(head_dim) (checked against MaxText's own HF->MaxText conversion). Gemma 3 (gemma3) trains attention
 and MLP of its sliding-window and global layers alike, scanned in blocks of six with the last layers
 unscanned (``layers_remainder``), exported under Gemma3ForConditionalGeneration's
 ``model.language_model.layers``.
@@ -268,6 +269,66 @@ def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model
                     @ tensors[policy.peft.name(layer, la)]
                 )
                 assert not np.allclose(bad, want, rtol=1e-3, atol=1e-4), f"{module}: a broken map passed"
+    assert checked == policy.num_layers * len(TARGETS[model])
+
+
+def _maxtext_delta_by_maxtexts_conversion(model: str, policy: Policy, module: str, hf: np.ndarray) -> Any:
+    """MaxText's own Hugging Face->MaxText conversion (param_mapping.py HOOK_FNS, not saving_to_hf: the
+    direction of ``to_maxtext``, which converts the base checkpoint rljob trains on, docs/gke.md) of one
+    layer's Hugging Face delta (out, in), as a MaxText kernel ([emb, heads, head_dim] for the query, key
+    and value, [heads, head_dim, emb] for the output)."""
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    cfg = policy.cfg
+    hf_config = {"num_hidden_layers": policy.num_layers, "hidden_size": int(cfg.emb_dim)}
+    hooks = param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=False)
+    chain = hooks[f"params-decoder-layers-self_attention-{module}-kernel"]
+    heads = {"query": int(cfg.num_query_heads), "key": int(cfg.num_kv_heads), "value": int(cfg.num_kv_heads)}
+    hd = int(cfg.head_dim)
+    target = (
+        (hf.shape[1], heads[module], hd) if module in heads else (int(cfg.num_query_heads), hd, hf.shape[0])
+    )
+    out = hf
+    for hook in chain if isinstance(chain, list) else [chain]:
+        out = hook(out, target)
+    return np.asarray(out, np.float64)
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b"])
+def test_maxtexts_conversion_of_the_adapter_is_the_lora_delta(model: str) -> None:
+    """Mixtral (attention only): for every projection and layer, MaxText's own Hugging Face->MaxText
+    conversion of the PEFT adapter's delta B @ A is the MaxText delta a @ b: the query's lora_B comes out
+    sqrt(head_dim) larger (the scale MaxText folds into the query kernel and its conversion divides out);
+    key, value and output are transposes. (MaxText's MaxText->Hugging Face hook for Mixtral's output kernel,
+    reshape_and_transpose_attention, reshapes [heads, head_dim, emb] to [emb, -1] instead of transposing
+    it, so this direction is the one checked.) An export without the query scale is caught."""
+    import dataclasses
+
+    policy = _policy(model)
+    lora = _random_like(policy.lora0, seed=3)
+    tensors = policy.peft.to_peft(lora)
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
+    by = {
+        (leaf.module, leaf.which): (leaf, arr) for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
+    }
+    assert len(by) == len(leaves)  # one scan axis of layers: a leaf per module
+    checked = 0
+    for (module, which), (la, a_arr) in by.items():
+        if which != "a":
+            continue
+        lb, b_arr = by[(module, "b")]
+        for i, (a, b) in enumerate(zip(la.per_layer(a_arr), lb.per_layer(b_arr), strict=True)):
+            layer = la.layers[i]
+            a_hf = tensors[policy.peft.name(layer, la)].astype(np.float64)
+            hf = tensors[policy.peft.name(layer, lb)].astype(np.float64) @ a_hf
+            got = _maxtext_delta_by_maxtexts_conversion(model, policy, module, hf)
+            want = (a @ b).reshape(got.shape)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{module} layer {layer}")
+            checked += 1
+            if module == "query":
+                broken = dataclasses.replace(lb, scale=1.0).to_hf(b.astype(np.float32)).astype(np.float64)
+                bad = _maxtext_delta_by_maxtexts_conversion(model, policy, module, broken @ a_hf)
+                assert not np.allclose(bad, want, rtol=1e-3, atol=1e-4), "a query without its scale passed"
     assert checked == policy.num_layers * len(TARGETS[model])
 
 

@@ -78,6 +78,7 @@ def test_scan_blocks_are_maxtexts() -> None:
     assert miniature.scan_block("qwen3-8b") == 1
     assert miniature.scan_block("llama3.1-8b") == 1
     assert miniature.scan_block("qwen3-30b-a3b") == 1
+    assert miniature.scan_block("mixtral-8x7b") == 1
     from maxtext.models import gemma3
 
     assert miniature.scan_block("gemma3-27b") == len(gemma3.GEMMA3_ATTENTION_PATTERN)
