@@ -9,7 +9,8 @@ A target counts only where the decoder has a module of that name that qwix can w
 the trainer exports to PEFT under the Hugging Face model's names:
 
 - qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration), llama2 (LlamaForCausalLM: MaxText's
-  block for Llama 2 and Llama 3.x): attention and the dense MLP;
+  block for Llama 2 and Llama 3.x), gemma3 (Gemma3ForConditionalGeneration's text tower: its local
+  and global layers alike): attention and the dense MLP;
 - qwen3_5 (Qwen3_5MoeForConditionalGeneration): attention (the full-attention layers; the gated delta
   net layers have no q/k/v/o projection) and the shared expert's MLP (``mlp.shared_expert.*_proj``);
   the routed experts are stacked parameters (MaxText ``routed_experts/wi_0``, Hugging Face
@@ -17,13 +18,16 @@ the trainer exports to PEFT under the Hugging Face model's names:
 - gpt_oss (GptOssForCausalLM): attention only; its MLP is all experts, stacked parameters on both
   sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``);
 - qwen3_moe (Qwen3MoeForCausalLM): attention only; its MLP is all routed experts (no shared expert),
-  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``).
+  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``);
+- mixtral (MixtralForCausalLM): attention only; its MLP is all routed experts (8, top-2), stacked
+  parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's per-expert
+  ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
 
 LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
-Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2}.py; transformers 5.x models/<family>/
-modeling_<family>.py (https://github.com/huggingface/transformers/tree/main/src/transformers/models).
+Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral}.py; transformers 5.x
+models/<family>/modeling_<family>.py (https://github.com/huggingface/transformers/tree/main/src/transformers/models).
 tests/trainer/test_families.py builds each family's miniature and checks this table against the LoRA
 parameters qwix actually creates.
 """
@@ -64,6 +68,8 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "gpt_oss": ATTENTION,
     "llama2": ATTENTION + MLP,
     "qwen3_moe": ATTENTION,
+    "gemma3": ATTENTION + MLP,
+    "mixtral": ATTENTION,
 }
 
 # decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
@@ -74,8 +80,6 @@ REFUSED: dict[str, str] = {
     "exported yet",
     "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
     "mistral": f"{_NO_CONVERSION}, and " + _NOT_YET.format("mistral", ""),
-    "mixtral": _NOT_YET.format("mixtral", " (attention of an all-expert MoE)"),
-    "gemma3": _NOT_YET.format("gemma3", " (its local/global scan blocks)"),
     "gemma2": _NOT_YET.format("gemma2", ""),
     "gemma": f"{_NO_CONVERSION}, and " + _NOT_YET.format("gemma", ""),
     "gemma4_small": _NOT_YET.format("gemma4_small", ""),

@@ -4,10 +4,12 @@ A miniature is what a local rehearsal builds instead of the full model: MaxText 
 config file (``model_name``, e.g. ``configs/models/gemma4-31b.yml`` of MaxText 0.2.5) and
 :func:`miniature_overrides` replaces only sizes on top of it: layers, widths, heads, experts, the
 vocabulary. Everything that makes the family different stays the model's own: the decoder block and its
-scan grouping (Qwen3, Qwen3 MoE and Llama 3.1 scan single layers, gpt-oss scans blocks of
+scan grouping (Qwen3, Qwen3 MoE, Mixtral and Llama 3.1 scan single layers, gpt-oss scans blocks of
 ``inhomogeneous_layer_cycle_interval`` = 2 layers, Qwen3.5 blocks of 4 (three gated-delta-net layers,
 then one full-attention layer), Gemma 4 blocks of six (five sliding-window layers, then one global layer:
-``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``)), MoE routing (top-k, routed and shared
+``GEMMA4_ATTENTION_PATTERN`` in MaxText's ``models/gemma4.py``), Gemma 3 blocks of six the same way
+(``GEMMA3_ATTENTION_PATTERN``) with the layers after the last whole block unscanned (``layers_remainder``:
+a miniature keeps such a remainder where the full model has one)), MoE routing (top-k, routed and shared
 experts, ``norm_topk_prob``, router bias), attention variants (sinks, sliding windows, gated delta nets,
 shared key/value projections, partial and multi-section RoPE, yarn, Llama 3.1's interleaved RoPE), soft
 caps, tied and scaled embeddings, norms and activations.
@@ -95,6 +97,29 @@ _SIZES: dict[str, dict[str, Any]] = {
         "num_experts_per_tok": 8,
         "base_num_decoder_layers": 2,
     },
+    # Mixtral 8x7B: all routed experts, 8 of them, top-2 as the full model (only their width shrunk);
+    # kept: the query's 1/sqrt(head_dim) folded into the query weights (no qk norm), which the PEFT export
+    # undoes, RoPE base 1M; grouped-query attention 4:1 as the full model's 32:8 (8 heads of 16: 128 != 64).
+    "mixtral-8x7b": {
+        **_COMMON,
+        "base_num_query_heads": 8,
+        "head_dim": 16,
+        "base_mlp_dim": 32,
+        "base_moe_mlp_dim": 32,
+        "base_num_decoder_layers": 2,
+    },
+    # Gemma 3 (27B): blocks of 5 sliding-window layers + 1 global layer (2 blocks here) and a remainder
+    # of 2 sliding-window layers after them, as the full model's 62 = 10 x 6 + 2; kept: query and key
+    # RMS norms, the query scaled by (emb_dim / heads)^-0.5 (MaxText models/gemma3.py
+    # get_query_pre_attn_scalar for gemma3-27b: 16 here, not head_dim 8), local RoPE base 10k and global 1M
+    # with linear scaling 8, tied embeddings scaled by sqrt(emb_dim), post-attention and post-FFW norms,
+    # GELU; no soft caps (Gemma 3 has none: attn_logits_soft_cap and final_logits_soft_cap stay 0).
+    "gemma3-27b": {
+        **_COMMON,
+        "base_mlp_dim": 96,
+        "base_num_decoder_layers": 14,
+        "sliding_window_size": 16,
+    },
     # Gemma 4: blocks of 5 sliding-window layers + 1 global layer (2 blocks here) with its own head_dim
     # and KV head count and keys shared as values; tied embeddings scaled by sqrt(emb_dim), the final
     # logits soft cap of 30, post-attention and post-FFW norms, GELU.
@@ -111,8 +136,9 @@ _SIZES: dict[str, dict[str, Any]] = {
 MODELS: tuple[str, ...] = tuple(sorted(_SIZES))
 
 # Layers per scanned block where it is not inhomogeneous_layer_cycle_interval (MaxText 0.2.5
-# models/gemma4.py GEMMA4_ATTENTION_PATTERN: five LOCAL_SLIDING then one GLOBAL).
-_BLOCK_OVERRIDE = {"gemma4": 6}
+# models/gemma4.py GEMMA4_ATTENTION_PATTERN and models/gemma3.py GEMMA3_ATTENTION_PATTERN: five
+# LOCAL_SLIDING then one GLOBAL).
+_BLOCK_OVERRIDE = {"gemma4": 6, "gemma3": 6}
 
 
 def _model_config(model_name: str) -> dict[str, Any]:
@@ -142,7 +168,8 @@ def describe(model_name: str) -> dict[str, object]:
     """What the miniature of ``model_name`` kept and what it scaled, for a report: ``scaled`` maps each
     key the miniature changes to ``[full, miniature]``, ``kept`` the model config's other keys (vision-encoder
     keys left out: the trainer builds the text decoder only), plus the decoder block, the layers per
-    scanned block and the number of scanned blocks of both sizes."""
+    scanned block, the number of scanned blocks and of layers after the last whole block (Gemma 3's
+    ``layers_remainder``) of both sizes."""
     cfg = _model_config(model_name)
     sizes = _SIZES[model_name]
     keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
@@ -157,6 +184,7 @@ def describe(model_name: str) -> dict[str, object]:
         "decoder_block": cfg["decoder_block"],
         "layers_per_scan_block": block,
         "scan_blocks": [full_layers // block, mini_layers // block],
+        "remainder_layers": [full_layers % block, mini_layers % block],
         "scaled": scaled,
         "kept": kept,
     }

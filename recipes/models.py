@@ -35,6 +35,11 @@ MODELS: dict[str, ModelFacts] = {
     "llama3.1-8b": ModelFacts(num_kv_heads=8),
     "llama3.1-70b": ModelFacts(num_kv_heads=8),
     "qwen3-30b-a3b": ModelFacts(num_kv_heads=4, num_experts=128),
+    "gemma3-4b": ModelFacts(num_kv_heads=4),
+    "gemma3-12b": ModelFacts(num_kv_heads=8),
+    "gemma3-27b": ModelFacts(num_kv_heads=16),
+    "mixtral-8x7b": ModelFacts(num_kv_heads=8, num_experts=8),
+    "mixtral-8x22b": ModelFacts(num_kv_heads=8, num_experts=8),
 }
 
 

@@ -411,7 +411,15 @@ class Policy:
 
         ``base``: the frozen parameters (default ``self.base``); pass them as a jit argument so they
         are not baked into the compiled program as constants."""
-        model = nnx.merge(self.graphdef, self.as_state(lora), self.base if base is None else base)
+        # Fresh variables of the current trace (a pytree round trip): the state's own nnx.Variable objects
+        # belong to the trace they were made in (e.g. self.base: the top level, when a jitted caller closes
+        # over it), and a module that writes its state back during the call (MaxText 0.2.5's Gemma 3
+        # remainder layers: NNXDecoder._apply_gemma3_scanned_blocks nnx.update(self.layers_remainder, ...))
+        # may only mutate variables of the trace it runs in (flax nnx TraceContextError otherwise).
+        lora_state, base_state = jax.tree.map(
+            lambda x: x, (self.as_state(lora), self.base if base is None else base)
+        )
+        model = nnx.merge(self.graphdef, lora_state, base_state)
         # MaxText's activation sharding constraints name logical axes; only under the config's rules do
         # they map onto the mesh (without them every constraint says "replicated": each device would
         # compute every row). MaxText's trainers trace under the same rules.

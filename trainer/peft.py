@@ -54,15 +54,20 @@ HF_PROJ: dict[str, tuple[str, str]] = {
 }
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
-# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM and
-# GptOssForCausalLM keep them at
-# model.layers; Qwen3_5MoeForConditionalGeneration and Gemma4ForConditionalGeneration at
-# model.language_model.layers (transformers 5.x, models/qwen3_5_moe/modeling_qwen3_5_moe.py and
-# models/gemma4/modeling_gemma4.py: ``self.model = ...Model(config)`` whose ``self.language_model`` holds
-# ``self.layers``; https://github.com/huggingface/transformers/tree/main/src/transformers/models).
+# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM,
+# MixtralForCausalLM and GptOssForCausalLM keep them at
+# model.layers; Qwen3_5MoeForConditionalGeneration, Gemma4ForConditionalGeneration and
+# Gemma3ForConditionalGeneration at model.language_model.layers (transformers 5.x,
+# models/qwen3_5_moe/modeling_qwen3_5_moe.py, models/gemma4/modeling_gemma4.py and
+# models/gemma3/modeling_gemma3.py: ``self.model = ...Model(config)`` whose ``self.language_model`` holds
+# ``self.layers``; https://github.com/huggingface/transformers/tree/main/src/transformers/models). MaxText's
+# gemma3 configs (gemma3-4b, -12b, -27b) are the image-text checkpoints google/gemma-3-*-it, whose
+# conversion writes model.language_model.layers (checkpoint_conversion/utils/param_mapping.py
+# GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING); the text-only Gemma3ForCausalLM (gemma-3-1b) has no MaxText config.
 HF_LAYERS_PREFIX: dict[str, str] = {
     "qwen3_5": "base_model.model.model.language_model.layers",
     "gemma4": "base_model.model.model.language_model.layers",
+    "gemma3": "base_model.model.model.language_model.layers",
 }
 DEFAULT_HF_LAYERS_PREFIX = "base_model.model.model.layers"
 
@@ -143,9 +148,11 @@ _ATTENTION_MODULES = ("query", "key", "value", "out")
 
 # Decoder blocks whose attention applies no 1/sqrt(head_dim) to the query: MaxText folds it into the
 # query kernel (layers/attentions.py init_query_w: no qk norm, no query_pre_attn_scalar; models/llama2.py
-# passes none), and its Hugging Face conversion divides q_proj by sqrt(head_dim)
-# (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN scale_query_layer).
-QUERY_SCALE_FOLDED = frozenset({"llama2"})
+# and models/mixtral.py pass none), and its Hugging Face conversion divides q_proj by sqrt(head_dim)
+# (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN and
+# MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN, scale_query_layer). Mixtral's RoPE rotates halves as Hugging
+# Face's does (MaxText's default RotaryEmbedding; its conversion reorders nothing).
+QUERY_SCALE_FOLDED = frozenset({"llama2", "mixtral"})
 
 
 def rope_pairs(cfg: Any) -> bool:
@@ -187,6 +194,16 @@ def _gemma4_pattern() -> tuple[tuple[int, ...], tuple[int, ...]]:
     return local, tuple(i for i in range(len(pattern)) if i not in local)
 
 
+def _gemma3_block() -> int:
+    """Layers per scanned Gemma 3 block (MaxText 0.2.5 models/gemma3.py GEMMA3_ATTENTION_PATTERN: five
+    LOCAL_SLIDING then one GLOBAL; layers/nnx_decoders.py _init_scanned_gemma3 scans blocks of it as
+    ``layers`` with sub-layers ``layers_<j>`` and keeps the layers after the last whole block unscanned in
+    ``layers_remainder``)."""
+    from maxtext.models import gemma3
+
+    return len(gemma3.GEMMA3_ATTENTION_PATTERN)
+
+
 def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tuple[int, ...] | None:
     """Hugging Face layer indices of a LoRA leaf at MaxText path ``keys`` (``decoder/<container>/...``)
     with ``scan_shape`` scan axes, or None for a layout not known here. MaxText 0.2.5's NNX decoder
@@ -194,7 +211,8 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
 
     - ``layers`` (one scan axis): one layer per position (Qwen3), or blocks of
       ``inhomogeneous_layer_cycle_interval`` layers whose sub-layers are ``layers_<j>`` (gpt-oss: block
-      of 2) or ``layer_<j>`` (Qwen3.5: block of 4): layer = block x interval + j;
+      of 2) or ``layer_<j>`` (Qwen3.5: block of 4): layer = block x interval + j; Gemma 3 scans blocks of
+      its attention pattern (6) the same way, its remainder layers in ``layers_remainder/layers_<j>``;
     - ``scanned_blocks`` (Gemma 4): blocks of GEMMA4_ATTENTION_PATTERN, the local layers stacked again
       within a block (``local_layers``: scan axes [blocks, local]), the global layer once per block;
     - ``layers_remainder``: the layers after the last whole block, one short block;
@@ -212,7 +230,13 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
         if sub is None:
             return tuple(range(scan_shape[0]))
         interval = int(cfg.inhomogeneous_layer_cycle_interval)
+        if decoder_block(cfg) == "gemma3":
+            interval = _gemma3_block()
         return tuple(b * interval + int(sub.group(1)) for b in range(scan_shape[0]))
+    if decoder_block(cfg) == "gemma3" and container == "layers_remainder" and not scan_shape:
+        sub = _SUBLAYER.match(inner[0]) if inner else None
+        if sub is not None:
+            return ((n // _gemma3_block()) * _gemma3_block() + int(sub.group(1)),)
     if decoder_block(cfg) == "gemma4" and container in ("scanned_blocks", "layers_remainder"):
         local, glob = _gemma4_pattern()
         block = len(local) + len(glob)

@@ -1,7 +1,8 @@
 """`rljob drill`: the full-size topology check of every catalog recipe, profile and example (fast), its
 scaling rules, its refusals (exit 2, field named), and (marked ``drill`` and ``slow``) the scaled CPU
 rehearsal of every catalog recipe and profile: real trainer and sampler processes, one per container of
-the scaled render, two GRPO steps, adapters v0..v2 loaded by the sampler, the step-0 parity gate."""
+the scaled render, two GRPO steps, adapters v0..v2 loaded by the sampler, the step-0 parity gate; the same
+for the model families that have no catalog recipe yet (Gemma 3, Mixtral) on another recipe's TPUs."""
 
 from __future__ import annotations
 
@@ -257,3 +258,34 @@ def test_a_drill_with_a_multi_host_sampler_replica(tmp_path: Path) -> None:
     sampler = out.report["sampler"]
     assert (sampler["replicas"], sampler["hosts"], sampler["ray"][0]["ray_nodes"]) == (1, 2, 2)
     assert sampler["worker_loss"]["head_exit"] == ray_replica.EXIT_REPLICA_LOST
+
+
+# Decoder blocks without a catalog recipe yet, drilled on the llama3.1-8b-v5p recipe with the model
+# swapped (the full-size fit and topology checks of that TPU, the miniature of the model's own config).
+FAMILIES = [
+    (
+        "gemma3-27b",
+        "google/gemma-3-27b-it",
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    ),
+    ("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+]
+
+
+@pytest.mark.drill
+@pytest.mark.slow
+@pytest.mark.jax
+@pytest.mark.parametrize(("model", "hf", "targets"), FAMILIES, ids=[f[0] for f in FAMILIES])
+def test_a_family_without_a_recipe_passes_the_drill(
+    model: str, hf: str, targets: list[str], tmp_path: Path
+) -> None:
+    """The scaled run of a model family's miniature: two GRPO steps, adapters v0..v2 exported to PEFT and
+    loaded by the sampler, the step-0 parity gate."""
+    doc = drill.recipe_doc("llama3.1-8b-v5p")
+    doc["spec"]["model"] = {"name": hf, "maxtextModel": model}
+    doc["spec"]["lora"] = {**doc["spec"].get("lora", {}), "targets": targets}
+    out = drill.drill(drill.Case(model, doc), 2, tmp_path, timeout=600)
+    assert out.ok, out.error
+    assert out.report["steps"] == 2 and out.report["adapter_versions"] == [0, 1, 2]
+    assert out.report["sampler_loaded"] == [2] and 0 <= out.report["parity_nats"] < 1e-3
+    assert out.report["scaled"]["miniature"]["model"] == model

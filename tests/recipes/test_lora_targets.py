@@ -27,7 +27,7 @@ def test_every_maxtext_decoder_block_is_exported_or_refused_with_a_reason() -> N
                     "spec.model.maxtextModel",
                     "decoder block 'deepseek': its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) "
                     "has no PEFT layout exported yet; the trainer exports LoRA adapters of the decoder "
-                    "blocks gemma4, gpt_oss, llama2, qwen3, qwen3_5, qwen3_moe only",
+                    "blocks gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, qwen3_moe only",
                 )
             ],
         ),
@@ -43,6 +43,18 @@ def test_every_maxtext_decoder_block_is_exported_or_refused_with_a_reason() -> N
                 )
             ],
         ),
+        ("gemma3", ["q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], []),
+        (
+            "mixtral",
+            ["q_proj", "up_proj"],
+            [
+                (
+                    "spec.lora.targets",
+                    "up_proj: no such projection to wrap in the mixtral decoder (its LoRA targets: "
+                    "q_proj, k_proj, v_proj, o_proj)",
+                )
+            ],
+        ),
         (
             "a_block_maxtext_lacks",
             ["q_proj"],
@@ -50,7 +62,7 @@ def test_every_maxtext_decoder_block_is_exported_or_refused_with_a_reason() -> N
                 (
                     "spec.model.maxtextModel",
                     "decoder block 'a_block_maxtext_lacks': the trainer exports LoRA adapters of the decoder "
-                    "blocks gemma4, gpt_oss, llama2, qwen3, qwen3_5, qwen3_moe only",
+                    "blocks gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, qwen3_moe only",
                 )
             ],
         ),

@@ -12,6 +12,11 @@ MLP LoRA lands on ``mlp.shared_expert``; Gemma 4's full-attention layers use ``g
 no v_proj. Qwen3 MoE (qwen3_moe) trains attention only (its MLP is routed experts); Llama 3.1 (llama2)
 attention and MLP, its query and key lora_B mapped from MaxText's interleaved RoPE pairs and folded query
 scale to Hugging Face's layout (checked against MaxText's own MaxText->HF checkpoint conversion below).
+Mixtral (mixtral) trains attention only (its MLP is routed experts), its query lora_B scaled back by
+sqrt(head_dim) (checked against MaxText's own HF->MaxText conversion). Gemma 3 (gemma3) trains attention
+and MLP of its sliding-window and global layers alike, scanned in blocks of six with the last layers
+unscanned (``layers_remainder``), exported under Gemma3ForConditionalGeneration's
+``model.language_model.layers``.
 """
 
 from __future__ import annotations
@@ -46,13 +51,15 @@ def _hf_layer_types(model: str, cfg: Any) -> list[str]:
         return _listed(transformers.Qwen3_5MoeTextConfig(num_hidden_layers=n).layer_types)
     if model == "gemma4-31b":
         return _listed(transformers.Gemma4TextConfig(num_hidden_layers=n).layer_types)
+    if model == "gemma3-27b":
+        return _listed(transformers.Gemma3TextConfig(num_hidden_layers=n).layer_types)
     return ["full_attention"] * n
 
 
 def _hf_tensors(model: str, cfg: Any, targets: tuple[str, ...], r: int) -> dict[str, tuple[int, int]]:
     """PEFT tensor name -> shape of the Hugging Face model with the miniature's sizes."""
     prefix = "base_model.model.model.layers"
-    if model in ("qwen3.5-397b-a17b", "gemma4-31b"):
+    if model in ("qwen3.5-397b-a17b", "gemma4-31b", "gemma3-27b"):
         prefix = "base_model.model.model.language_model.layers"
     h, heads = int(cfg.emb_dim), int(cfg.num_query_heads)
     out: dict[str, tuple[int, int]] = {}
@@ -192,10 +199,22 @@ def _hf_delta_by_maxtexts_conversion(
     from maxtext.checkpoint_conversion.utils import param_mapping
 
     cfg = policy.cfg
-    hf_config = {"num_hidden_layers": policy.num_layers, "head_dim": int(cfg.head_dim)}
+    text = {
+        "num_hidden_layers": policy.num_layers,
+        "head_dim": int(cfg.head_dim),
+        "hidden_size": int(cfg.emb_dim),
+    }
+    # Gemma 3's hooks read the image-text model's text_config and vision_config
+    hf_config = {**text, "text_config": text, "vision_config": {"num_hidden_layers": 0}}
     hooks = param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=True)
     parent = "self_attention" if module in ("query", "key", "value", "out") else "mlp"
-    chain = hooks[f"params-decoder-layers-{parent}-{module}-kernel"]
+    # the same hook for every layer: params-decoder-layers-<parent>-... (one scan axis of layers), or
+    # Gemma 3's params-decoder-layers-layers_<j>-... and params-decoder-layers_remainder-layers_<j>-...
+    chain = next(
+        v
+        for k, v in hooks.items()
+        if k.startswith("params-decoder-layers") and k.endswith(f"-{parent}-{module}-kernel")
+    )
     heads = {"query": int(cfg.num_query_heads), "key": int(cfg.num_kv_heads), "value": int(cfg.num_kv_heads)}
     delta = a @ b  # [in, out]
     if module in heads:  # MaxText's kernel: [emb, heads, head_dim]
@@ -208,12 +227,14 @@ def _hf_delta_by_maxtexts_conversion(
     return np.asarray(delta, np.float64)
 
 
-@pytest.mark.parametrize("model", ["llama3.1-8b", "qwen3-30b-a3b", "qwen3-8b"])
+@pytest.mark.parametrize("model", ["llama3.1-8b", "qwen3-30b-a3b", "qwen3-8b", "gemma3-27b"])
 def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model: str) -> None:
     """For every projection and layer, the PEFT adapter's delta B @ A is what MaxText's own checkpoint
     conversion makes of the MaxText delta a @ b: for Llama 3.1 its query and key lora_B go from MaxText's
     interleaved RoPE pairs back to Hugging Face's halves and the query's by sqrt(head_dim) (the scale
-    MaxText folds into the query kernel); for Qwen3 and Qwen3 MoE nothing but the transposes. A broken
+    MaxText folds into the query kernel); for Qwen3, Qwen3 MoE and Gemma 3 (whose query is scaled at run
+    time, query_pre_attn_scalar after its QK norm) nothing but the transposes, on every layer of Gemma 3's
+    scanned blocks and remainder. A broken
     export (Llama's RoPE map or query scale left out) is caught."""
     import dataclasses
 
@@ -221,15 +242,17 @@ def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model
     lora = _random_like(policy.lora0, seed=3)
     tensors = policy.peft.to_peft(lora)
     leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
+    # a LoRA leaf per module and scan container (Gemma 3: each sub-layer of its block, each remainder layer)
     by = {
-        (leaf.hf_parent, leaf.module, leaf.which): (leaf, arr)
+        (leaf.path.rsplit("/", 1)[0], leaf.which): (leaf, arr)
         for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
     }
     checked = 0
-    for (parent, module, which), (la, a_arr) in by.items():
+    for (container, which), (la, a_arr) in by.items():
         if which != "a":
             continue
-        lb, b_arr = by[(parent, module, "b")]
+        lb, b_arr = by[(container, "b")]
+        module = la.module
         assert la.layers == lb.layers
         for i, (a, b) in enumerate(zip(la.per_layer(a_arr), lb.per_layer(b_arr), strict=True)):
             layer = la.layers[i]
@@ -246,6 +269,66 @@ def test_the_adapter_is_maxtexts_hugging_face_conversion_of_the_lora_delta(model
                     @ tensors[policy.peft.name(layer, la)]
                 )
                 assert not np.allclose(bad, want, rtol=1e-3, atol=1e-4), f"{module}: a broken map passed"
+    assert checked == policy.num_layers * len(TARGETS[model])
+
+
+def _maxtext_delta_by_maxtexts_conversion(model: str, policy: Policy, module: str, hf: np.ndarray) -> Any:
+    """MaxText's own Hugging Face->MaxText conversion (param_mapping.py HOOK_FNS, not saving_to_hf: the
+    direction of ``to_maxtext``, which converts the base checkpoint rljob trains on, docs/gke.md) of one
+    layer's Hugging Face delta (out, in), as a MaxText kernel ([emb, heads, head_dim] for the query, key
+    and value, [heads, head_dim, emb] for the output)."""
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    cfg = policy.cfg
+    hf_config = {"num_hidden_layers": policy.num_layers, "hidden_size": int(cfg.emb_dim)}
+    hooks = param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=False)
+    chain = hooks[f"params-decoder-layers-self_attention-{module}-kernel"]
+    heads = {"query": int(cfg.num_query_heads), "key": int(cfg.num_kv_heads), "value": int(cfg.num_kv_heads)}
+    hd = int(cfg.head_dim)
+    target = (
+        (hf.shape[1], heads[module], hd) if module in heads else (int(cfg.num_query_heads), hd, hf.shape[0])
+    )
+    out = hf
+    for hook in chain if isinstance(chain, list) else [chain]:
+        out = hook(out, target)
+    return np.asarray(out, np.float64)
+
+
+@pytest.mark.parametrize("model", ["mixtral-8x7b"])
+def test_maxtexts_conversion_of_the_adapter_is_the_lora_delta(model: str) -> None:
+    """Mixtral (attention only): for every projection and layer, MaxText's own Hugging Face->MaxText
+    conversion of the PEFT adapter's delta B @ A is the MaxText delta a @ b: the query's lora_B comes out
+    sqrt(head_dim) larger (the scale MaxText folds into the query kernel and its conversion divides out);
+    key, value and output are transposes. (MaxText's MaxText->Hugging Face hook for Mixtral's output kernel,
+    reshape_and_transpose_attention, reshapes [heads, head_dim, emb] to [emb, -1] instead of transposing
+    it, so this direction is the one checked.) An export without the query scale is caught."""
+    import dataclasses
+
+    policy = _policy(model)
+    lora = _random_like(policy.lora0, seed=3)
+    tensors = policy.peft.to_peft(lora)
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
+    by = {
+        (leaf.module, leaf.which): (leaf, arr) for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
+    }
+    assert len(by) == len(leaves)  # one scan axis of layers: a leaf per module
+    checked = 0
+    for (module, which), (la, a_arr) in by.items():
+        if which != "a":
+            continue
+        lb, b_arr = by[(module, "b")]
+        for i, (a, b) in enumerate(zip(la.per_layer(a_arr), lb.per_layer(b_arr), strict=True)):
+            layer = la.layers[i]
+            a_hf = tensors[policy.peft.name(layer, la)].astype(np.float64)
+            hf = tensors[policy.peft.name(layer, lb)].astype(np.float64) @ a_hf
+            got = _maxtext_delta_by_maxtexts_conversion(model, policy, module, hf)
+            want = (a @ b).reshape(got.shape)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{module} layer {layer}")
+            checked += 1
+            if module == "query":
+                broken = dataclasses.replace(lb, scale=1.0).to_hf(b.astype(np.float32)).astype(np.float64)
+                bad = _maxtext_delta_by_maxtexts_conversion(model, policy, module, broken @ a_hf)
+                assert not np.allclose(bad, want, rtol=1e-3, atol=1e-4), "a query without its scale passed"
     assert checked == policy.num_layers * len(TARGETS[model])
 
 

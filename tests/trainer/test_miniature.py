@@ -61,8 +61,11 @@ def test_miniature_scales_only_sizes(model: str) -> None:
     blocks = desc["scan_blocks"]
     assert isinstance(blocks, list) and blocks[1] >= 2
     block = miniature.scan_block(model)
-    assert int(over["base_num_decoder_layers"]) == blocks[1] * block  # type: ignore[call-overload]
-    assert int(full["base_num_decoder_layers"]) % block == 0
+    # ... and layers after the last whole block (Gemma 3's layers_remainder) where the full model has them
+    rest = desc["remainder_layers"]
+    assert isinstance(rest, list) and bool(rest[0]) == bool(rest[1])
+    assert int(over["base_num_decoder_layers"]) == blocks[1] * block + rest[1]  # type: ignore[call-overload]
+    assert int(full["base_num_decoder_layers"]) == blocks[0] * block + rest[0]
 
 
 @pytest.mark.jax
@@ -75,6 +78,10 @@ def test_scan_blocks_are_maxtexts() -> None:
     assert miniature.scan_block("qwen3-8b") == 1
     assert miniature.scan_block("llama3.1-8b") == 1
     assert miniature.scan_block("qwen3-30b-a3b") == 1
+    assert miniature.scan_block("mixtral-8x7b") == 1
+    from maxtext.models import gemma3
+
+    assert miniature.scan_block("gemma3-27b") == len(gemma3.GEMMA3_ATTENTION_PATTERN)
 
 
 def test_unknown_model_is_named() -> None:

@@ -61,6 +61,12 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
+        "LoRA target the decoder lacks (Mixtral MLP: routed experts only)",
+        {"model": {"maxtextModel": "mixtral-8x7b"}, "lora": {"targets": ["q_proj", "gate_proj"]}},
+        lambda: ModelSpec(maxtext={"model_name": "mixtral-8x7b"}, lora_targets=("q_proj", "gate_proj")),
+        "spec.lora.targets",
+    ),
+    (
         "decoder block without an adapter export (DeepSeek's MLA)",
         {"model": {"maxtextModel": "deepseek3-671b"}},
         lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}),
