@@ -54,10 +54,14 @@ def emit(metric: str, value: object, **kw: object) -> None:
     print(json.dumps({"bench": "train_step_vs_tunix", "metric": metric, "value": value, **kw}), flush=True)
 
 
-def rollout_lengths(n: int, scale: int, seed: int) -> list[tuple[int, int]]:
+def rollout_lengths(
+    n: int, scale: int, seed: int, max_prompt: int = 1024, max_completion: int = 19_456
+) -> list[tuple[int, int]]:
+    """``n`` (prompt, completion) lengths: prompts uniform in 256..max_prompt, completions log-uniform in
+    256..max_completion, divided by ``scale``."""
     rng = np.random.default_rng(seed)
-    prompts = rng.integers(256, 1025, n) // scale
-    completions = np.exp(rng.uniform(np.log(256), np.log(19_456), n)).astype(int) // scale
+    prompts = rng.integers(256, max_prompt + 1, n) // scale
+    completions = np.exp(rng.uniform(np.log(256), np.log(max_completion), n)).astype(int) // scale
     return [(max(int(p), 1), max(int(c), 1)) for p, c in zip(prompts, completions, strict=True)]
 
 
