@@ -149,14 +149,184 @@ def rljob_arm(rc: Any, batch: Batch) -> dict[str, Any]:
     return out
 
 
+def tunix_example(batch: Batch, rows: int, sharding: Any) -> Any:
+    """Abstract ``tunix.rl.common.TrainExample`` of one call: ``rows`` rollouts, the prompt left-padded to
+    maxPromptTokens and the completion right-padded to maxTokens (tunix's GRPO learner pads completions to
+    the rollout config's ``max_tokens_to_generate``, prompts to its ``max_prompt_length``)."""
+    import jax
+    import jax.numpy as jnp
+    from tunix.rl import common
+
+    def sds(shape: tuple[int, ...], dtype: Any) -> Any:
+        return jax.ShapeDtypeStruct(shape, jnp.dtype(dtype), sharding=sharding(len(shape)))  # type: ignore[no-untyped-call]
+
+    p, c = batch.max_prompt, batch.max_completion
+    return common.TrainExample(
+        prompt_ids=sds((rows, p), "int32"),
+        prompt_mask=sds((rows, p), "bool"),
+        completion_ids=sds((rows, c), "int32"),
+        completion_mask=sds((rows, c), "int32"),
+        advantages=sds((rows,), "float32"),
+        ref_per_token_logps=None,
+        old_per_token_logps=sds((rows, c), "float32"),
+    )
+
+
+def tunix_program(
+    rc: Any, batch: Batch, keys: dict[str, Any], *, lora: bool, rows: int, calls: int, name: str
+) -> tuple[Any, Any, dict[str, Any]]:
+    """(compilecheck Program, MaxText config, context) of tunix's RL actor train step: the MaxText model for
+    ``keys`` (MaxText's output head on) wrapped by MaxText's ``TunixMaxTextAdapter``, with rljob's qwix LoRA
+    on the recipe's targets when ``lora`` (else every parameter trained, as MaxText's RL trainer does),
+    ``tunix.rl.trainer.Trainer`` (AdamW, gradients accumulated over ``calls`` calls by optax.MultiSteps as
+    tunix's learner sets ``gradient_accumulation_steps``) with ``tunix.rl.algo_core.grpo_loss_fn``; its
+    jitted body ``PeftTrainer._train_step`` lowered over the model and optimizer state as arguments (the
+    state tunix's ``nnx.jit`` passes and donates)."""
+    from pathlib import Path
+
+    import flax.linen as nn
+    import jax
+    import maxtext
+    import optax
+    from flax import nnx
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+    from maxtext.configs import pyconfig
+    from maxtext.integration.tunix.tunix_adapter import TunixMaxTextAdapter
+    from maxtext.utils import maxtext_utils
+    from rljob.trainer import compilecheck
+    from rljob.trainer.base_checkpoint import logical_shardings
+    from rljob.trainer.lora import lora_sharding_meta
+    from rljob.trainer.main import model_setup
+    from rljob.trainer.model import _RUNTIME_KEYS, _create_fn, _with_lora
+    from tunix.rl import algo_core
+    from tunix.rl import trainer as rl_trainer
+    from tunix.rl.grpo.grpo_learner import GRPOConfig
+    from tunix.sft import peft_trainer
+
+    spec, step_cfg, _ = model_setup(rc, "config", None)
+    merged = {
+        **keys,
+        **_RUNTIME_KEYS,
+        "num_vocab_tiling": 1,  # tunix reads the logits
+        "max_target_length": batch.max_prompt + batch.max_completion,
+        "compile_topology": rc.trainer.tpu.type_name,
+        "compile_topology_num_slices": rc.trainer.slices,
+    }
+    cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)
+    devices = compilecheck.topology_devices(rc)
+    mesh = maxtext_utils.get_mesh_from_config(cfg, devices)
+    algo = GRPOConfig(num_generations=int(rc.spec.algorithm.group_size), beta=0.0, epsilon=0.2)
+    algo.temperature = 1.0  # GRPOLearner sets it from the rollout config
+    tx = optax.chain(optax.clip_by_global_norm(step_cfg.max_grad_norm), optax.adamw(step_cfg.learning_rate))
+    held: dict[str, Any] = {}
+
+    def create() -> Any:
+        with nn.logical_axis_rules(cfg.logical_axis_rules):
+            model = _create_fn(cfg, mesh, spec.seed)()
+        if lora:
+            model = _with_lora(model, spec, cfg)
+            nnx.pop(model, nnx.Intermediate)
+            # rljob's Policy's metadata fix of the LoRA factors (rljob.trainer.lora.lora_sharding_meta)
+            graphdef, lstate, rest = nnx.split(model, nnx.LoRAParam, ...)  # type: ignore[misc]
+            lstate = jax.tree.map(lora_sharding_meta, lstate, is_leaf=lambda x: isinstance(x, nnx.Variable))
+            model = nnx.merge(graphdef, lstate, rest)
+        adapter = TunixMaxTextAdapter(model, use_no_op_mappings=True, pad_id=0)
+        trainer = rl_trainer.Trainer(
+            adapter,
+            tx,
+            peft_trainer.TrainingConfig(
+                eval_every_n_steps=10**9, max_steps=10**6, gradient_accumulation_steps=calls
+            ),
+            custom_checkpoint_metadata_fn=dict,
+        )
+        trainer.with_loss_fn(algo_core.grpo_loss_fn, has_aux=True)
+        trainer.with_gen_model_input_fn(
+            lambda ex: {"train_example": ex, "algo_config": algo, "pad_id": 0, "eos_id": 1}
+        )
+        held["trainer"] = trainer
+        return trainer.model, trainer.optimizer
+
+    with nn.logical_axis_rules(cfg.logical_axis_rules):
+        abstract = nnx.eval_shape(create)
+    trainer = held["trainer"]
+    graphdef, state = nnx.split(abstract)
+    shardings = logical_shardings(state, cfg, mesh)
+    state = jax.tree.map(
+        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),  # type: ignore[no-untyped-call]
+        state,
+        shardings,
+    )
+    axes = tuple(str(k) for k, v in mesh.shape.items() if int(v) > 1)
+
+    def batch_sharding(ndim: int) -> Any:
+        return NamedSharding(mesh, P(axes or None, *([None] * (ndim - 1))))  # type: ignore[no-untyped-call]
+
+    example = tunix_example(batch, rows, batch_sharding)
+
+    def step(state: Any, ex: Any) -> Any:
+        m, o = nnx.merge(graphdef, state)
+        with nn.logical_axis_rules(cfg.logical_axis_rules):
+            loss, _, gnorm = trainer._train_step(m, o, ex)
+        return loss, gnorm, nnx.state((m, o))
+
+    fn = jax.jit(step, donate_argnums=0, out_shardings=(None, None, shardings))
+    tokens = rows * (batch.max_prompt + batch.max_completion)
+    n = len(devices)
+    flops = compilecheck.model_flops(cfg, tokens / n, backward=True)
+    if not lora:  # every weight's gradient too: MaxText's full training count (weights x 3)
+        flops = float(maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)[0]) * 1e12 * (
+            tokens / n
+        ) / (float(cfg.per_device_batch_size) * float(cfg.max_target_length))
+    program = compilecheck.Program(name, fn, (state, example), 0, "", flops)
+    ctx = {
+        "mesh": {str(k): int(v) for k, v in mesh.shape.items() if int(v) > 1},
+        "call_shape": [rows, batch.max_prompt + batch.max_completion],
+        "row_tokens": calls * tokens,
+        "adapter": "maxtext.integration.tunix.TunixMaxTextAdapter",
+        "trains": "the LoRA factors" if lora else "every parameter",
+    }
+    return program, cfg, ctx
+
+
+def tunix_like_arm(
+    rc: Any, batch: Batch, keys: dict[str, Any], *, lora: bool, rows: int, name: str
+) -> dict[str, Any]:
+    from rljob.trainer import compilecheck
+
+    calls = -(-len(batch.lengths) // rows)
+    program, _, ctx = tunix_program(rc, batch, keys, lora=lora, rows=rows, calls=calls, name=name)
+    chip = compilecheck.CHIPS[compilecheck.generation(rc)]
+    fig = compilecheck.compile_one(program, chip)
+    out: dict[str, Any] = {**ctx, "programs": {name: fig}}
+    if "roofline_seconds" not in fig:
+        out["error"] = f"{name}: {fig.get('error', 'does not fit')}"
+        return out
+    out.update(summary({name: fig}, {name: calls}, batch.useful))
+    return out
+
+
+def tunix_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
+    """tunix's RL learner step on the recipe's MaxText keys and LoRA."""
+    return tunix_like_arm(rc, batch, dict(rc.trainer.maxtext), lora=True, rows=rows, name="tunix_train_step")
+
+
 ARMS = {"rljob": rljob_arm}
+PEERS = {"tunix": tunix_arm}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--recipe", default="qwen3-8b-v5p")
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=",".join([*ARMS, *PEERS]))
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--tunix-micro-batch",
+        type=int,
+        default=0,
+        help="rollouts per tunix train call (default: one group, groupSize rollouts: tunix's smallest, "
+        "train_micro_batch_size 1 prompt x its generations)",
+    )
     a = ap.parse_args(argv)
     if importlib.util.find_spec("libtpu") is None:
         emit("skipped", "libtpu is not installed (the compile extra: pip install -e '.[compile]')")
@@ -164,11 +334,12 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     rc = run_config(a.recipe)
     batch = rl_batch(rc, a.seed)
+    a.tunix_micro_batch = a.tunix_micro_batch or int(rc.spec.algorithm.group_size)
     ctx = arm_context(rc, batch)
     for name in a.arms.split(","):
         t0 = time.monotonic()
         try:
-            fig = ARMS[name](rc, batch)
+            fig = ARMS[name](rc, batch) if name == "rljob" else PEERS[name](rc, batch, a.tunix_micro_batch)
         except Exception as e:
             fig = {
                 "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400] if str(e).strip() else ''}",
