@@ -149,7 +149,7 @@ def rljob_arm(rc: Any, batch: Batch) -> dict[str, Any]:
     return out
 
 
-def tunix_example(batch: Batch, rows: int, sharding: Any) -> Any:
+def tunix_example(batch: Batch, rows: int, sharding: Any, reference: bool = False) -> Any:
     """Abstract ``tunix.rl.common.TrainExample`` of one call: ``rows`` rollouts, the prompt left-padded to
     maxPromptTokens and the completion right-padded to maxTokens (tunix's GRPO learner pads completions to
     the rollout config's ``max_tokens_to_generate``, prompts to its ``max_prompt_length``)."""
@@ -167,13 +167,21 @@ def tunix_example(batch: Batch, rows: int, sharding: Any) -> Any:
         completion_ids=sds((rows, c), "int32"),
         completion_mask=sds((rows, c), "int32"),
         advantages=sds((rows,), "float32"),
-        ref_per_token_logps=None,
+        ref_per_token_logps=sds((rows, c), "float32") if reference else None,
         old_per_token_logps=sds((rows, c), "float32"),
     )
 
 
 def tunix_program(
-    rc: Any, batch: Batch, keys: dict[str, Any], *, lora: bool, rows: int, calls: int, name: str
+    rc: Any,
+    batch: Batch,
+    keys: dict[str, Any],
+    *,
+    lora: bool,
+    rows: int,
+    calls: int,
+    name: str,
+    algo_keys: dict[str, Any] | None = None,
 ) -> tuple[Any, Any, dict[str, Any]]:
     """(compilecheck Program, MaxText config, context) of tunix's RL actor train step: the MaxText model for
     ``keys`` (MaxText's output head on) wrapped by MaxText's ``TunixMaxTextAdapter``, with rljob's qwix LoRA
@@ -216,7 +224,9 @@ def tunix_program(
     cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)
     devices = compilecheck.topology_devices(rc)
     mesh = maxtext_utils.get_mesh_from_config(cfg, devices)
-    algo = GRPOConfig(num_generations=int(rc.spec.algorithm.group_size), beta=0.0, epsilon=0.2)
+    algo = GRPOConfig(
+        num_generations=int(rc.spec.algorithm.group_size), **({"beta": 0.0, "epsilon": 0.2} | (algo_keys or {}))
+    )
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config
     tx = optax.chain(optax.clip_by_global_norm(step_cfg.max_grad_norm), optax.adamw(step_cfg.learning_rate))
     held: dict[str, Any] = {}
@@ -262,7 +272,7 @@ def tunix_program(
     def batch_sharding(ndim: int) -> Any:
         return NamedSharding(mesh, P(axes or None, *([None] * (ndim - 1))))  # type: ignore[no-untyped-call]
 
-    example = tunix_example(batch, rows, batch_sharding)
+    example = tunix_example(batch, rows, batch_sharding, reference=float(algo.beta) > 0)
 
     def step(state: Any, ex: Any) -> Any:
         m, o = nnx.merge(graphdef, state)
@@ -285,17 +295,27 @@ def tunix_program(
         "row_tokens": calls * tokens,
         "adapter": "maxtext.integration.tunix.TunixMaxTextAdapter",
         "trains": "the LoRA factors" if lora else "every parameter",
+        "beta": float(algo.beta),
     }
     return program, cfg, ctx
 
 
 def tunix_like_arm(
-    rc: Any, batch: Batch, keys: dict[str, Any], *, lora: bool, rows: int, name: str
+    rc: Any,
+    batch: Batch,
+    keys: dict[str, Any],
+    *,
+    lora: bool,
+    rows: int,
+    name: str,
+    algo_keys: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     from rljob.trainer import compilecheck
 
     calls = -(-len(batch.lengths) // rows)
-    program, _, ctx = tunix_program(rc, batch, keys, lora=lora, rows=rows, calls=calls, name=name)
+    program, _, ctx = tunix_program(
+        rc, batch, keys, lora=lora, rows=rows, calls=calls, name=name, algo_keys=algo_keys
+    )
     chip = compilecheck.CHIPS[compilecheck.generation(rc)]
     fig = compilecheck.compile_one(program, chip)
     out: dict[str, Any] = {**ctx, "programs": {name: fig}}
@@ -311,8 +331,44 @@ def tunix_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
     return tunix_like_arm(rc, batch, dict(rc.trainer.maxtext), lora=True, rows=rows, name="tunix_train_step")
 
 
+# The trainer keys of MaxText's RL config (configs/post_train/rl.yml) that change the actor's train step.
+MAXTEXT_RL_KEYS = (
+    "weight_dtype",
+    "attention",
+    "remat_policy",
+    "decoder_layer_input",
+    "query_proj",
+    "key_proj",
+    "value_proj",
+)
+
+
+def maxtext_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
+    """MaxText 0.2.5's RL trainer step: tunix's actor step (its train_rl builds tunix's RLCluster and
+    GrpoLearner) on MaxText's RL config's trainer keys and GRPO settings (configs/post_train/rl.yml:
+    grpo_beta, grpo_epsilon, loss_algo, loss_agg_mode); every parameter trained (train_rl applies no LoRA:
+    its actor is model_creation_utils.from_pretrained's model in TunixMaxTextAdapter)."""
+    from pathlib import Path
+
+    import maxtext
+    import yaml
+
+    rl_yml = yaml.safe_load((Path(maxtext.__file__).parent / "configs" / "post_train" / "rl.yml").read_text())
+    keys = {**rc.trainer.maxtext, **{k: rl_yml[k] for k in MAXTEXT_RL_KEYS if k in rl_yml}}
+    rl = rl_yml["rl"]
+    algo = {
+        "beta": float(rl["grpo_beta"]),
+        "epsilon": float(rl["grpo_epsilon"]),
+        "loss_algo": rl["loss_algo"],
+        "loss_agg_mode": rl["loss_agg_mode"],
+    }
+    out = tunix_like_arm(rc, batch, keys, lora=False, rows=rows, name="maxtext_rl_train_step", algo_keys=algo)
+    out["maxtext_rl_keys"] = {k: keys[k] for k in MAXTEXT_RL_KEYS if k in keys}
+    return out
+
+
 ARMS = {"rljob": rljob_arm}
-PEERS = {"tunix": tunix_arm}
+PEERS = {"tunix": tunix_arm, "maxtext": maxtext_arm}
 
 
 def main(argv: list[str] | None = None) -> int:
