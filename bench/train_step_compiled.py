@@ -47,10 +47,18 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train_step_vs_tunix as cpu_bench  # noqa: E402  (bench/ is not a package)
+def _cpu_bench() -> Any:
+    """bench/train_step_vs_tunix.py (bench/ is not a package): its rollout lengths and rollouts."""
+    path = Path(__file__).resolve().with_name("train_step_vs_tunix.py")
+    spec = importlib.util.spec_from_file_location("train_step_vs_tunix", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+cpu_bench = _cpu_bench()
 
 BENCH = "train_step_compiled"
 
@@ -224,9 +232,8 @@ def tunix_program(
     cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)
     devices = compilecheck.topology_devices(rc)
     mesh = maxtext_utils.get_mesh_from_config(cfg, devices)
-    algo = GRPOConfig(
-        num_generations=int(rc.spec.algorithm.group_size), **({"beta": 0.0, "epsilon": 0.2} | (algo_keys or {}))
-    )
+    settings = {"beta": 0.0, "epsilon": 0.2} | (algo_keys or {})  # the recipe's: no KL penalty
+    algo = GRPOConfig(num_generations=int(rc.spec.algorithm.group_size), **settings)
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config
     tx = optax.chain(optax.clip_by_global_norm(step_cfg.max_grad_norm), optax.adamw(step_cfg.learning_rate))
     held: dict[str, Any] = {}
@@ -285,9 +292,12 @@ def tunix_program(
     n = len(devices)
     flops = compilecheck.model_flops(cfg, tokens / n, backward=True)
     if not lora:  # every weight's gradient too: MaxText's full training count (weights x 3)
-        flops = float(maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)[0]) * 1e12 * (
-            tokens / n
-        ) / (float(cfg.per_device_batch_size) * float(cfg.max_target_length))
+        flops = (
+            float(maxtext_utils.calculate_tflops_training_per_device(cfg, log=False)[0])
+            * 1e12
+            * (tokens / n)
+            / (float(cfg.per_device_batch_size) * float(cfg.max_target_length))
+        )
     program = compilecheck.Program(name, fn, (state, example), 0, "", flops)
     ctx = {
         "mesh": {str(k): int(v) for k, v in mesh.shape.items() if int(v) > 1},
@@ -397,8 +407,9 @@ def main(argv: list[str] | None = None) -> int:
         try:
             fig = ARMS[name](rc, batch) if name == "rljob" else PEERS[name](rc, batch, a.tunix_micro_batch)
         except Exception as e:
+            first = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
             fig = {
-                "error": f"{type(e).__name__}: {str(e).strip().splitlines()[0][:400] if str(e).strip() else ''}",
+                "error": f"{type(e).__name__}: {first}",
                 "where": traceback.format_exc().splitlines()[-3].strip(),
             }
         fig["seconds"] = round(time.monotonic() - t0, 1)
