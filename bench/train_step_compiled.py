@@ -121,6 +121,7 @@ def summary(
     seconds = sum(calls[n] * float(p["roofline_seconds"]) for n, p in programs.items())
     return {
         "peak_bytes_per_device": peak + resident,
+        "fits": all(bool(p["fits"]) for p in programs.values()),
         "flops": sum(calls[n] * float(p["flops"]) for n, p in programs.items()),
         "bytes_accessed": sum(calls[n] * float(p["bytes_accessed"]) for n, p in programs.items()),
         "roofline_seconds": seconds,
