@@ -215,7 +215,7 @@ def tunix_program(
     from rljob.trainer.base_checkpoint import logical_shardings
     from rljob.trainer.lora import lora_sharding_meta
     from rljob.trainer.main import model_setup
-    from rljob.trainer.model import _RUNTIME_KEYS, _create_fn, _with_lora
+    from rljob.trainer.model import _RUNTIME_KEYS, _abstract, _create_fn, _with_lora
     from tunix.rl import algo_core
     from tunix.rl import trainer as rl_trainer
     from tunix.rl.grpo.grpo_learner import GRPOConfig
@@ -270,11 +270,7 @@ def tunix_program(
     trainer = held["trainer"]
     graphdef, state = nnx.split(abstract)
     shardings = logical_shardings(state, cfg, mesh)
-    state = jax.tree.map(
-        lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),  # type: ignore[no-untyped-call]
-        state,
-        shardings,
-    )
+    state = jax.tree.map(_abstract, state, shardings)  # rljob's abstract Policy's arrays
     axes = tuple(str(k) for k, v in mesh.shape.items() if int(v) > 1)
 
     def batch_sharding(ndim: int) -> Any:
