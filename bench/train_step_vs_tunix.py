@@ -34,8 +34,10 @@ turn so that each sees the same machine load), temp_bytes per arm (the compiled
 step's temporary memory, XLA memory_analysis; rljob: the larger of its accumulate and apply programs;
 tunix: its train step program), and the ratios rljob over each tunix arm: rljob_over_tunix_tokens_ratio
 (tokens/s) and rljob_over_tunix_temp_bytes_ratio. Run:
-``.venv/bin/python bench/train_step_vs_tunix.py [--rollouts 16] [--scale 16] [--repeats 2] [--vocab 256]``
-(``--vocab``: the tiny model with a larger vocabulary, where tunix's [B, T, V] logits weigh more).
+``.venv/bin/python bench/train_step_vs_tunix.py [--rollouts 16] [--scale 16] [--repeats 2] [--vocab 32768]``
+(``--vocab``: the tiny model's vocabulary, by default 32,768 rather than its own 256, so that the log-prob
+head weighs as it does on a real model, where tunix's [B, T, V] logits are its largest temporaries; the
+full-size side-by-side on the TPU compiler is bench/train_step_compiled.py).
 """
 
 from __future__ import annotations
@@ -54,10 +56,14 @@ def emit(metric: str, value: object, **kw: object) -> None:
     print(json.dumps({"bench": "train_step_vs_tunix", "metric": metric, "value": value, **kw}), flush=True)
 
 
-def rollout_lengths(n: int, scale: int, seed: int) -> list[tuple[int, int]]:
+def rollout_lengths(
+    n: int, scale: int, seed: int, max_prompt: int = 1024, max_completion: int = 19_456
+) -> list[tuple[int, int]]:
+    """``n`` (prompt, completion) lengths: prompts uniform in 256..max_prompt, completions log-uniform in
+    256..max_completion, divided by ``scale``."""
     rng = np.random.default_rng(seed)
-    prompts = rng.integers(256, 1025, n) // scale
-    completions = np.exp(rng.uniform(np.log(256), np.log(19_456), n)).astype(int) // scale
+    prompts = rng.integers(256, max_prompt + 1, n) // scale
+    completions = np.exp(rng.uniform(np.log(256), np.log(max_completion), n)).astype(int) // scale
     return [(max(int(p), 1), max(int(c), 1)) for p, c in zip(prompts, completions, strict=True)]
 
 
@@ -280,7 +286,7 @@ def main() -> None:
     ap.add_argument("--scale", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--vocab", type=int, default=256, help="the tiny model's vocabulary (default its own)")
+    ap.add_argument("--vocab", type=int, default=32_768, help="the tiny model's vocabulary (its own: 256)")
     a = ap.parse_args()
     from rljob.trainer.model import tiny_keys
     from rljob.trainer.packing import align_up
