@@ -278,6 +278,28 @@ def derived_keys(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, tuple[Any
             "the default true at start (their recurrence runs in device order, which the load-balancing "
             "reorder breaks)",
         )
+
+    # The trainer's LoRA (qwix) adds the adapter's output, in the adapter's weight_dtype, to the layer's
+    # activations (dtype): under MaxText's layer scan, whose carry keeps one dtype, MaxText's default
+    # weight_dtype float32 with bfloat16 activations fails the trainer's first step ("scan body function
+    # carry input and carry output must have equal types"; rljob drill --compile, docs/drill.md).
+    def effective(k: str) -> Any:  # the job's key, else the model config's, else MaxText's default
+        return keys[k] if k in keys else keyset.models.get(model, {}).get(k, keyset.defaults.get(k))
+
+    key = "weight_dtype"
+    if (
+        key not in keys
+        and key in keyset
+        and _truthy(effective("scan_layers"))
+        and str(effective("dtype")) == "bfloat16"
+        and str(effective(key)) == "float32"
+    ):
+        out[key] = (
+            "bfloat16",
+            "MaxText's default weight_dtype float32 under bfloat16 activations (dtype) and scanned layers: "
+            "the LoRA's float32 output changes the layer scan's carry dtype and the trainer's first step "
+            "fails (the base weights are frozen: bfloat16 also halves them)",
+        )
     return out
 
 

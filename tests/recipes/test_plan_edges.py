@@ -243,12 +243,40 @@ def test_refused(spec: dict[str, Any], expected: list[str]) -> None:
 def test_an_unset_pad_align_the_default_of_which_cannot_work_is_derived() -> None:
     """padPosition start with the default padAlign 4096 at or above the 3072-token budget would never move
     a row: the plan fills the largest segmentAlign x 2^k below it and says so (RunConfig.derived)."""
-    run = resolve(manifest({"packing": {"padPosition": "start"}}))
+    run = resolve(
+        manifest({"packing": {"padPosition": "start"}, "trainer": {"maxtext": {"weight_dtype": "bfloat16"}}})
+    )
     assert run.spec.packing.pad_align == 2048
     assert run.derived == {
         "spec.packing.padAlign": "the default 4096 is not below the token budget 3072, so padPosition start "
         "would never move a row: the largest segmentAlign 64 x 2^k below the budget"
     }
+
+
+@pytest.mark.parametrize(
+    ("keys", "derived"),
+    [
+        ({}, "bfloat16"),  # MaxText's defaults: bfloat16 activations, float32 weights, scanned layers
+        ({"weight_dtype": "float32"}, None),  # set: the job's own value, never replaced
+        ({"dtype": "float32"}, None),  # float32 activations: one dtype in the scan's carry
+        ({"scan_layers": False}, None),  # no layer scan, no carry
+    ],
+)
+def test_an_unset_weight_dtype_under_bfloat16_scanned_layers_is_derived(
+    keys: dict[str, Any], derived: str | None
+) -> None:
+    """MaxText's default weight_dtype float32 with bfloat16 activations makes the LoRA's output float32 and
+    the layer scan's carry change dtype: the trainer's first step fails (rljob drill --compile of
+    examples/minimal-no-recipe.yaml). The plan fills bfloat16 and says so."""
+    run = resolve(manifest({"trainer": {"maxtext": keys}} if keys else None))
+    path = "spec.trainer.maxtext.weight_dtype"
+    if derived is None:
+        assert path not in (run.derived or {})
+        assert run.trainer.maxtext.get("weight_dtype") == keys.get("weight_dtype")
+    else:
+        assert run.trainer.maxtext["weight_dtype"] == derived
+        assert run.trainer.maxtext_sources["weight_dtype"] == "derived"
+        assert "changes the layer scan's carry dtype" in (run.derived or {})[path]
 
 
 @pytest.mark.parametrize("other", ["a-recipe", "z-recipe"])

@@ -321,6 +321,7 @@ def test_the_held_out_397b_manifest_on_a_16_device_sampler_validates_with_derive
         "spec.sampler.expertParallel",
         "spec.sampler.tensorParallel",
         "spec.trainer.maxtext.context_parallel_load_balance",
+        "spec.trainer.maxtext.weight_dtype",  # unset: bfloat16 (rljob.recipes.maxtext_keys.derived_keys)
     ]
     assert "pads to 128: 2x the expert weights" in run.derived["spec.sampler.expertParallel"]
     assert "context parallelism 4" in run.derived["spec.trainer.maxtext.context_parallel_load_balance"]
@@ -367,7 +368,8 @@ def test_an_explicit_layout_the_default_would_change_is_kept() -> None:
 
 
 def test_the_expert_parallelism_left_unset_beside_a_set_tensor_parallelism_is_derived() -> None:
-    run = _resolve(_sampler_manifest("gpt-oss-20b", {"tpu": "tpu7x-16", "tensorParallel": 2}))
+    bf16 = {"maxtext": {"weight_dtype": "bfloat16"}}  # set: the trainer's weight_dtype is not derived
+    run = _resolve(_sampler_manifest("gpt-oss-20b", {"tpu": "tpu7x-16", "tensorParallel": 2}, trainer=bf16))
     assert (run.sampler.tensor_parallel, run.sampler.expert_parallel) == (2, 8)
     assert run.derived == {
         "spec.sampler.expertParallel": "the default would not run on a tpu7x-16 replica: "
@@ -377,7 +379,7 @@ def test_the_expert_parallelism_left_unset_beside_a_set_tensor_parallelism_is_de
 
 
 def test_a_dense_model_nothing_is_derived() -> None:
-    run = _resolve(manifest({}))
+    run = _resolve(manifest({"trainer": {"maxtext": {"weight_dtype": "bfloat16"}}}))
     assert run.derived is None and "derived" not in explain(run)
     assert "derived" not in run.model_dump_json(exclude_none=True)
 
@@ -393,12 +395,13 @@ def test_rljob_plan_shows_the_derived_values_of_the_held_out_manifest(
     capsys.readouterr()
     assert main(["plan", "-f", str(path)]) == 0
     out = capsys.readouterr().out
-    derived = out[out.index("derived (4; unset, and the default would not run") :].splitlines()[1:]
+    derived = out[out.index("derived (5; unset, and the default would not run") :].splitlines()[1:]
     assert [line.split(" [derived]: ")[0] for line in derived] == [
         "  spec.packing.maxSegmentsPerRow = 1",
         "  spec.sampler.expertParallel = 16",
         "  spec.sampler.tensorParallel = 1",
         "  spec.trainer.maxtext.context_parallel_load_balance = False",
+        "  spec.trainer.maxtext.weight_dtype = bfloat16",
     ]
     assert "replicas: 1, tensor x expert x data parallel 1 x 16 x 1" in out
     assert main(["plan", "-f", str(path), "-o", "json"]) == 0

@@ -75,8 +75,7 @@ FAMILIES = [
         "gemma4-31b-v5p",
         {"tpu": "v5p-8", "slices": 2},
         id="gemma4-v5p-8x2",
-        # Failed on its last slow run (2026-12-05) before its failure could be read: to be diagnosed.
-        marks=[pytest.mark.slow, pytest.mark.xfail(reason="not yet diagnosed", strict=False)],
+        marks=pytest.mark.slow,
     ),
     pytest.param(
         "qwen3.5-397b-a17b-tpu7x",
