@@ -81,15 +81,18 @@ class _Service:
         cmd += ["--dev-any-key", "--host", "127.0.0.1", "--port", str(port)]
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = [tmp / f"process{i}.log" for i in range(processes)]
+        from rljob.common.credentials import token_env
         from rljob.trainer.localrun import sampler_command
 
-        env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
+        # One run token for the sampler and every service process (the sampler refuses calls without it).
+        base = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu", **token_env()}
+        env = dict(base)
         self.sampler: subprocess.Popen[bytes] | None = None
         if sampler:
             with (tmp / "sampler.log").open("a") as err:
                 self.sampler = subprocess.Popen(sampler_command(cfg), env=env, stdout=err, stderr=err)
         for i in range(processes):
-            env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
+            env = dict(base)
             if processes > 1:
                 env.update(
                     RLJOB_NUM_PROCESSES=str(processes), RLJOB_PROCESS_ID=str(i), RLJOB_COORDINATOR=coordinator
