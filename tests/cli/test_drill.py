@@ -275,6 +275,7 @@ FAMILIES = [
 @pytest.mark.drill
 @pytest.mark.slow
 @pytest.mark.jax
+@pytest.mark.longdrill  # make test-long: test_families covers their training and export in make test
 @pytest.mark.parametrize(("model", "hf", "targets"), FAMILIES, ids=[f[0] for f in FAMILIES])
 def test_a_family_without_a_recipe_passes_the_drill(
     model: str, hf: str, targets: list[str], tmp_path: Path
