@@ -290,7 +290,7 @@ class Reconciler:
         report = None
         if progress is not None and progress.report is not None:
             report = _parse_progress(progress.report)
-        pod_create = await self._pod_create_error(key, js, prior, latched)
+        pod_create = await self._pod_create_error(key, js, prior, latched, created)
         failure = self.caches.failures.get(key)
         if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
             failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
@@ -344,12 +344,13 @@ class Reconciler:
             raise ChildError(create_error[1])
 
     async def _pod_create_error(
-        self, key: Key, js: JobSetView | None, prior: RLJobStatus | None, latched: bool
+        self, key: Key, js: JobSetView | None, prior: RLJobStatus | None, latched: bool, created: bool
     ) -> str | None:
         """While a run's JobSet waits for its pods (Pending, not suspended), the Job controller's newest
         FailedCreate of its Jobs: the API server refused their pods (Pod Security admission, a quota), which
         the JobSet does not report. Read at most every POD_CREATE_POLL_S per run, and the run looked at
-        again then, so that the refusal shows within that time and clears when the pods come."""
+        again then, so that the refusal shows within that time and clears when the pods come. Not read by the
+        reconcile that created the JobSet: its Jobs cannot have refused pods yet."""
         waiting = prior is None or prior.phase in (Phase.PENDING, Phase.RESTARTING)
         if latched or js is None or js.suspended or js.completed or js.failed or not waiting:
             self._pod_create.pop(key, None)
@@ -358,6 +359,10 @@ class Reconciler:
         last = self._pod_create.get(key)
         if last is not None and now - last[0] < POD_CREATE_POLL_S:
             return last[1]
+        if created:
+            self._pod_create[key] = (now, None)
+            self.queue.add_after(key, POD_CREATE_POLL_S)
+            return None
         try:
             events = await self.kube.list(
                 k8s.CORE_EVENT, namespace=key[0], field_selector="involvedObject.kind=Job,reason=FailedCreate"
