@@ -22,7 +22,13 @@ class RoleNeed:
     tpu: TpuPlan
     slices: int
     cache_bytes: int = 0  # the ephemeral storage one pod of the role asks for its caches (the plan's)
-    disk_gb: int | None = None  # the smallest node boot disk that holds it (recipes/disk.py)
+
+    @property
+    def disk_gb(self) -> int | None:
+        """The smallest node boot disk that holds the caches' request (recipes/disk.py)."""
+        from rljob.recipes import disk
+
+        return disk.boot_disk_gb(self.cache_bytes) if self.cache_bytes else None
 
 
 @dataclass(frozen=True)
@@ -165,7 +171,6 @@ def needs_from_manifest(path: Path) -> Needs:
                 plan.tpu,
                 count,
                 disk.pod_bytes(plan.cache_disk),
-                disk.boot_disk_gb(disk.pod_bytes(plan.cache_disk)),
             )
             for role, plan, count in (
                 ("trainer", run.trainer, run.trainer.slices),

@@ -476,7 +476,7 @@ def test_pools_whose_nodes_cannot_hold_the_caches_are_a_problem_with_the_disk_to
     same figure as the create command of a missing pool."""
     gib = 2**30
     need = needs()
-    sampler = RoleNeed("sampler", tpu_catalog.plan("v5p-8"), 1, cache_bytes=35 * gib, disk_gb=130)
+    sampler = RoleNeed("sampler", tpu_catalog.plan("v5p-8"), 1, cache_bytes=35 * gib)
     need = Needs(need.name, need.namespace, (need.roles[0], sampler))
 
     def nodes(allocatable_gib: int) -> list[Any]:
