@@ -28,7 +28,9 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, err) == (0, "")
     docs = list(yaml.safe_load_all(out))
-    served = "service" in yaml.safe_load(path.read_text())["spec"]  # spec.service
+    spec = yaml.safe_load(path.read_text())["spec"]
+    served = "service" in spec  # spec.service
+    preflight = (spec.get("trainer") or {}).get("preflight", {}).get("compile", False)
     assert [d["kind"] for d in docs] == [
         "ServiceAccount",
         "Role",
@@ -37,6 +39,7 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
         *(["Service"] if served else []),
         "NetworkPolicy",
         *(["NetworkPolicy"] if served else []),
+        *(["Job"] if preflight else []),  # spec.trainer.preflight.compile
         "JobSet",
     ]
     code, out, err = run(capsys, "validate", "-f", str(path))
