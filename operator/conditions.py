@@ -95,8 +95,8 @@ REASON_COMPILE_DOES_NOT_FIT: Final = "CompileDoesNotFit"
 """Ready=False when the compile preflight refused the run (exit 2): one line per program that does not fit
 its TPU's HBM, naming the fields; the JobSet is never created (no TPU is requested)."""
 REASON_PREFLIGHT_FAILED: Final = "PreflightFailed"
-"""Ready=False when the compile preflight failed otherwise (exit 1, an rljob bug or storage error; the pod
-evicted, the image not pulled): its message; the JobSet is never created for this preflight Job."""
+"""Ready=False when the compile preflight failed otherwise (exit 1: an rljob bug, storage unreadable at
+start; the pod evicted): its message; the JobSet is never created for this preflight Job."""
 REASON_NOT_OWNED: Final = "ChildNotOwned"
 """Ready=False while an object with a child's name exists that this RLJob does not own (its controller owner
 reference names another uid): it is never adopted, overwritten or counted; retried with backoff."""
