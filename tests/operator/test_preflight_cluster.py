@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fixtures.cluster import Cluster, fail_pod, wait_for
+from fixtures.k8s import as_dict
 from fixtures.operator import OperatorProcess, create_rljob, get_rljob, manifest, wait_rljob
 from rljob.operator import conditions as c
 
@@ -29,20 +30,25 @@ def _with_preflight(name: str, namespace: str) -> dict[str, Any]:
 
 
 def _jobset(cl: Cluster, ns: str, name: str) -> dict[str, Any] | None:
-    found = cl.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets")["items"]
-    return next((j for j in found if j["metadata"]["name"] == name), None)
+    found = as_dict(cl.custom.list_namespaced_custom_object("jobset.x-k8s.io", "v1alpha2", ns, "jobsets"))
+    return next((j for j in found["items"] if j["metadata"]["name"] == name), None)
 
 
-def _preflight_pod(cl: Cluster, ns: str, name: str) -> Any:
+def _json(cl: Cluster, obj: object) -> dict[str, Any]:
+    """A typed client object as the API's JSON (camelCase keys)."""
+    return as_dict(cl.api.sanitize_for_serialization(obj))  # type: ignore[no-untyped-call]
+
+
+def _preflight_pod(cl: Cluster, ns: str, name: str) -> dict[str, Any]:
     """The preflight Job's pod once kwok runs it."""
 
-    def running() -> Any:
-        pods = cl.core.list_namespaced_pod(
-            ns, label_selector=f"{c.PREFLIGHT_LABEL}=true,{c.LABEL_NAME}={name}"
-        )
-        return next((p for p in pods.items if p.status.phase == "Running"), None)
+    def running() -> dict[str, Any] | None:
+        selector = f"{c.PREFLIGHT_LABEL}=true,{c.LABEL_NAME}={name}"
+        found = [_json(cl, p) for p in cl.core.list_namespaced_pod(ns, label_selector=selector).items]
+        return next((p for p in found if p["status"].get("phase") == "Running"), None)
 
-    return wait_for(running, 90, "a Running preflight pod")
+    got: dict[str, Any] = wait_for(running, 90, "a Running preflight pod")
+    return got
 
 
 def _ready(status: dict[str, Any]) -> dict[str, Any]:
@@ -55,10 +61,11 @@ def test_a_refusal_creates_no_jobset_and_says_why(
     create_rljob(cluster, _with_preflight("pfno", namespace))
     pod = _preflight_pod(cluster, namespace, "pfno")
     # The pod: CPU only, the trainer image, owned by the preflight Job the RLJob owns.
-    container = pod.spec.containers[0]
-    assert "google.com/tpu" not in (container.resources.requests or {}) and not pod.spec.node_selector
-    job = cluster.batch.read_namespaced_job(pod.metadata.labels[c.JOB_NAME_LABEL], namespace)
-    assert job.metadata.owner_references[0].name == "pfno"
+    container = pod["spec"]["containers"][0]
+    assert "google.com/tpu" not in container["resources"]["requests"] and "nodeSelector" not in pod["spec"]
+    job_name = pod["metadata"]["labels"][c.JOB_NAME_LABEL]
+    job = _json(cluster, cluster.batch.read_namespaced_job(job_name, namespace))
+    assert job["metadata"]["ownerReferences"][0]["name"] == "pfno"
     status = wait_rljob(
         cluster,
         namespace,
@@ -69,7 +76,7 @@ def test_a_refusal_creates_no_jobset_and_says_why(
     )["status"]
     assert status["phase"] == "Pending" and _jobset(cluster, namespace, "pfno") is None
 
-    fail_pod(cluster, namespace, pod.metadata.name, 2, message=REFUSAL)
+    fail_pod(cluster, namespace, pod["metadata"]["name"], 2, message=REFUSAL)
     status = wait_rljob(
         cluster,
         namespace,
@@ -83,9 +90,9 @@ def test_a_refusal_creates_no_jobset_and_says_why(
     )["status"]
     assert _ready(status)["message"] == REFUSAL and status["preflight"]["state"] == "DoesNotFit"
     # The Job controller failed the Job by its pod failure policy (exit 2), not by a retry.
-    job = cluster.batch.read_namespaced_job(job.metadata.name, namespace)
-    failed = next(x for x in job.status.conditions if x.type == "Failed" and x.status == "True")
-    assert failed.reason == "PodFailurePolicy" and "exit code 2" in failed.message
+    job = _json(cluster, cluster.batch.read_namespaced_job(job_name, namespace))
+    failed = next(x for x in job["status"]["conditions"] if x["type"] == "Failed" and x["status"] == "True")
+    assert failed["reason"] == "PodFailurePolicy" and "exit code 2" in failed["message"]
     events = cluster.core.list_namespaced_event(namespace, field_selector="involvedObject.name=pfno").items
     assert any(e.reason == c.REASON_COMPILE_DOES_NOT_FIT and e.type == "Warning" for e in events), [
         e.reason for e in events
@@ -103,7 +110,7 @@ def test_the_jobset_comes_after_the_preflight_succeeded(
     create_rljob(cluster, _with_preflight("pfok", namespace))
     pod = _preflight_pod(cluster, namespace, "pfok")
     assert _jobset(cluster, namespace, "pfok") is None
-    fail_pod(cluster, namespace, pod.metadata.name, 0)
+    fail_pod(cluster, namespace, pod["metadata"]["name"], 0)
     js = wait_for(lambda: _jobset(cluster, namespace, "pfok"), 90, "the JobSet")
     assert js["metadata"]["ownerReferences"][0]["name"] == "pfok"
     status = wait_rljob(
