@@ -32,6 +32,20 @@ bad manifest; 1 otherwise, with the failing process's last lines on stderr.
 
 What it cannot check: anything TPU-only (libtpu, ICI/DCN collectives, the TPU_* variables' effect, memory
 fit, vLLM's TPU backend; the sampler here is the CPU backend) and the real model sizes (docs/drill.md).
+
+This module is the command (``register``, ``cmd_drill``) and one drill's order of parts (``drill``); each
+part is a module of its own, whose public names are re-exported here (tests/ and hack/ use
+``rljob.cli.drill.NAME``):
+
+- ``cases``: the cases (a manifest, a recipe and profile, ``--all``) and their resolved plans;
+- ``topology``: part 2, the full-size process topology and MaxText's full-size mesh;
+- ``scaled``: part 3, the scaled manifest and its run (steps, adapters, the parity gate);
+- ``samplers``: the scaled run's sampler replicas (a multi-host replica's Ray nodes, a lost worker), and
+  the samplers alone (``run_samplers``);
+- ``service``: part 3 of a service-mode job (the Tinker API and a training client's operations);
+- ``compile``: ``--compile``, instead of part 3: libtpu's compile of the trainer's programs;
+- ``procs``: the local processes of a run (started with their containers' environments, stopped) and
+  the GCS emulator they store to.
 """
 
 from __future__ import annotations
@@ -55,8 +69,8 @@ from .cases import (
     DrillBadInput,
     DrillFailed,
     Outcome,
-    _cases,
     all_cases,
+    cases_from_args,
     jobset_of,
     recipe_doc,
     resolve_doc,
@@ -66,7 +80,7 @@ from .procs import Proc, base_env, local_run_config, python, start_storage
 from .samplers import run_samplers, sampler_replicas, worker_loss
 from .scaled import run_scaled, sampler_layout, scaled_doc, scaled_mesh, scaled_sampler_hosts
 from .service import rehearse_service, run_service
-from .topology import _fmt, _mesh_axes, full_mesh, full_topology
+from .topology import fmt_mesh, full_mesh, full_topology, mesh_axes
 
 __all__ = [
     "EXIT_BAD",
@@ -79,7 +93,6 @@ __all__ = [
     "DrillFailed",
     "Outcome",
     "Proc",
-    "_mesh_axes",
     "all_cases",
     "base_env",
     "cmd_drill",
@@ -89,6 +102,7 @@ __all__ = [
     "full_topology",
     "jobset_of",
     "local_run_config",
+    "mesh_axes",
     "python",
     "recipe_doc",
     "register",
@@ -126,10 +140,10 @@ def drill(
         jobset_of(rc)
         full = full_topology(rc)
         mesh = full_mesh(rc, workdir, timeout=300)
-        shown = _fmt(mesh)
+        shown = fmt_mesh(mesh)
         if rc.trainer.slices > 1:
-            dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in _mesh_axes(rc)}
-            shown = f"{shown} per slice, {_fmt(dcn)} across {rc.trainer.slices} slices"
+            dcn = {a: int(getattr(rc.trainer.dcn, a)) for a in mesh_axes(rc)}
+            shown = f"{shown} per slice, {fmt_mesh(dcn)} across {rc.trainer.slices} slices"
         report: dict[str, Any] = {"full": {**full, "mesh": shown}}
         if compile_timeout is not None:
             report["compile"] = run_compile(rc, workdir, compile_timeout)
@@ -156,7 +170,7 @@ def drill(
 def cmd_drill(args: argparse.Namespace) -> int:
     if args.steps < 2:
         raise DrillBadInput([f"--steps: at least 2, got {args.steps}"])
-    cases = _cases(args)
+    cases = cases_from_args(args)
     outcomes = []
     for case in cases:
         workdir = Path(tempfile.mkdtemp(prefix="rljob-drill-"))

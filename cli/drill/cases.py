@@ -81,7 +81,7 @@ def jobset_of(rc: Any) -> dict[str, Any]:
     return render.jobset(rc)
 
 
-def _cases(args: argparse.Namespace) -> list[Case]:
+def cases_from_args(args: argparse.Namespace) -> list[Case]:
     import yaml
 
     if args.all:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .cases import EXIT_BAD, DrillBadInput, DrillFailed
-from .procs import _tail, base_env, python
+from .procs import base_env, last_lines, python
 
 
 def compile_env() -> dict[str, str]:
@@ -48,5 +48,5 @@ def run_compile(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
         lines = [x for x in proc.stderr.splitlines() if x.startswith(("compile: ", "spec."))]
         raise DrillBadInput(lines or ["compile: a program does not fit"], {"compile": report})
     if proc.returncode != 0 or not report:
-        raise DrillFailed("compile stage (python -m rljob.trainer.compilecheck):\n" + _tail(proc.stderr))
+        raise DrillFailed("compile stage (python -m rljob.trainer.compilecheck):\n" + last_lines(proc.stderr))
     return report

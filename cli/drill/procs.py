@@ -48,7 +48,7 @@ def base_env(devices: int) -> dict[str, str]:
     }
 
 
-def _tail(text: str, lines: int = 25) -> str:
+def last_lines(text: str, lines: int = 25) -> str:
     return "\n".join(text.rstrip().splitlines()[-lines:])
 
 
@@ -63,7 +63,7 @@ class Proc:
 
     def tail(self, lines: int = 25) -> str:
         try:
-            return _tail(self.log.read_text(encoding="utf-8", errors="replace"), lines)
+            return last_lines(self.log.read_text(encoding="utf-8", errors="replace"), lines)
         except OSError:
             return ""
 
@@ -117,7 +117,7 @@ def start_storage(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]
     return proc, {**env, **token_env()}
 
 
-def _objects(env: dict[str, str], prefix: str) -> list[str]:
+def objects(env: dict[str, str], prefix: str) -> list[str]:
     """Object names under gs://bucket/prefix on the emulator (the JSON API's objects.list)."""
     from urllib.parse import quote
 
@@ -134,7 +134,7 @@ def _bin(command: list[str]) -> list[str]:
     return [str(script) if script.exists() else command[0], *command[1:]]
 
 
-def _launch(
+def launch(
     rc: Any,
     js: dict[str, Any],
     cfg: Path,
@@ -220,12 +220,12 @@ def _launch(
             procs.append(p)
             (trainers if c.role == naming.TRAINER else samplers).append(p)
     except BaseException:
-        _stop(procs)
+        stop(procs)
         raise
     return procs, trainers, samplers
 
 
-def _signal(p: Proc, sig: int) -> None:
+def signal_pod(p: Proc, sig: int) -> None:
     """``sig`` to the process, or to every process of its group (a sampler pod's, its Ray node's among
     them)."""
     try:
@@ -237,15 +237,15 @@ def _signal(p: Proc, sig: int) -> None:
         pass
 
 
-def _stop(procs: list[Proc]) -> None:
+def stop(procs: list[Proc]) -> None:
     for p in procs:
-        _signal(p, signal.SIGTERM)
+        signal_pod(p, signal.SIGTERM)
     for p in procs:
         try:
             p.popen.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            _signal(p, signal.SIGKILL)
+            signal_pod(p, signal.SIGKILL)
             p.popen.wait(timeout=20)
     for p in procs:  # what is left of a pod's group (a Ray process that outlived its parent)
         if p.group:
-            _signal(p, signal.SIGKILL)
+            signal_pod(p, signal.SIGKILL)

@@ -15,7 +15,7 @@ from typing import Any
 from rljob.common.ports import free_port
 
 from .cases import DrillFailed, jobset_of
-from .procs import Proc, _launch, _signal, _stop, local_run_config, start_storage
+from .procs import Proc, launch, local_run_config, signal_pod, start_storage, stop
 
 STANDIN_SEES = re.compile(r"standin-serve: sees (\d+) Ray nodes, a task ran on each \((\S+) CPUs\)")
 
@@ -64,7 +64,7 @@ def worker_loss(samplers: list[Proc], timeout: float) -> dict[str, Any] | None:
             f"{head.label} exited {head.popen.returncode} before a worker was lost:\n{head.tail()}"
         )
     t0 = time.monotonic()
-    _signal(worker, signal.SIGKILL)
+    signal_pod(worker, signal.SIGKILL)
     try:
         code = head.popen.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -109,7 +109,7 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
     t0 = time.monotonic()
     procs: list[Proc] = []
     try:
-        procs, _, samplers = _launch(
+        procs, _, samplers = launch(
             rc, js, cfg, workdir, free_port(), storage_env, [], model, roles=(naming.SAMPLER,)
         )
         tokens = []
@@ -130,7 +130,7 @@ def run_samplers(rc: Any, workdir: Path, timeout: float, model: str = "tiny") ->
         out["healthy_seconds"] = round(time.monotonic() - t0, 1)
         out["worker_loss"] = worker_loss(samplers, timeout=max(30.0, timeout - (time.monotonic() - t0)))
     finally:
-        _stop(procs)
+        stop(procs)
         gcs.terminate()
         gcs.wait(timeout=20)
     return out

@@ -1,10 +1,11 @@
-"""Stage 2, the scaled run: the manifest with its counts shrunk to fit a small machine (the generation,
-the containers per host, the number of slices and the mesh's axes kept; hosts per slice at most 2, each
-kept axis at most 2 but fsdp, one sampler replica of 1 host, or of 2 where the real one is multi-host; a
-few rollouts of the toy task; padPosition start or balanced keeps the token budget), rendered again, and
-its processes started (procs) with the miniature of the recipe's model. It must take ``--steps`` GRPO
-steps, export adapters v0..vK, the sampler must load vK, the trainer's step-0 parity gate must pass; a
-multi-host sampler replica's lost worker must fail the replica with a counted restart (samplers)."""
+"""Part 3 of a drill, the scaled run: the manifest with its counts shrunk to fit a small machine (the
+generation, the containers per host, the number of slices and the mesh's axes kept; hosts per slice at
+most 2, each kept axis at most 2 but fsdp, one sampler replica of 1 host, or of 2 where the real one is
+multi-host; a few rollouts of the toy task; padPosition start or balanced keeps the token budget),
+rendered again, and its processes started (procs) with the miniature of the recipe's model. It must take
+``--steps`` GRPO steps, export adapters v0..vK, the sampler must load vK and the trainer's step-0 parity
+gate must pass; a multi-host sampler replica's lost worker must then fail the replica with a counted
+restart (samplers)."""
 
 from __future__ import annotations
 
@@ -16,21 +17,15 @@ from typing import Any
 from rljob.common.ports import free_port
 
 from .cases import STORAGE, DrillFailed, jobset_of
-from .procs import Proc, _launch, _objects, _stop, local_run_config, start_storage
+from .procs import Proc, launch, local_run_config, objects, start_storage, stop
 from .samplers import sampler_replicas, worker_loss
-from .topology import _fmt, _mesh_axes
+from .topology import fmt_mesh, mesh_axes
 
 SCALED_MESH_AXIS_MAX = 2  # each kept mesh axis but fsdp at most this in the scaled run
 MAX_HOSTS = 2
 # A multi-host sampler replica is rehearsed with this many hosts (Ray nodes) at most; a single-host one
 # keeps its one.
 MAX_SAMPLER_HOSTS = 2
-
-
-def _small_tpu(rc: Any, hosts: int) -> str:
-    gen = rc.trainer.tpu.type_name.split("-")[0]
-    chips = 4 * hosts
-    return f"{gen}-{2 * chips}"
 
 
 def scaled_mesh(full: dict[str, int], devices: int) -> dict[str, int]:
@@ -81,9 +76,9 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     hosts = min(MAX_HOSTS, rc.trainer.tpu.hosts)
     containers = rc.trainer.tpu.containers_per_host
     slices = min(2, rc.trainer.slices)
-    tpu = _small_tpu(rc, hosts)
+    tpu = _small_tpu_of(rc.trainer.tpu.type_name, hosts)
     devices_per_slice = 4 * hosts * rc.trainer.tpu.devices_per_chip
-    full = _mesh_axes(rc)
+    full = mesh_axes(rc)
     mesh = scaled_mesh({a: getattr(rc.trainer.ici, a) for a in full}, devices_per_slice)
     sampler_hosts = scaled_sampler_hosts(rc)
     sampler_tpu = _small_tpu_of(rc.sampler.tpu.type_name, sampler_hosts)
@@ -112,7 +107,7 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     scaled: dict[str, Any] = {
         "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
         f"({hosts} hosts x {containers} containers per slice)",
-        "mesh": f"{_fmt(full)} -> {_fmt(mesh)}",
+        "mesh": f"{fmt_mesh(full)} -> {fmt_mesh(mesh)}",
         "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} ({_hosts(rc.sampler.tpu.hosts)} per "
         f"replica) -> {sampler_tpu} x 1 ({_hosts(sampler_hosts)}"
         + (": a Ray head and its workers)" if sampler_hosts > 1 else ")"),
@@ -161,7 +156,7 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
         "{log}",
     ]
     try:
-        procs, trainers, samplers = _launch(
+        procs, trainers, samplers = launch(
             rc, js, cfg, workdir, coord_port, storage_env, trainer_args, "miniature"
         )
         deadline = t0 + timeout
@@ -201,7 +196,7 @@ def run_scaled(rc: Any, workdir: Path, steps: int, timeout: float) -> dict[str, 
         if loss is not None:
             sampler["worker_loss"] = loss
     finally:
-        _stop(procs)
+        stop(procs)
         gcs.terminate()
         gcs.wait(timeout=20)
     records = (
@@ -244,7 +239,7 @@ def _first_log(workdir: Path) -> list[dict[str, Any]]:
 def _adapter_versions(env: dict[str, str], adapters: str) -> list[int]:
     """The complete adapter versions v{N}/ (adapter_config.json written) under ``adapters``."""
     out = set()
-    for name in _objects(env, adapters):
+    for name in objects(env, adapters):
         parts = name.rsplit("/", 2)
         if len(parts) == 3 and parts[2] == "adapter_config.json" and parts[1][1:].isdigit():
             out.add(int(parts[1][1:]))

@@ -13,7 +13,7 @@ from typing import Any
 from rljob.common.ports import free_port
 
 from .cases import DrillFailed, jobset_of
-from .procs import Proc, _launch, _stop, local_run_config, start_storage
+from .procs import Proc, launch, local_run_config, start_storage, stop
 
 
 def rehearse_service(base: str, key: str, rc: Any, timeout: float) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     t0 = time.monotonic()
     procs: list[Proc] = []
     try:
-        procs, trainers, _ = _launch(
+        procs, trainers, _ = launch(
             rc, js, cfg, workdir, coord_port, storage_env, ["--model", "tiny"], "tiny"
         )
         base = f"http://127.0.0.1:{api_port}/api/v1"
@@ -120,7 +120,7 @@ def run_service(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
             if p.popen.poll() is not None:
                 raise DrillFailed(f"{p.label} exited {p.popen.returncode}:\n{p.tail()}")
     finally:
-        _stop(procs)
+        stop(procs)
         gcs.terminate()
         gcs.wait(timeout=20)
     return {

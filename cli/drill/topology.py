@@ -1,8 +1,8 @@
-"""Stage 1, the full-size topology, without the model: the environment of every trainer container of every
-pod of every slice of the rendered JobSet goes through the trainer's process-topology function (the JAX
-process ids 0..N-1 once each, one coordinator, N x each container's devices = the plan's devices = the
-product of the mesh); then MaxText builds the full-size mesh over that many host devices
-(``python -m rljob.trainer.meshcheck``)."""
+"""Part 2 of a drill, the full-size topology, without the model: the environment of every trainer
+container of every pod of every slice of the rendered JobSet goes through the trainer's process-topology
+function (the JAX process ids 0..N-1 once each, one coordinator, N x each container's devices = the
+plan's devices = the product of the mesh); then MaxText builds the full-size mesh over that many host
+devices (``python -m rljob.trainer.meshcheck``) and its axes must be the plan's."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from .cases import DrillFailed, jobset_of
-from .procs import _tail, base_env, python
+from .procs import base_env, last_lines, python
 
 
 def full_topology(rc: Any) -> dict[str, Any]:
@@ -45,7 +45,7 @@ def full_topology(rc: Any) -> dict[str, Any]:
     return {"processes": n, "local_devices": local, "devices": rc.trainer.devices}
 
 
-def _mesh_axes(rc: Any) -> dict[str, int]:
+def mesh_axes(rc: Any) -> dict[str, int]:
     from rljob.recipes.runconfig import MESH_AXES
 
     return {a: int(getattr(rc.trainer.ici, a)) * int(getattr(rc.trainer.dcn, a)) for a in MESH_AXES}
@@ -74,14 +74,14 @@ def full_mesh(rc: Any, workdir: Path, timeout: float) -> dict[str, int]:
         cwd=workdir,
     )
     if proc.returncode != 0:
-        raise DrillFailed("full-size mesh (python -m rljob.trainer.meshcheck):\n" + _tail(proc.stderr))
+        raise DrillFailed("full-size mesh (python -m rljob.trainer.meshcheck):\n" + last_lines(proc.stderr))
     got: dict[str, int] = json.loads(proc.stdout.strip().splitlines()[-1])["mesh"]
-    want = {a: int(getattr(rc.trainer.ici, a)) for a in _mesh_axes(rc)} if per_slice else _mesh_axes(rc)
+    want = {a: int(getattr(rc.trainer.ici, a)) for a in mesh_axes(rc)} if per_slice else mesh_axes(rc)
     wrong = {a: (got.get(a, 1), n) for a, n in want.items() if got.get(a, 1) != n}
     if wrong:
         raise DrillFailed(f"full-size mesh: MaxText built {got}, the plan says {want}")
     return got
 
 
-def _fmt(mesh: dict[str, int]) -> str:
+def fmt_mesh(mesh: dict[str, int]) -> str:
     return " x ".join(f"{a} {n}" for a, n in mesh.items() if n > 1) or "1"
