@@ -95,13 +95,13 @@ def local_run_config(
 
 
 def start_storage(workdir: Path) -> tuple[subprocess.Popen[str], dict[str, str]]:
-    """The repo's GCS emulator (``python -m rljob.trainer.gcs_emulator``) with the drill's bucket: the
+    """The repo's GCS emulator (``python -m rljob.local.gcs_emulator``) with the drill's bucket: the
     process and the variables that point GCS clients at it, with a new run token (what the run's
     credentials Secret gives its pods: rljob.common.credentials)."""
     from rljob.common.credentials import token_env
 
     proc = subprocess.Popen(
-        [python(), "-m", "rljob.trainer.gcs_emulator", "--workdir", str(workdir), "--bucket", STORAGE[5:]],
+        [python(), "-m", "rljob.local.gcs_emulator", "--workdir", str(workdir), "--bucket", STORAGE[5:]],
         env=base_env(1),
         stdout=subprocess.PIPE,
         stderr=(workdir / "gcs-emulator.log").open("wb"),
