@@ -36,6 +36,7 @@ COPY operator/ operator/
 COPY trainer/ trainer/
 COPY sampler/ sampler/
 COPY common/ common/
+COPY local/ local/
 
 FROM build AS build-operator
 RUN --mount=type=cache,target=/root/.cache/uv \

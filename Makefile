@@ -29,7 +29,7 @@ STAMP := $(VENV)/.installed-$(DEPS_HASH)
 # A view of the package as installed (rljob/<folder> -> <folder>) for tools that do not follow
 # setuptools' editable import hook (mypy, import-linter).
 PKGVIEW := build/pkgview
-PKGS := cli recipes operator trainer sampler common
+PKGS := cli recipes operator trainer sampler common local
 
 .PHONY: help venv lock pkgview lint fmt-check typecheck test test-fast demo demo-down bench clean mutation
 
@@ -143,14 +143,14 @@ mutation: venv
 # one JSON line per step (step, reward_mean, ...), then a summary line (first step at reward >= 0.9).
 .PHONY: rl-cpu
 rl-cpu: venv
-	$(PY) -m rljob.trainer.localrun --steps $${RL_CPU_STEPS:-120}
+	$(PY) -m rljob.local.localrun --steps $${RL_CPU_STEPS:-120}
 
-# The Tinker API service on this machine (rljob.trainer.tinker.local): the service and the CPU sampler over
+# The Tinker API service on this machine (rljob.local.tinker_cpu): the service and the CPU sampler over
 # the tiny byte-token model, storage on the GCS emulator; prints TINKER_BASE_URL=... and
 # TINKER_BASE_MODEL=... once ready and serves until interrupted (docs/tinker.md).
 .PHONY: tinker-cpu
 tinker-cpu: venv
-	$(PY) -m rljob.trainer.tinker.local
+	$(PY) -m rljob.local.tinker_cpu
 
 # The Tinker Cookbook's own loops, unmodified, against the service of `make tinker-cpu` (hack/cookbook.py):
 # tinker_cookbook.rl.train.main learns a toy task of our own (a byte tokenizer registered with the Cookbook's

@@ -108,8 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--poll-s", type=float, default=0.2)
     args = p.parse_args(argv)
 
-    from rljob.trainer.gcs_emulator import create_bucket
-    from rljob.trainer.localrun import start_gcs
+    from rljob.local.gcs_emulator import create_bucket
+    from rljob.local.localrun import start_gcs
 
     work = Path(tempfile.mkdtemp(prefix="adapter-swap-"))
     gcs, endpoint = start_gcs(work)

@@ -39,9 +39,9 @@ def main() -> None:
     args = ap.parse_args()
 
     import tinker
+    from rljob.local.tinker_cpu import local_service_config
     from rljob.trainer.model import Policy
     from rljob.trainer.tinker.engine import AdamHP, DatumIn, LossSpec
-    from rljob.trainer.tinker.local import local_service_config
     from rljob.trainer.tinker.main import build, serve
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
     from tinker import types

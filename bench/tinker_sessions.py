@@ -33,8 +33,8 @@ def main() -> None:
     os.environ["RLJOB_TINKER_API_KEYS"] = KEY  # what spec.service.apiKeySecret's Secret provides
 
     import httpx
+    from rljob.local.tinker_cpu import local_service_config
     from rljob.trainer.model import Policy
-    from rljob.trainer.tinker.local import local_service_config
     from rljob.trainer.tinker.main import build, serve
     from rljob.trainer.tinypolicy import cpu_model_spec, cpu_shape
 

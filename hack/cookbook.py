@@ -2,7 +2,7 @@
 
 Runs in the Cookbook's virtual environment (`.cache/cookbook/venv`: tinker-cookbook, torch and the `tinker`
 SDK; none of them is the project's), and starts the service in the project's (`.venv`, `python -m
-rljob.trainer.tinker.local`: the Tinker service and the CPU sampler over the tiny byte-token model, storage on
+rljob.local.tinker_cpu`: the Tinker service and the CPU sampler over the tiny byte-token model, storage on
 the GCS emulator). Everything on the user's side is here and public Cookbook API:
 
 - a byte tokenizer (a token is one UTF-8 byte, the tiny model's vocabulary), registered under the service's
@@ -220,9 +220,9 @@ class ToySLBuilder(SupervisedDatasetBuilder):
 
 
 def start_service(python: str, workdir: Path) -> tuple[subprocess.Popen[str], str, str]:
-    """`make tinker-cpu` (rljob.trainer.tinker.local) in the project's venv: (process, URL, base model)."""
+    """`make tinker-cpu` (rljob.local.tinker_cpu) in the project's venv: (process, URL, base model)."""
     env = {**os.environ, "PYTHONSAFEPATH": "1", "RLJOB_TINKER_API_KEYS": API_KEY}
-    cmd = [python, "-m", "rljob.trainer.tinker.local", "--workdir", str(workdir / "service")]
+    cmd = [python, "-m", "rljob.local.tinker_cpu", "--workdir", str(workdir / "service")]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     found: dict[str, str] = {}

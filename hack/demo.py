@@ -8,9 +8,9 @@ processes standing in for its simulated pods; then examples/qwen3-8b-v5p.yaml Ru
    operator runs here as a background process authenticated as the chart's ServiceAccount through a
    TokenRequest token, its webhook reached at https://127.0.0.1 with a locally generated CA);
 3. the training part (:func:`train`): the RLJob `rl-cpu-demo` (namespace default) with the tiny CPU
-   recipe of `make rl-cpu` (rljob.trainer.localrun.LOCAL_MANIFEST: the successor task, 1-token
+   recipe of `make rl-cpu` (rljob.local.localrun.LOCAL_MANIFEST: the successor task, 1-token
    completions) for `--steps` steps, storage gs://rljob-demo on fake-gcs-server
-   (rljob.trainer.gcs_emulator, started here). The operator renders its JobSet and kwok "runs" its trainer
+   (rljob.local.gcs_emulator, started here). The operator renders its JobSet and kwok "runs" its trainer
    and sampler pods on the v5p-8 pools; for each Running pod, tests/fixtures/standin.py starts the pod's
    command as a local process with the pod's environment, its run ConfigMap and, where the pod mounts
    its ServiceAccount's token (the trainer's), a TokenRequest token of that ServiceAccount (the trainer
@@ -178,9 +178,9 @@ def apply_example(c: Cluster) -> tuple[str, str]:
 
 
 def train_manifest(name: str, namespace: str, steps: int) -> dict[str, Any]:
-    """The tiny CPU recipe of `make rl-cpu` (rljob.trainer.localrun.LOCAL_MANIFEST) as an RLJob of the
+    """The tiny CPU recipe of `make rl-cpu` (rljob.local.localrun.LOCAL_MANIFEST) as an RLJob of the
     cluster: ``steps`` steps, storage on the demo's bucket of the GCS emulator."""
-    from rljob.trainer.localrun import LOCAL_MANIFEST
+    from rljob.local.localrun import LOCAL_MANIFEST
 
     body: dict[str, Any] = copy.deepcopy(LOCAL_MANIFEST)
     body["metadata"] = {"name": name, "namespace": namespace}
@@ -206,7 +206,7 @@ def train(
     """Apply the training RLJob and run its pods' trainer and sampler as local processes until the RLJob
     ends; returns the RLJob as the API server has it then. The operator must be running. `hook` is called
     with the RLJob and the pod runner once a second (the preemption drills kill pods and nodes there)."""
-    from rljob.trainer.gcs_emulator import (
+    from rljob.local.gcs_emulator import (
         create_bucket,
         emulator_env,
         fake_gcs_server_binary,

@@ -115,8 +115,8 @@ def main() -> int:
         cfg.write_text(rc.model_dump_json(by_alias=True), encoding="utf-8")
         per_slice = rc.trainer.slices > 1
         by_devices[rc.trainer.tpu.devices if per_slice else rc.trainer.devices].append((str(cfg), per_slice))
-        want = {a: int(getattr(rc.trainer.ici, a)) for a in drill._mesh_axes(rc)}
-        r["want_mesh"] = want if per_slice else drill._mesh_axes(rc)
+        want = {a: int(getattr(rc.trainer.ici, a)) for a in drill.mesh_axes(rc)}
+        r["want_mesh"] = want if per_slice else drill.mesh_axes(rc)
     if not args.no_mesh:
         for devices, cfgs in sorted(by_devices.items()):
             proc = subprocess.run(

@@ -13,7 +13,7 @@ run's shapes, as MaxText's ``train_compile`` does for its train step:
   on), the gradients summed, ``[micro_batches, rows, tokenBudget]`` packed rows;
 - ``apply``: :attr:`~rljob.trainer.train_step.Trainer.apply`, the optimizer update of the LoRA parameters;
 - ``parity_logprobs``: :meth:`rljob.trainer.model.Policy.scoring_program`, the step-0 parity gate's log-probs
-  of ``[rows rounded up to the mesh size, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
+  of ``[rows rounded up to what the batch axes divide, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
 
 Per program and device: XLA's memory analysis (argument, output, alias, temporary and generated-code bytes),
 the bytes of the trainer's state that stay in HBM while the program runs without being its argument
@@ -210,7 +210,7 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
         for k, d in _BATCH_DTYPES.items()
     }
     rep = NamedSharding(policy.mesh, P())  # type: ignore[no-untyped-call]
-    gate = parity_pack(pack, int(policy.mesh.size))
+    gate = parity_pack(pack, policy.row_multiple())
     row = jax.ShapeDtypeStruct((gate.rows, gate.budget), jnp.int32, sharding=rep)  # type: ignore[no-untyped-call]
     opt = resident_bytes(state.opt_state) + resident_bytes((state.step, state.skipped))
     step_fields = "spec.packing.tokenBudget, spec.trainer.microBatchSize"
@@ -231,7 +231,7 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
             policy.scoring_program(),
             (policy.base, state.lora, row, row, row),
             opt,
-            f"{step_fields} (rows rounded up to the mesh's {n} devices), spec.trainer.tpu",
+            f"{step_fields} (rows rounded up to a multiple of {policy.row_multiple()}), spec.trainer.tpu",
             model_flops(policy.cfg, gate.rows * gate.budget / n, backward=False),
         ),
     ]
@@ -244,6 +244,12 @@ _INDIVISIBLE = re.compile(
     r"but \d+ does not evenly divide (\d+)"
 )
 _OOM = re.compile(r"RESOURCE_EXHAUSTED|[Rr]an out of memory|exceeds? .*(HBM|hbm)")
+# libtpu's other compile-time resource failures (https://openxla.org/xla/errors/error_3000 and its
+# neighbours): a kernel's on-chip memory (SparseCore spmem, VMEM) does not hold the tiles this shape needs,
+# e.g. "E3000: CompileTimeSparseCoreAllocationFailure: ... exceeds the legitimate user allocatable offset
+# upper bound (2097151 words) in memory space spmem when allocating 2621440 words". Fewer tokens per call
+# is what the user can change.
+_KERNEL_MEMORY = re.compile(r"(E\d{4}): (CompileTime\w*(?:Allocation|Oom|Memory)\w*):? ?([^\n]*)")
 _USED = re.compile(r"[Uu]sed ([0-9.]+)([KMGT])? of ([0-9.]+)([KMGT])? hbm")
 
 
@@ -264,6 +270,15 @@ def compile_one(p: Program, chip: Chip) -> dict[str, Any]:
                 "fits": False,
                 "indivisible": {"array_axis": int(split[1]), "devices": int(split[2]), "size": int(split[3])},
                 "error": msg.strip().splitlines()[0][:400],
+                "hbm_bytes_per_device": chip.device_hbm,
+                "compile_seconds": round(time.monotonic() - t0, 1),
+            }
+        kernel = _KERNEL_MEMORY.search(msg)
+        if kernel and "Hbm" not in kernel[2] and not _OOM.search(msg):
+            return {
+                "fits": False,
+                "kernel_memory": {"code": kernel[1], "kind": kernel[2]},
+                "error": f"{kernel[1]}: {kernel[2]}: {kernel[3].strip()}"[:400],
                 "hbm_bytes_per_device": chip.device_hbm,
                 "compile_seconds": round(time.monotonic() - t0, 1),
             }
@@ -334,6 +349,15 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
             f"spec.trainer.microBatchSize: {name}'s packed rows ({rows}) do not divide over the {n} devices "
             "MaxText's attention kernel splits them over (the batch axes of spec.trainer.mesh); use a "
             f"multiple of {n}, e.g. {-(-rows // n) * n}"
+        )
+    kernel = fig.get("kernel_memory")
+    if kernel:
+        budget, rows = rc.spec.packing.token_budget, rc.trainer.micro_batch_size
+        return (
+            f"compile: {name} does not compile for a {rc.trainer.tpu.type_name}: libtpu's {kernel['kind']} "
+            f"({kernel['code']}: a kernel's on-chip memory, not HBM, is short for this many tokens per call; "
+            f"{p.drivers}); lower spec.packing.tokenBudget (now {budget}) or spec.trainer.microBatchSize "
+            f"(now {rows}), e.g. half, and rljob drill --compile again"
         )
     peak = fig.get("peak_bytes_per_device")
     head = f"compile: {name} needs {peak / GIB:.1f} GiB per device" if peak else f"compile: {name} ran out"

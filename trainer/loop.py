@@ -164,7 +164,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             groups_per_batch=alg.groups_per_batch,
             logprobs=lambda lora, t, p, s: scored(policy.base, lora, t, p, s),
             pack=step_cfg.pack_config(),
-            parity_rows=int(policy.mesh.size),
+            parity_rows=policy.row_multiple(),
             parity_len=int(policy.cfg.max_target_length),
             eval_every=args.eval_every,
             parity_threshold=args.parity_threshold,

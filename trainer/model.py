@@ -47,6 +47,7 @@ fit raises :class:`CheckpointError` (``spec.model.checkpoint: ...``; the entrypo
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from functools import partial
@@ -555,6 +556,19 @@ class Policy:
             return tuple(kept) or None
 
         return fit(spec[0], rows), fit(spec[1], tokens)
+
+    def row_multiple(self) -> int:
+        """What the rows of a batch are rounded up to so that every mesh axis of MaxText's input data
+        sharding of the rows (data, fsdp, expert, ... of size > 1) divides them: the product of those axes'
+        sizes. The step-0 parity gate pads its rows to it; a train step's micro-batch rows usually are a
+        multiple already, and the gate then scores the train step's own shape."""
+        from maxtext.utils import sharding
+
+        spec = tuple(sharding.get_input_data_sharding(self.cfg, self.mesh).spec)
+        spec = spec[1:] if self.cfg.enable_diloco else spec
+        entry = spec[0] if spec else None
+        axes = (entry,) if isinstance(entry, str) else tuple(entry or ())
+        return math.prod(int(self.mesh.shape[a]) for a in axes)
 
     @partial(jax.jit, static_argnums=0)
     def logits(

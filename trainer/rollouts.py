@@ -74,12 +74,15 @@ def grpo_rollouts(
     return rollouts, int(adv.groups_skipped)
 
 
-def parity_pack(pack: PackConfig, mesh_size: int) -> PackConfig:
+def parity_pack(pack: PackConfig, row_multiple: int) -> PackConfig:
     """The parity gate's packing: the train step's ``[rows, budget]`` with the rows rounded up to a multiple
-    of the trainer mesh's size (so every batch axis divides them). The compile stage compiles the gate's
-    program for this shape."""
-    if pack.rows % mesh_size:
-        return dataclasses.replace(pack, rows=align_up(pack.rows, mesh_size))
+    of ``row_multiple`` (:meth:`rljob.trainer.model.Policy.row_multiple`: so every batch axis divides them),
+    the train step's own shape when they are one already. Not the whole mesh's size: the gate's program
+    then holds no more tokens per call than the train step's (on Qwen3.5-397B's tpu7x-256 mesh, 256 rows
+    instead of 64 overflowed the SparseCore memory of the MoE's ragged gather in libtpu's compile). The
+    compile stage compiles the gate's program for this shape."""
+    if pack.rows % row_multiple:
+        return dataclasses.replace(pack, rows=align_up(pack.rows, row_multiple))
     return pack
 
 
@@ -119,7 +122,7 @@ class SamplerSource:
         self.pending: dict[int, Future[Batch]] = {}
         self.parity_checked = False
         # The parity batch is scored in one padded [rows, len] shape: rows a multiple of ``parity_rows``
-        # (the trainer mesh's size, so every batch axis divides it), len ``parity_len`` (the model's).
+        # (Policy.row_multiple: every batch axis divides it), len ``parity_len`` (the model's).
         self.parity_rows, self.parity_len = max(1, parity_rows), parity_len
         # With several trainer processes only process 0 samples; the gate's inputs wait here for the
         # runtime's collective() call, which every process makes (the scoring is one SPMD program).
@@ -169,8 +172,8 @@ class SamplerSource:
         stacked ``[micro-batches, rows, budget]``, with the sampler's log-prob of each sampled token at its
         position and a mask of those positions. One shape: the log-prob function compiles once, for the
         shape the step already runs, not once per distinct rollout length (on a TPU each would be a compile
-        of the whole model). Without ``pack`` (tests): rows a multiple of ``parity_rows`` (the trainer
-        mesh's size), budget ``parity_len`` or the longest rollout aligned up."""
+        of the whole model). Without ``pack`` (tests): rows a multiple of ``parity_rows`` (what the
+        batch axes divide), budget ``parity_len`` or the longest rollout aligned up."""
         rollouts = [
             Rollout(
                 prompt_ids=np.asarray(c.prompt_ids(batch.prompts[c.prompt_index]), np.int32),

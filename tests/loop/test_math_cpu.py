@@ -17,7 +17,7 @@ import pytest
 from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
 from rljob.common.storage import open_store
-from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
+from rljob.local.localrun import local_run_config, sampler_command, trainer_command
 
 pytestmark = [pytest.mark.jax]
 

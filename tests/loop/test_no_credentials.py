@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 from rljob.common.credentials import token_env
+from rljob.local.localrun import local_run_config
 from rljob.recipes.failure import NO_CREDENTIALS
-from rljob.trainer.localrun import local_run_config
 
 pytestmark = [pytest.mark.jax]
 

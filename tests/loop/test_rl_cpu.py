@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
+from rljob.local.localrun import local_run_config, sampler_command, trainer_command
 from rljob.trainer.checkpoint import Checkpointer
-from rljob.trainer.localrun import local_run_config, sampler_command, trainer_command
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
 
@@ -67,7 +67,7 @@ def test_rl_cpu_learns(gcs_emulator: Any, tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "rljob.trainer.localrun",
+            "rljob.local.localrun",
             "--steps",
             "80",
             "--target",

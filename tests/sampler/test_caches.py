@@ -18,8 +18,8 @@ import pytest
 from rljob.common import caches
 from rljob.common.credentials import bearer, new_token, token_env
 from rljob.common.storage import open_store
+from rljob.local.localrun import local_run_config
 from rljob.recipes.runconfig import LOCAL_CACHE_ENV
-from rljob.trainer.localrun import local_run_config
 
 TOKEN = new_token()  # the run's token: the sampler requires it
 

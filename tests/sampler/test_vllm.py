@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from fixtures.recipes import recipe_manifest, resolve
 from rljob.common.credentials import bearer, new_token, token_env
+from rljob.local.localrun import local_run_config
 from rljob.recipes import recipe_catalog
 from rljob.recipes.runconfig import RUN_TOKEN_ENV, VLLM_API_KEY_ENV, RunConfig
 from rljob.sampler import vllm
-from rljob.trainer.localrun import local_run_config
 
 ARGS = json.loads((Path(__file__).parent / "data" / "vllm-tpu-0.32.0-serve-args.json").read_text())
 

@@ -82,7 +82,7 @@ class _Service:
         self.procs: list[subprocess.Popen[str]] = []
         self.logs = [tmp / f"process{i}.log" for i in range(processes)]
         from rljob.common.credentials import token_env
-        from rljob.trainer.localrun import sampler_command
+        from rljob.local.localrun import sampler_command
 
         # One run token for the sampler and every service process (the sampler refuses calls without it).
         base = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu", **token_env()}

@@ -106,7 +106,7 @@ def test_grpo_through_the_sdk_learns_the_toy_task(served: Served, client: Any) -
 
 
 def _start(cfg: Path, port: int, log: Path) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    from rljob.trainer.tinker.local import service_command
+    from rljob.local.tinker_cpu import service_command
 
     proc = subprocess.Popen(
         service_command(cfg, port),
@@ -124,7 +124,7 @@ def _start(cfg: Path, port: int, log: Path) -> tuple[subprocess.Popen[str], dict
 
 def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: Path) -> None:
     from rljob.common.ports import free_port
-    from rljob.trainer.tinker.local import local_service_config
+    from rljob.local.tinker_cpu import local_service_config
 
     root = f"gs://{gcs_emulator.new_bucket('tinker-restart')}"
     rc = local_service_config(root, free_port(span=2), tmp_path / "progress.json", toy=True)
@@ -196,12 +196,12 @@ def test_save_state_kill_and_continue_step_exactly(gcs_emulator: Any, tmp_path: 
 
 
 def test_make_tinker_cpu_serves_text_until_interrupted(gcs_emulator: Any, tmp_path: Path) -> None:
-    """`make tinker-cpu` (rljob.trainer.tinker.local): two processes (the CPU sampler with its adapter agent,
+    """`make tinker-cpu` (rljob.local.tinker_cpu): two processes (the CPU sampler with its adapter agent,
     the service) on the byte-token model; the printed URL and model serve the SDK; SIGINT stops all."""
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "rljob.trainer.tinker.local", "--workdir", str(tmp_path)],
+        [sys.executable, "-m", "rljob.local.tinker_cpu", "--workdir", str(tmp_path)],
         env={**os.environ, "PYTHONSAFEPATH": "1"},
         stdout=subprocess.PIPE,
         stderr=(tmp_path / "runner.log").open("wb"),

@@ -244,7 +244,7 @@ def test_a_kill_inside_a_save_state_overwrite_loses_nothing(
     the marker), and a restarted service lists "ck" and loads it: the old state (before) or the new one
     (after), never nothing."""
     from rljob.common.ports import free_port
-    from rljob.trainer.tinker.local import local_service_config, service_command
+    from rljob.local.tinker_cpu import local_service_config, service_command
 
     rc = local_service_config(
         f"gs://{gcs_emulator.new_bucket('tinker-kill')}", free_port(span=2), tmp_path / "p.json", toy=True

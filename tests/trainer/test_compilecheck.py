@@ -220,6 +220,77 @@ def test_an_oversized_configuration_is_refused_with_the_field_and_a_value_that_f
     assert "Traceback" not in proc.stderr
 
 
+# libtpu's refusals as its compiler words them: (message, what compile_one makes of it). Kernel-memory
+# failures (SparseCore spmem, VMEM) are a configuration the user can change (fewer tokens per call), an HBM
+# out-of-memory keeps its own path, anything else is our bug and raises.
+SPARSECORE = (
+    "INTERNAL: Failed to run MLO pass pipeline.sc_ragged_gather_reduce_v2.1:4923:1: error: "
+    "'memref.alloca' op "
+    "E3000: CompileTimeSparseCoreAllocationFailure: current allocation offset upper bound (2656255 words) "
+    "exceeds the legitimate user allocatable offset upper bound (2097151 words) in memory space spmem when "
+    "allocating 2621440 words\nSee https://openxla.org/xla/errors/error_3000 for more details."
+)
+HBM = (
+    "RESOURCE_EXHAUSTED: XLA:TPU compile permanent error. Ran out of memory in memory space hbm. "
+    "Used 162.5G of 95.74G hbm."
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "kind"),
+    [
+        (SPARSECORE, "kernel"),
+        ("E3001: CompileTimeScopedVmemOom: scoped vmem limit exceeded", "kernel"),
+        (HBM, "oom"),
+        ("E2001: CompileTimeHbmOom: Ran out of memory in memory space hbm. Used 20G of 16G hbm.", "oom"),
+        ("INTERNAL: Mosaic failed to compile TPU kernel: unsupported layout", "raise"),
+    ],
+)
+def test_the_compilers_refusals_are_classified(message: str, kind: str) -> None:
+    from rljob.trainer import compilecheck
+
+    class Refusing:
+        def lower(self, *args: Any) -> Any:
+            raise RuntimeError(message)
+
+    chip = compilecheck.CHIPS["tpu7x"]
+    p = compilecheck.Program("parity_logprobs", Refusing(), (), 0, "spec.packing.tokenBudget")
+    if kind == "raise":
+        with pytest.raises(RuntimeError):
+            compilecheck.compile_one(p, chip)
+        return
+    fig = compilecheck.compile_one(p, chip)
+    assert fig["fits"] is False
+    assert ("kernel_memory" in fig) == (kind == "kernel") and fig.get("oom", False) == (kind == "oom")
+    if kind == "kernel":
+        assert fig["kernel_memory"]["code"] in message and fig["kernel_memory"]["kind"] in message
+        line = compilecheck.refusal(p.name, fig, p, run_config("qwen3.5-397b-a17b-tpu7x"), chip)
+        head = "compile: parity_logprobs does not compile for a tpu7x-256: libtpu's CompileTime"
+        assert line.startswith(head), line
+        assert "spec.packing.tokenBudget (now " in line and "spec.trainer.microBatchSize (now 64)" in line
+
+
+def test_the_parity_gate_scores_the_train_steps_rows_not_the_whole_mesh() -> None:
+    """The gate's rows are rounded up to what the rows' batch axes divide (fsdp x expert here, 4 of the
+    mesh's 8 devices; context splits the tokens), so with 4 rows per micro-batch it compiles the train
+    step's own [4, budget] shape: rounding up to the mesh's 8 devices doubled the tokens per call, which on
+    the 397B recipe's tpu7x-256 mesh (256 rows instead of 64) ran libtpu out of SparseCore memory."""
+    from rljob.trainer import compilecheck
+    from rljob.trainer.rollouts import parity_pack
+    from rljob.trainer.train_step import Trainer
+
+    rc = run_config(
+        "qwen3.5-397b-a17b-tpu7x",
+        fit_check=False,
+        trainer={"tpu": "tpu7x-8", "mesh": {"fsdp": 2, "expert": 2, "context": 2}, "microBatchSize": 4},
+    )
+    policy, step = _abstract_policy(rc, small_keys(rc))
+    assert int(policy.mesh.size) == 8 and policy.row_multiple() == 4
+    progs = {p.name: p for p in compilecheck.programs(policy, Trainer(policy, step), step.pack_config())}
+    assert progs["parity_logprobs"].args[2].shape == (4, step.budget) and step.rows == 4
+    assert parity_pack(step.pack_config(), 8).rows == 8  # the old rounding, which this test would catch
+
+
 def test_cache_dir_uploads_the_programs_where_the_trainer_restores_them(tmp_path: Path) -> None:
     """`--cache-dir`: the operator's compile preflight (docs/operator.md) leaves the compiled programs in the
     run's `{storage}/cache/jax-trainer/`, where the trainer pods restore JAX's compilation cache from

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob.local.localrun import LOCAL_MANIFEST
 from rljob.recipes.plan import parse_manifest, resolve
-from rljob.trainer.localrun import LOCAL_MANIFEST
 
 pytestmark = pytest.mark.jax
 

@@ -318,7 +318,7 @@ def _env(site: Path) -> dict[str, str]:
 
 
 def _config(root: str, tmp_path: Path, port: int, dataset: dict[str, Any]) -> Path:
-    from rljob.trainer.localrun import local_run_config
+    from rljob.local.localrun import local_run_config
 
     rc = local_run_config(
         root,
@@ -333,7 +333,7 @@ def _config(root: str, tmp_path: Path, port: int, dataset: dict[str, Any]) -> Pa
 
 
 def _trainer(cfg: Path, site: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    from rljob.trainer.localrun import trainer_command
+    from rljob.local.localrun import trainer_command
 
     return subprocess.run(
         trainer_command(cfg, cfg.parent / "metrics.jsonl", *extra),
@@ -371,7 +371,7 @@ def test_trainer_refuses_a_task_at_start(
 @pytest.mark.jax
 def test_a_task_from_outside_rljob_trains_in_the_cpu_loop(gcs_emulator: Any, tmp_path: Path) -> None:
     from rljob.common.storage import open_store
-    from rljob.trainer.localrun import free_port, sampler_command
+    from rljob.local.localrun import free_port, sampler_command
 
     site = task_package(tmp_path)
     data = tmp_path / "echo.jsonl"

@@ -11,7 +11,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("folder", ["cli", "recipes", "operator", "trainer", "sampler", "common"])
+@pytest.mark.parametrize("folder", ["cli", "recipes", "operator", "trainer", "sampler", "common", "local"])
 def test_folder_is_importable_as_rljob_subpackage(folder: str) -> None:
     mod = importlib.import_module(f"rljob.{folder}")
     assert mod.__file__ is not None

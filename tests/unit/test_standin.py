@@ -124,9 +124,9 @@ def test_unsupported_references_are_named() -> None:
 
 
 def test_local_run_config_moves_only_the_endpoints() -> None:
+    from rljob.local.localrun import LOCAL_MANIFEST
     from rljob.recipes import render
     from rljob.recipes.plan import parse_manifest, resolve
-    from rljob.trainer.localrun import LOCAL_MANIFEST
 
     manifest: dict[str, Any] = json.loads(json.dumps(LOCAL_MANIFEST))
     rc = resolve(parse_manifest(yaml.safe_dump(manifest)))

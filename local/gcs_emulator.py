@@ -80,14 +80,14 @@ def create_bucket(endpoint: str, name: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m rljob.trainer.gcs_emulator --workdir DIR --bucket NAME``: start the emulator with a
+    """``python -m rljob.local.gcs_emulator --workdir DIR --bucket NAME``: start the emulator with a
     bucket, print ``{"endpoint": ..., "env": emulator_env(...)}`` as one JSON line and serve until
     SIGTERM (``rljob drill``, whose command line cannot import the trainer package, runs it this way)."""
     import argparse
     import json
     import signal
 
-    p = argparse.ArgumentParser(prog="python -m rljob.trainer.gcs_emulator")
+    p = argparse.ArgumentParser(prog="python -m rljob.local.gcs_emulator")
     p.add_argument("--workdir", required=True)
     p.add_argument("--bucket", action="append", default=[])
     args = p.parse_args(argv)

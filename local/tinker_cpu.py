@@ -41,11 +41,11 @@ def local_service_config(
     toy: bool = False,
     name: str = "tinker-cpu",
 ) -> Any:
-    """The RunConfig of a local service run: rljob.trainer.localrun's manifest with spec.service, local
+    """The RunConfig of a local service run: rljob.local.localrun's manifest with spec.service, local
     endpoints and progress file. ``toy``: the successor task's 32-token model instead of byte tokens."""
     import yaml
+    from rljob.local.localrun import LOCAL_MANIFEST
     from rljob.recipes.plan import parse_manifest, resolve
-    from rljob.trainer.localrun import LOCAL_MANIFEST
 
     manifest = json.loads(json.dumps(LOCAL_MANIFEST))
     manifest["metadata"]["name"] = name
@@ -75,7 +75,7 @@ def service_command(cfg: Path, port: int) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     from rljob.common.ports import free_port
-    from rljob.trainer.localrun import local_storage, sampler_command
+    from rljob.local.localrun import local_storage, sampler_command
 
     p = argparse.ArgumentParser(prog="tinker-cpu", description=__doc__.splitlines()[0])
     p.add_argument("--port", type=int, default=0, help="service port (default: a free one)")

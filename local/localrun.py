@@ -23,14 +23,14 @@ from typing import Any
 import yaml
 from rljob.common.credentials import token_env
 from rljob.common.ports import free_port
-from rljob.recipes.plan import parse_manifest, resolve
-from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.gcs_emulator import (
+from rljob.local.gcs_emulator import (
     create_bucket,
     emulator_env,
     fake_gcs_server_binary,
     start_fake_gcs_server,
 )
+from rljob.recipes.plan import parse_manifest, resolve
+from rljob.recipes.runconfig import RunConfig
 
 LOCAL_MANIFEST: dict[str, Any] = {
     "apiVersion": "rljob.dev/v1alpha1",
@@ -56,7 +56,7 @@ LOCAL_MANIFEST: dict[str, Any] = {
 
 
 def start_gcs(workdir: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """fake-gcs-server on a free loopback port (rljob.trainer.gcs_emulator, as the tests start it)."""
+    """fake-gcs-server on a free loopback port (rljob.local.gcs_emulator, as the tests start it)."""
     return start_fake_gcs_server(fake_gcs_server_binary(), workdir)
 
 
