@@ -215,6 +215,7 @@ def explain(run: RunConfig) -> str:
         f"  mesh ici: {_mesh(t.ici)}",
         f"  mesh dcn: {_mesh(t.dcn)}",
         f"  micro-batch: {t.micro_batch_size} rows x {spec.packing.token_budget} tokens",
+        f"  compile preflight: {_preflight(run)}",
         "sampler:",
         f"  tpu: {s.tpu.type_name} = {s.tpu.accelerator} {s.tpu.topology}, {s.tpu.chips} chips, "
         f"{s.tpu.hosts} hosts, {s.tpu.devices} devices per replica",
@@ -262,6 +263,21 @@ def explain(run: RunConfig) -> str:
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
     lines += _derived(run)
     return "\n".join(lines) + "\n"
+
+
+def _preflight(run: RunConfig) -> str:
+    """spec.trainer.preflight as the plan text shows it."""
+    pf = run.spec.trainer.preflight
+    if not pf.compile:
+        return "off (spec.trainer.preflight.compile)"
+    from rljob.recipes import naming, render
+
+    return (
+        f"Job {naming.preflight_job(run.name, render.preflight_digest(run))} (trainer image, CPU only: "
+        f"{pf.cpu} CPU, {pf.memory} memory) compiles the trainer's programs for "
+        f"{run.trainer.tpu.type_name} x {run.trainer.slices} before the JobSet is created; a program that "
+        "does not fit refuses the run"
+    )
 
 
 def _derived(run: RunConfig) -> list[str]:

@@ -1,4 +1,5 @@
-"""What the watches told the operator: RLJobs, their JobSets, progress reports and pod failures,
+"""What the watches told the operator: RLJobs, their JobSets, compile preflight Jobs, progress reports and pod
+failures,
 keyed by the owning RLJob, the newest resourceVersion winning. The reconcile reads only these (no GETs)."""
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 from rljob.operator import conditions as c
 from rljob.operator import metrics
 from rljob.operator.plans import Plan
-from rljob.operator.status import JobSetView, PodFailure, controller_uid
+from rljob.operator.status import JobSetView, PodFailure, PreflightPod, PreflightView, controller_uid
 from rljob.operator.workqueue import Key
 from rljob.recipes.api import API_VERSION, KIND, Phase
 
@@ -82,6 +83,10 @@ class Caches:
         self.jobsets: dict[Key, JobSetView] = {}
         self.progress: dict[Key, ProgressEntry] = {}
         self.failures: dict[Key, PodFailure] = {}
+        # Compile preflight Jobs per RLJob, by name (a run whose compiled programs change gets a new one),
+        # and the newest failed preflight pod's word (its exit code and termination message).
+        self.preflights: dict[Key, dict[str, PreflightView]] = {}
+        self.preflight_pods: dict[Key, PreflightPod] = {}
         self.plans: dict[Key, Plan] = {}  # the last plan per RLJob (error text and maxRestarts only)
         # RLJobs per phase (an RLJob without a status yet counts as Pending): the gauge rljob_operator_rljobs.
         self.phases: collections.Counter[str] = collections.Counter({p.value: 0 for p in Phase})
@@ -117,7 +122,8 @@ class Caches:
 
     def drop_rljob(self, key: Key) -> None:
         self._count(self.rljobs.get(key), None)
-        for store in (self.rljobs, self.jobsets, self.progress, self.failures, self.plans):
+        stores = (self.rljobs, self.jobsets, self.progress, self.failures, self.plans, self.preflights)
+        for store in (*stores, self.preflight_pods):
             store.pop(key, None)
 
     def put_jobset(self, key: Key, body: Mapping[str, Any]) -> bool:
@@ -132,6 +138,27 @@ class Caches:
         old = self.jobsets.get(key)
         if old is not None and (not uid or old.uid == uid):
             del self.jobsets[key]
+
+    def put_preflight(self, key: Key, body: Mapping[str, Any]) -> bool:
+        view = PreflightView.from_body(body)
+        jobs = self.preflights.setdefault(key, {})
+        old = jobs.get(view.name)
+        if old is not None and old.uid == view.uid and not newer(view.resource_version, old.resource_version):
+            return False
+        jobs[view.name] = view
+        return old != view
+
+    def drop_preflight(self, key: Key, name: str, uid: str) -> None:
+        jobs = self.preflights.get(key) or {}
+        old = jobs.get(name)
+        if old is not None and (not uid or old.uid == uid):
+            del jobs[name]
+
+    def put_preflight_pod(self, key: Key, pod: PreflightPod) -> bool:
+        if self.preflight_pods.get(key) == pod:
+            return False
+        self.preflight_pods[key] = pod
+        return True
 
     def put_progress(self, key: Key, body: Mapping[str, Any]) -> bool:
         rv = str((body.get("metadata") or {}).get("resourceVersion", ""))

@@ -45,6 +45,12 @@ RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
 JOB_RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/job-restart-attempt"
 JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 
+PREFLIGHT_LABEL: Final = "rljob.dev/preflight"
+"""On the compile preflight's Job and pod (value "true", rljob.recipes.naming.PREFLIGHT_LABEL): the operator
+watches these Jobs, and reads a failed preflight pod's termination message instead of counting a failure."""
+JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
+"""Set by the Job controller on a Job's pods."""
+
 PROGRESS_KEY: Final = "progress.json"
 """Key of the trainer's report in the `<rljob>-progress` ConfigMap (contract 4)."""
 
@@ -82,6 +88,15 @@ REASON_POD_CREATE_FAILED: Final = "PodCreateFailed"
 """Ready=False while a Job of the run cannot create its pods: the Job controller's FailedCreate event (Pod
 Security admission, a ResourceQuota or LimitRange, an admission webhook refusing the pod), with the API
 server's message; it clears when the pods exist and are ready."""
+REASON_PREFLIGHT_RUNNING: Final = "PreflightCompiling"
+"""Ready=False while the compile preflight's Job (spec.trainer.preflight.compile) runs; no JobSet exists
+yet."""
+REASON_COMPILE_DOES_NOT_FIT: Final = "CompileDoesNotFit"
+"""Ready=False when the compile preflight refused the run (exit 2): one line per program that does not fit
+its TPU's HBM, naming the fields; the JobSet is never created (no TPU is requested)."""
+REASON_PREFLIGHT_FAILED: Final = "PreflightFailed"
+"""Ready=False when the compile preflight failed otherwise (exit 1: an rljob bug, storage unreadable at
+start; the pod evicted): its message; the JobSet is never created for this preflight Job."""
 REASON_NOT_OWNED: Final = "ChildNotOwned"
 """Ready=False while an object with a child's name exists that this RLJob does not own (its controller owner
 reference names another uid): it is never adopted, overwritten or counted; retried with backoff."""
@@ -110,8 +125,9 @@ EVENT_RESTARTING: Final = "Restarting"
 EVENT_SUCCEEDED: Final = "Succeeded"
 EVENT_FAILED: Final = "Failed"
 EVENT_INVALID_SPEC: Final = "InvalidSpec"
+EVENT_PREFLIGHT_CREATED: Final = "PreflightCreated"
 # Also events: REASON_CREATE_FAILED, REASON_POD_CREATE_FAILED, REASON_NOT_OWNED,
-# REASON_SPEC_NO_LONGER_PLANS (Warning).
+# REASON_SPEC_NO_LONGER_PLANS, REASON_COMPILE_DOES_NOT_FIT, REASON_PREFLIGHT_FAILED (Warning).
 
 # ------------------------------------------------------------------------------- JobSet vocabulary
 JS_COMPLETED: Final = "Completed"

@@ -161,6 +161,11 @@ async def on_jobset(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any
     memo.reconciler.observe_jobset(type, body)
 
 
+@kopf.on.event("batch", "v1", "jobs", labels={c.PREFLIGHT_LABEL: kopf.PRESENT, c.LABEL_NAME: kopf.PRESENT})
+async def on_preflight(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    memo.reconciler.observe_preflight(type, body)
+
+
 @kopf.on.event("v1", "configmaps", labels={c.LABEL_PROGRESS: kopf.PRESENT})
 async def on_progress(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     memo.reconciler.observe_progress(type, body)

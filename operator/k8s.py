@@ -88,7 +88,8 @@ ROLEBINDING: Final = Kind("rbac.authorization.k8s.io", "v1", "rolebindings")
 SERVICE: Final = Kind("", "v1", "services")
 NETWORKPOLICY: Final = Kind("networking.k8s.io", "v1", "networkpolicies")
 SECRET: Final = Kind("", "v1", "secrets")  # only the run's credentials Secret: created, read back after a 409
-JOB: Final = Kind("batch", "v1", "jobs")  # only ever dry-run (Kube.dry_run_create)
+# Dry-run for the JobSet's Jobs (Kube.dry_run_create); created only for the compile preflight.
+JOB: Final = Kind("batch", "v1", "jobs")
 
 KINDS: Final = {
     ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
@@ -100,6 +101,7 @@ KINDS: Final = {
     ("v1", "Service"): SERVICE,
     ("networking.k8s.io/v1", "NetworkPolicy"): NETWORKPOLICY,
     ("v1", "Secret"): SECRET,
+    ("batch/v1", "Job"): JOB,
 }
 
 

@@ -31,10 +31,15 @@ class Plan:
     objects: tuple[dict[str, Any], ...] = ()
     max_restarts: int = 3  # spec.failurePolicy.maxRestarts (the run's budget)
     max_sampler_restarts: int = 10  # spec.failurePolicy.maxSamplerRestarts
+    preflight_job: str | None = None  # the compile preflight Job's name (spec.trainer.preflight.compile)
 
     @property
     def jobset(self) -> dict[str, Any] | None:
         return next((o for o in self.objects if o.get("kind") == "JobSet"), None)
+
+    @property
+    def preflight(self) -> dict[str, Any] | None:
+        return next((o for o in self.objects if o.get("kind") == "Job"), None)
 
     @property
     def api_url(self) -> str | None:
@@ -121,7 +126,13 @@ def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
     if js is None:
         return Plan(generation, error="render produced no JobSet")
     budgets = failure.budgets_of(js)
-    return dataclasses.replace(plan, max_restarts=budgets[0], max_sampler_restarts=budgets[1])
+    pre = plan.preflight
+    return dataclasses.replace(
+        plan,
+        max_restarts=budgets[0],
+        max_sampler_restarts=budgets[1],
+        preflight_job=str(pre["metadata"]["name"]) if pre else None,
+    )
 
 
 def warm_up(render: Renderer) -> None:

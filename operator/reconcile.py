@@ -7,7 +7,10 @@ most once, and a key that changes while being reconciled is reconciled again aft
 workers then reconciles one RLJob at a time per key:
 
 1. read the RLJob, its JobSet, its progress report and the newest pod failure from the caches (no GETs);
-2. if the run is not finished and its JobSet does not exist: render (`rljob.recipes.render`, the same
+2. if the run is not finished and its JobSet does not exist: with the compile preflight on
+   (spec.trainer.preflight.compile), create the run's objects and the preflight Job first, and the JobSet
+   only once that Job succeeded (a refusal or a failure creates nothing more: no TPU is requested); then
+   render (`rljob.recipes.render`, the same
    function `rljob render` prints; the admission webhook's render of the same input is reused, see
    `PlanCache` in operator/plans.py) and create the objects, the progress ConfigMap and the JobSet, with
    owner references, labels and the fixed field manager (server-side apply for any that exists already); if
@@ -46,12 +49,22 @@ from rljob.operator.status import (
     classify_pod,
     derive_status,
     pod_create_error,
+    preflight_outcome,
+    preflight_pod,
     status_body,
     stop_jobset,
 )
 from rljob.operator.workqueue import Key, WorkQueue
 from rljob.recipes import naming
-from rljob.recipes.api import API_VERSION, KIND, Phase, ProgressReport, RLJobStatus
+from rljob.recipes.api import (
+    API_VERSION,
+    KIND,
+    Phase,
+    PreflightState,
+    PreflightStatus,
+    ProgressReport,
+    RLJobStatus,
+)
 from rljob.recipes.render import run_labels
 from rljob.recipes.runconfig import RUN_TOKEN_SECRET_KEY
 
@@ -173,8 +186,26 @@ class Reconciler:
         elif self.caches.put_progress(key, body):
             self.queue.add(key)
 
+    def observe_preflight(self, event_type: str | None, body: Mapping[str, Any]) -> None:
+        key = self.caches.key_of_child(body)
+        if key is None:
+            return
+        if event_type == "DELETED":
+            meta = body.get("metadata") or {}
+            self.caches.drop_preflight(key, str(meta.get("name", "")), str(meta.get("uid", "")))
+            self.queue.add(key)
+        elif self.caches.put_preflight(key, body):
+            self.queue.add(key)
+
     def observe_pod(self, event_type: str | None, body: Mapping[str, Any]) -> None:
         key = self.caches.key_of_child(body)
+        if c.PREFLIGHT_LABEL in ((body.get("metadata") or {}).get("labels") or {}):
+            # A compile preflight pod: its termination message is the preflight's outcome, not a failure
+            # of the run's JobSet.
+            said = preflight_pod(body)
+            if key is not None and said is not None and self.caches.put_preflight_pod(key, said):
+                self.queue.add(key)
+            return
         failure = classify_pod(body)
         if key is not None and failure is not None and self.caches.put_failure(key, failure):
             self.queue.add(key)
@@ -188,6 +219,9 @@ class Reconciler:
         for ns in scopes:
             for body in await self.kube.list(k8s.JOBSET, namespace=ns, label_selector=c.LABEL_NAME):
                 self.observe_jobset(None, body)
+        for ns in scopes:
+            for body in await self.kube.list(k8s.JOB, namespace=ns, label_selector=c.PREFLIGHT_LABEL):
+                self.observe_preflight(None, body)
         for ns in scopes:
             for body in await self.kube.list(k8s.CONFIGMAP, namespace=ns, label_selector=c.LABEL_PROGRESS):
                 self.observe_progress(None, body)
@@ -257,6 +291,8 @@ class Reconciler:
         spec = body.get("spec") or {}
         plan = self.plan_for(key, entry)
         created = False
+        preflight: PreflightStatus | None = None  # this plan's compile preflight (None: off, or not yet)
+        preflight_created = False
         create_error: tuple[str, str] | None = None
         refused = False  # a Job the API server refuses: not retried until the RLJob or a resync changes it
 
@@ -265,9 +301,15 @@ class Reconciler:
         js = self._owned_jobset(key, uid)
         if not latched and js is None and not (prior and prior.job_set_name):
             if plan.error is None:
+                preflight = self._preflight(key, uid, plan, prior)
                 try:
-                    await self._create_children(key, body, plan)
-                    created = True
+                    if plan.preflight_job is not None and preflight is None:
+                        await self._create_children(key, body, plan, preflight_only=True)
+                        preflight_created = True
+                        preflight = PreflightStatus(job=plan.preflight_job, state=PreflightState.RUNNING)
+                    elif preflight is None or preflight.state == PreflightState.SUCCEEDED:
+                        await self._create_children(key, body, plan)
+                        created = True
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:
@@ -315,6 +357,7 @@ class Reconciler:
                 api_url=plan.api_url if plan.objects else None,
                 create_error=create_error,
                 pod_create_error=pod_create,
+                preflight=preflight,
             )
         )
         new_status = status_body(derived.status)
@@ -327,6 +370,9 @@ class Reconciler:
                 raise
             self.caches.put_rljob(resp)
         events = list(derived.events)
+        if preflight_created:
+            note = f"created Job {plan.preflight_job}: the compile preflight, before the JobSet"
+            await self.kube.post_event(body, type_="Normal", reason=c.EVENT_PREFLIGHT_CREATED, note=note)
         if created:
             # One event for a new run: the creation, with the phase it starts in.
             note = f"created JobSet {key[1]}; phase {derived.status.phase}"
@@ -375,6 +421,21 @@ class Reconciler:
         self.queue.add_after(key, POD_CREATE_POLL_S)
         return message
 
+    def _preflight(self, key: Key, uid: str, plan: Plan, prior: RLJobStatus | None) -> PreflightStatus | None:
+        """Where this plan's compile preflight stands: from its Job (this RLJob's own, by uid) and its failed
+        pod's termination message; else the outcome the status kept (the Job gone after its TTL); None
+        when the preflight is off or its Job must be created (also when a running one disappeared)."""
+        name = plan.preflight_job
+        if name is None:
+            return None
+        view = (self.caches.preflights.get(key) or {}).get(name)
+        if view is not None and uid and view.owner_uid == uid:
+            return preflight_outcome(view, self.caches.preflight_pods.get(key))
+        kept = prior.preflight if prior is not None else None
+        if kept is not None and kept.job == name and kept.state != PreflightState.RUNNING:
+            return kept
+        return None
+
     def _owned_jobset(self, key: Key, uid: str) -> JobSetView | None:
         js = self.caches.jobsets.get(key)
         return js if js is not None and uid and js.owner_uid == uid else None
@@ -383,10 +444,13 @@ class Reconciler:
         entry = self.caches.progress.get(key)
         return entry if entry is not None and uid and entry.owner_uid == uid else None
 
-    async def _create_children(self, key: Key, body: Mapping[str, Any], plan: Plan) -> None:
+    async def _create_children(
+        self, key: Key, body: Mapping[str, Any], plan: Plan, *, preflight_only: bool = False
+    ) -> None:
         """Every object of a new run. In waves: the ServiceAccount, Role, ConfigMaps (the progress one too)
         and the run's credentials Secret concurrently; then the RoleBinding (the API server resolves its
-        Role to check escalation: 404 before it exists); then the JobSet, whose pods need all of them.
+        Role to check escalation: 404 before it exists); then the JobSet, whose pods need all of them, or
+        with ``preflight_only`` the compile preflight's Job instead (its pod mounts the run ConfigMap).
         Created (POST), or server-side applied where one of ours exists already (k8s.Kube.create; NotOwned
         for one that is not ours)."""
         if not plan.objects:
@@ -403,6 +467,9 @@ class Reconciler:
             if first:
                 self.caches.put_progress(key, resps[0])
                 first = False
+        if preflight_only:
+            self.caches.put_preflight(key, await self.kube.create(owned(plan.preflight or {}, body)))
+            return
         resp = await self.kube.create(owned(plan.jobset or {}, body))
         self.caches.put_jobset(key, resp)
 
@@ -510,11 +577,12 @@ def _create_error(exc: Exception) -> tuple[str, str]:
     return c.REASON_CREATE_FAILED, f"creating the run's objects failed (retrying): {text}"
 
 
-_LATER = {"RoleBinding": 1, "JobSet": 2}
+_LATER = {"RoleBinding": 1, "Job": 2, "JobSet": 2}
 
 
 def _waves(objects: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Children other than the JobSet, grouped by what must exist before them (see reconcile)."""
+    """Children other than the JobSet and the preflight Job, grouped by what must exist before them (see
+    reconcile)."""
     waves: list[list[dict[str, Any]]] = [[], []]
     for obj in objects:
         rank = _LATER.get(str(obj.get("kind")), 0)

@@ -15,6 +15,11 @@ Rules (the tests in tests/operator/test_status.py are the table of cases):
   retries with backoff. So does a Job of the run whose pods the API server refuses (Pod Security
   admission, a quota): the Job controller's FailedCreate event, read by the reconcile while the run
   waits for pods, is the message (PodCreateFailed), until the pods exist and are ready.
+- The compile preflight (spec.trainer.preflight.compile): while its Job runs the run is Pending with
+  Ready=False (PreflightCompiling) and no JobSet exists; a refusal (exit 2) keeps it Pending with Ready=False
+  (CompileDoesNotFit, the refusal's lines from the pod's termination message) and a Warning event, any other
+  failure likewise (PreflightFailed); the JobSet is created only after the Job succeeded. The outcome is kept
+  in status.preflight, so a Job deleted by its TTL is not run again.
 - A JobSet that disappears before its outcome was observed makes the run Failed (JobSetDeleted): the
   operator does not guess whether it finished, and never silently starts the run over.
 - Restarts, per role (rljob.recipes.failure): the run's (a trainer crash restarts every Job) are the
@@ -30,6 +35,7 @@ Rules (the tests in tests/operator/test_status.py are the table of cases):
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +47,8 @@ from rljob.recipes.api import (
     FailureClass,
     LastFailure,
     Phase,
+    PreflightState,
+    PreflightStatus,
     ProgressReport,
     Restarts,
     RLJobStatus,
@@ -256,6 +264,106 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
     return None
 
 
+# ------------------------------------------------------------------------------ the compile preflight
+
+# The Job controller's Failed condition of a pod failure policy's FailJob rule: "Container compile for pod
+# ns/name failed with exit code 2 matching FailJob rule at index 0" (kubernetes pkg/controller/job).
+_EXIT_CODE = re.compile(r"failed with exit code (\d+)")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreflightView:
+    """The few fields of a compile preflight Job (rljob.recipes.render.preflight_job) the operator needs."""
+
+    name: str
+    uid: str
+    resource_version: str
+    owner_uid: str = ""
+    succeeded: bool = False
+    failed: bool = False
+    reason: str = ""
+    message: str = ""
+    exit_code: int | None = None  # from the Failed condition of the Job's pod failure policy
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PreflightView:
+        meta = body.get("metadata") or {}
+        conds = {
+            str(x.get("type")): x
+            for x in (body.get("status") or {}).get("conditions") or []
+            if x.get("status") == "True"
+        }
+        failed = conds.get("Failed") or {}
+        message = " ".join(str(failed.get("message") or "").split())
+        code = _EXIT_CODE.search(message)
+        return cls(
+            name=str(meta.get("name", "")),
+            uid=str(meta.get("uid", "")),
+            resource_version=str(meta.get("resourceVersion", "")),
+            owner_uid=controller_uid(meta),
+            succeeded="Complete" in conds,
+            failed=bool(failed),
+            reason=str(failed.get("reason") or ""),
+            message=message,
+            exit_code=int(code[1]) if code else None,
+        )
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PreflightPod:
+    """What a failed compile preflight pod said: its Job, its container's exit code and termination
+    message (the refusal lines compilecheck wrote to /dev/termination-log, or with FallbackToLogsOnError
+    the end of its log)."""
+
+    job: str
+    exit_code: int | None
+    message: str
+
+
+def preflight_pod(pod: Mapping[str, Any]) -> PreflightPod | None:
+    """The failure of a preflight pod, or None while it has not failed."""
+    meta = pod.get("metadata") or {}
+    status = pod.get("status") or {}
+    job = str((meta.get("labels") or {}).get(c.JOB_NAME_LABEL, ""))
+    if status.get("phase") != "Failed":
+        return None
+    for cs in status.get("containerStatuses") or []:
+        term = (cs.get("state") or {}).get("terminated") or {}
+        code = term.get("exitCode")
+        if isinstance(code, int) and code != 0:
+            return PreflightPod(job, code, str(term.get("message") or ""))
+    said = f"pod {meta.get('name', '')}: {status.get('reason') or 'Failed'}"
+    if status.get("message"):
+        said += f": {status['message']}"
+    return PreflightPod(job, None, said)
+
+
+def preflight_outcome(view: PreflightView, pod: PreflightPod | None) -> PreflightStatus:
+    """Where a preflight Job stands: Running, Succeeded, DoesNotFit (exit 2: its lines) or Failed."""
+    if view.succeeded:
+        return PreflightStatus(job=view.name, state=PreflightState.SUCCEEDED, message="every program fits")
+    if not view.failed:
+        return PreflightStatus(job=view.name, state=PreflightState.RUNNING)
+    ours = pod if pod is not None and pod.job == view.name else None
+    code = ours.exit_code if ours is not None and ours.exit_code is not None else view.exit_code
+    lines = [x.strip() for x in (ours.message if ours else "").splitlines() if x.strip()]
+    if code == 2:
+        text = "\n".join(lines) or f"Job {view.name}: {view.message}"
+        return PreflightStatus(job=view.name, state=PreflightState.DOES_NOT_FIT, message=text[:4000])
+    text = f"Job {view.name} failed" + (f" with exit code {code}" if code is not None else "")
+    text += f" ({view.reason}: {view.message})" if view.reason else ""
+    if lines:
+        text += ": " + " ".join(lines[-5:])[-2000:]
+    return PreflightStatus(job=view.name, state=PreflightState.FAILED, message=text[:4000])
+
+
+_PREFLIGHT_REASONS = {
+    PreflightState.RUNNING: c.REASON_PREFLIGHT_RUNNING,
+    PreflightState.DOES_NOT_FIT: c.REASON_COMPILE_DOES_NOT_FIT,
+    PreflightState.FAILED: c.REASON_PREFLIGHT_FAILED,
+}
+
+
 # ------------------------------------------------------------------------------------------- status
 
 
@@ -280,6 +388,9 @@ class Observed:
     create_error: tuple[str, str] | None = None
     # The newest FailedCreate of the run's Jobs (their pods refused by the API server): its message.
     pod_create_error: str | None = None
+    # The compile preflight of this plan (spec.trainer.preflight.compile): where its Job stands; None when
+    # the preflight is off or its Job is not created yet.
+    preflight: PreflightStatus | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -494,6 +605,16 @@ def _phase_and_reasons(
             )
         if obs.create_error is not None:
             return Phase.PENDING, *obs.create_error
+        pf = obs.preflight
+        if pf is not None and pf.state != PreflightState.SUCCEEDED:
+            if pf.state == PreflightState.RUNNING:
+                message = (
+                    f"Job {pf.job} compiles the trainer's programs on a CPU pod; the JobSet is created once "
+                    "they fit"
+                )
+            else:
+                message = pf.message or f"Job {pf.job} failed"
+            return Phase.PENDING, _PREFLIGHT_REASONS[pf.state], message
         if obs.suspend:
             return Phase.SUSPENDED, c.REASON_SUSPENDED_BY_USER, "spec.suspend is true"
         return Phase.PENDING, c.REASON_WAITING_FOR_PODS, "creating the JobSet"
@@ -543,7 +664,10 @@ def _phase_and_reasons(
     )
 
 
-_CREATE_REASONS = frozenset({c.REASON_CREATE_FAILED, c.REASON_POD_CREATE_FAILED, c.REASON_NOT_OWNED})
+# Reasons the Ready condition shows itself while the run waits (the others show WaitingForPods).
+_CREATE_REASONS = frozenset(
+    {c.REASON_CREATE_FAILED, c.REASON_POD_CREATE_FAILED, c.REASON_NOT_OWNED, *_PREFLIGHT_REASONS.values()}
+)
 
 
 def _conditions(
@@ -665,6 +789,7 @@ def derive_status(obs: Observed) -> Derived:
         roles=roles,
         progress=progress,
         url=obs.api_url or (prior.url if prior else None),
+        preflight=obs.preflight or (prior.preflight if prior else None),
     )
     events: list[Event] = []
     prior_phase = prior.phase if prior else None
@@ -685,7 +810,14 @@ def derive_status(obs: Observed) -> Derived:
 
 
 _WARN_REASONS = frozenset(
-    {c.REASON_CREATE_FAILED, c.REASON_POD_CREATE_FAILED, c.REASON_NOT_OWNED, c.REASON_SPEC_NO_LONGER_PLANS}
+    {
+        c.REASON_CREATE_FAILED,
+        c.REASON_POD_CREATE_FAILED,
+        c.REASON_NOT_OWNED,
+        c.REASON_SPEC_NO_LONGER_PLANS,
+        c.REASON_COMPILE_DOES_NOT_FIT,
+        c.REASON_PREFLIGHT_FAILED,
+    }
 )
 
 

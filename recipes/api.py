@@ -325,6 +325,36 @@ class PodTemplate(ApiModel):
     spec: PodTemplateSpec | None = Field(default=None, description="Pod and container overrides.")
 
 
+_Quantity = Annotated[str, StringConstraints(pattern=_QUANTITY, max_length=64)]
+
+
+class PreflightSpec(ApiModel):
+    """An opt-in compile preflight: before the TPU JobSet exists, a CPU pod of the trainer image compiles
+    the trainer's programs at full size for the run's TPU topology with libtpu's compiler
+    (`python -m rljob.trainer.compilecheck`, docs/drill.md "Starting without compiling")."""
+
+    compile: bool | None = Field(
+        default=None,
+        description="Run the preflight. It costs one CPU pod of the trainer image (no TPU) with `cpu` and "
+        "`memory` below, for the length of the compile: the full-size Qwen3.5-397B compile used under 4 GB "
+        "resident and about 20 CPU-minutes, Qwen3-8B about 1-2 CPU-minutes. It buys: a run that does not "
+        "fit its TPU's HBM is refused (Ready=False, reason CompileDoesNotFit, one line per problem naming "
+        "the field, and a Warning event) before any TPU is requested, and the compiled programs are written "
+        "to JAX's persistent compilation cache under spec.storage's cache/ (jax-trainer/), which the trainer "
+        "pods restore before they compile. " + _default("trainer.preflight.compile"),
+    )
+    cpu: _Quantity | None = Field(
+        default=None,
+        description="CPU requested by the preflight pod (a resource quantity). "
+        + _default("trainer.preflight.cpu"),
+    )
+    memory: _Quantity | None = Field(
+        default=None,
+        description="Memory requested and limited for the preflight pod (a resource quantity). "
+        + _default("trainer.preflight.memory"),
+    )
+
+
 class TrainerSpec(ApiModel):
     """The MaxText trainer (rljob's GRPO loop on MaxText models, LoRA via qwix)."""
 
@@ -377,6 +407,12 @@ class TrainerSpec(ApiModel):
     logprobs: LogprobsSpec | None = Field(default=None, description="Block sizes of the fused log-prob head.")
     template: PodTemplate | None = Field(
         default=None, description="Overrides of the trainer pods (env, Secrets, volumes, scheduling)."
+    )
+    preflight: PreflightSpec | None = Field(
+        default=None,
+        description="The opt-in compile preflight on a CPU pod before the TPU JobSet is created (the "
+        "preflight pod takes the trainer template's env, envFrom, volumes, volume mounts, ServiceAccount "
+        "and pod labels and annotations, not its scheduling).",
     )
 
 
@@ -957,6 +993,27 @@ class ProgressReport(ApiModel):
     update_time: datetime | None = Field(default=None, description="When the report was written.")
 
 
+class PreflightState(StrEnum):
+    """Where the compile preflight of a run stands."""
+
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    DOES_NOT_FIT = "DoesNotFit"
+    FAILED = "Failed"
+
+
+class PreflightStatus(ApiModel):
+    """The compile preflight's Job and outcome (spec.trainer.preflight), kept after the Job is gone."""
+
+    job: str = Field(description="Name of the preflight Job (it names a digest of what it compiles).")
+    state: PreflightState = Field(description="Running, Succeeded, DoesNotFit or Failed.")
+    message: str | None = Field(
+        default=None,
+        description="What the compile said: one line per problem for DoesNotFit.",
+        max_length=4096,
+    )
+
+
 class RLJobStatus(ApiModel):
     """Observed state of an RLJob (written by the operator)."""
 
@@ -973,6 +1030,9 @@ class RLJobStatus(ApiModel):
     url: str | None = Field(
         default=None,
         description="In-cluster URL of the API the trainer serves (spec.service), e.g. the Tinker API.",
+    )
+    preflight: PreflightStatus | None = Field(
+        default=None, description="The compile preflight (spec.trainer.preflight.compile); None: not run."
     )
 
 
@@ -1050,6 +1110,9 @@ __all__ = [
     "PodMetadata",
     "PodTemplate",
     "PodTemplateSpec",
+    "PreflightSpec",
+    "PreflightState",
+    "PreflightStatus",
     "ProgressReport",
     "RLJob",
     "RLJobSpec",

@@ -18,6 +18,8 @@ JOBSET_VERSION = "v1alpha2"
 JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 TRAINER = "trainer"
 SAMPLER = "sampler"
+PREFLIGHT_DIGEST = 8  # hex digits of the preflight Job's digest
+PREFLIGHT_LABEL = "rljob.dev/preflight"  # on the preflight Job and its pod: the operator watches these
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -53,6 +55,12 @@ def progress_configmap(rljob: str) -> str:
 def credentials_secret(rljob: str) -> str:
     """The Secret holding the run's token (created by the operator, rljob.common.credentials)."""
     return f"{rljob}-credentials"
+
+
+def preflight_job(rljob: str, digest: str) -> str:
+    """The compile preflight's Job (spec.trainer.preflight): ``digest`` names what it compiles
+    (rljob.recipes.render.preflight_digest), so a run whose compiled programs change gets a new one."""
+    return f"{rljob}-compile-{digest}"
 
 
 def service_account(rljob: str) -> str:
@@ -94,6 +102,7 @@ def generated(rljob: str, roles: dict[str, tuple[int, int]]) -> dict[str, str]:
         "credentials Secret": credentials_secret(rljob),
         "ServiceAccount": service_account(rljob),
         "API Service": api_service(rljob),
+        "preflight Job": preflight_job(rljob, "x" * PREFLIGHT_DIGEST),
     }
     for role, (replicas, pods) in roles.items():
         names[f"{role} Job"] = job(rljob, role, replicas - 1)

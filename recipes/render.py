@@ -15,6 +15,7 @@ render ~4x slower (PyYAML builds each node in Python), and the operator renders 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
@@ -30,6 +31,7 @@ from rljob.recipes.runconfig import (
     CONFIG_KEY,
     CONFIG_PATH,
     COORDINATOR_PORT,
+    LOCAL_CACHE_ENV,
     RAY_AUTH_MODE_ENV,
     RAY_AUTH_TOKEN_ENV,
     RAY_HEAD_ENV,
@@ -316,6 +318,88 @@ def jobset(run: RunConfig) -> dict[str, Any]:
     return obj
 
 
+PREFLIGHT_CONTAINER = "compile"
+PREFLIGHT_TTL_SECONDS = 24 * 3600  # a finished preflight Job is kept a day (its outcome stays in the status)
+TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePath (Kubernetes' default)
+
+
+def preflight_digest(run: RunConfig) -> str:
+    """What the compile preflight compiles, as hex digits: the run config without the two fields that may
+    change while a run exists (spec.suspend, spec.queueName), which compile nothing."""
+    spec = run.spec.model_copy(update={"suspend": False, "queue_name": None})
+    stable = run.model_copy(update={"spec": spec})
+    text = stable.model_dump_json(exclude_none=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[: naming.PREFLIGHT_DIGEST]
+
+
+def preflight_job(run: RunConfig) -> dict[str, Any] | None:
+    """The compile preflight (spec.trainer.preflight.compile): a Job of one CPU pod of the trainer image
+    running `python -m rljob.trainer.compilecheck` on the run ConfigMap, mounted as the trainer's is, with
+    the trainer template's env, envFrom, volumes and ServiceAccount (its storage credentials) and the
+    trainer pods' security contexts; no TPU, no TPU node selector or toleration. It writes JAX's persistent
+    compilation cache to `{storage}/cache/jax-trainer/` (rljob.common.caches) and, on a refusal, one line
+    per problem to its termination log. None when the preflight is off."""
+    pf = run.spec.trainer.preflight
+    if not pf.compile:
+        return None
+    template = _template(run, naming.TRAINER)
+    disk = _cache_disk(run, naming.TRAINER)
+    own = {**labels(run, "preflight"), naming.PREFLIGHT_LABEL: "true"}
+    env = [
+        {"name": CONFIG_ENV, "value": CONFIG_PATH},
+        {"name": "RLJOB_NAME", "value": run.name},
+        {"name": "RLJOB_ROLE", "value": "preflight"},
+        {"name": "POD_NAME", **_field("metadata.name")},
+        {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
+        # JAX's own backend stays on the CPU; libtpu compiles for the topology (trainer/compilecheck.py).
+        {"name": "JAX_PLATFORMS", "value": "cpu"},
+        {"name": LOCAL_CACHE_ENV, "value": disk.path},
+    ]
+    command = [
+        "python",
+        "-m",
+        "rljob.trainer.compilecheck",
+        "--config",
+        CONFIG_PATH,
+        "--cache-dir",
+        disk.path,
+        "--termination-log",
+        TERMINATION_LOG,
+    ]
+    obj: dict[str, Any]
+    (obj,) = _render(
+        "preflight.yaml.j2",
+        name=naming.preflight_job(run.name, preflight_digest(run)),
+        namespace=run.namespace,
+        labels=own,
+        ttl_seconds=PREFLIGHT_TTL_SECONDS,
+        container=PREFLIGHT_CONTAINER,
+        pod_labels={**own, **overrides.pod_labels(template)},
+        pod_annotations=overrides.pod_annotations(template),
+        service_account=overrides.service_account(template) or naming.service_account(run.name),
+        pod_security=podspec.pod_security_context(),
+        container_security=podspec.container_security_context(),
+        termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
+        priority_class_name=run.spec.priority_class_name,
+        image=run.spec.trainer.image,
+        command=command,
+        env=env + overrides.env(template),
+        env_from=overrides.env_from(template),
+        resources={
+            "requests": {"cpu": pf.cpu, "memory": pf.memory, "ephemeral-storage": disk.size_limit},
+            "limits": {"memory": pf.memory},
+        },
+        config_dir=CONFIG_DIR,
+        cache_volume=CACHE_VOLUME,
+        cache_path=disk.path,
+        cache_size_limit=disk.size_limit,
+        volume_mounts=overrides.volume_mounts(template),
+        volumes=overrides.volumes(template),
+        run_configmap=naming.run_configmap(run.name),
+    )
+    return obj
+
+
 # Kubernetes refuses a ConfigMap whose data exceeds 1 MiB (corev1 validation: MaxSecretSize applies to
 # ConfigMaps too).
 CONFIGMAP_MAX_BYTES = 1 << 20
@@ -455,7 +539,9 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
 def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
-    cover), then the JobSet. `rljob render` prints exactly
+    cover), the compile preflight's Job (spec.trainer.preflight.compile), then the JobSet. The operator
+    creates the preflight Job before the JobSet and the JobSet only once the Job succeeded. `rljob render`
+    prints exactly
     these and the operator applies exactly these (plus the progress ConfigMap and the run's credentials
     Secret, whose random token no render holds: rljob.common.credentials). Raises
     PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
@@ -464,4 +550,12 @@ def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:
     """The objects of a resolved run, in apply order (see `render`)."""
-    return [*access(run), configmap(run), *api_service(run), *network_policies(run), jobset(run)]
+    pre = preflight_job(run)
+    return [
+        *access(run),
+        configmap(run),
+        *api_service(run),
+        *network_policies(run),
+        *([pre] if pre else []),
+        jobset(run),
+    ]

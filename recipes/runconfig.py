@@ -228,6 +228,14 @@ class ResolvedLogprobs(_Resolved):
     vocab_chunk: _Count = Field(description="Vocabulary columns per chunk.")
 
 
+class ResolvedPreflight(_Resolved):
+    """spec.trainer.preflight, resolved."""
+
+    compile: bool = Field(description="Run the compile preflight before the JobSet is created.")
+    cpu: str = Field(description="CPU requested by the preflight pod.")
+    memory: str = Field(description="Memory requested and limited for the preflight pod.")
+
+
 class ResolvedTrainer(_Resolved):
     """spec.trainer, resolved (its TPU, mesh and MaxText keys: RunConfig.trainer)."""
 
@@ -239,6 +247,7 @@ class ResolvedTrainer(_Resolved):
     micro_batch_size: _Count = Field(description="Packed rows per micro-step over all devices.")
     logprobs: ResolvedLogprobs = Field(description="Block sizes of the fused log-prob head.")
     template: PodTemplate | None = Field(default=None, description="Pod overrides; None: none.")
+    preflight: ResolvedPreflight = Field(description="The compile preflight.")
 
 
 class ResolvedSampler(_Resolved):
@@ -431,6 +440,7 @@ __all__ = [
     "ResolvedLora",
     "ResolvedModel",
     "ResolvedPacking",
+    "ResolvedPreflight",
     "ResolvedSampler",
     "ResolvedService",
     "ResolvedSpec",

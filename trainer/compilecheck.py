@@ -29,6 +29,12 @@ Prints one JSON line: ``{"compile": {"topology": "v5p:2x2x1", "type": "v5p-8", "
 a program does not fit the device's HBM (the compiler's out-of-memory, or the peak above the capacity), one
 line per program on stderr naming the fields that drive its size and an estimate that fits; 1 on anything
 else (our bug, with the traceback).
+
+``--cache-dir DIR``: the compiled programs are also written to JAX's persistent compilation cache in
+``DIR/jax-trainer`` and uploaded to the run's ``{storage}/cache/jax-trainer/``, the layout the trainer pods
+restore before they compile (:func:`rljob.common.caches.jax_compilation_cache`, the same call the trainer
+makes); ``--termination-log PATH``: the refusal lines are also written there (the operator's compile
+preflight, docs/operator.md, reads them from the pod's termination message).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
@@ -446,18 +453,39 @@ def compile_run(
     return report, refusals
 
 
+def compilation_cache(rc: RunConfig, cache_dir: str) -> Any:
+    """Point this process's JAX at the trainer's persistent compilation cache under ``cache_dir`` (restored
+    from ``{storage}/cache/jax-trainer/`` first): the rljob.common.caches.CacheSync to close after the
+    compile, which uploads the entries the compile wrote."""
+    import jax
+    from rljob.common import caches
+
+    return caches.jax_compilation_cache(
+        caches.JAX_TRAINER, rc.storage.cache, Path(cache_dir), jax.config.update, rc.trainer.maxtext
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m rljob.trainer.compilecheck", description=__doc__.splitlines()[0]
     )
     p.add_argument("--config", required=True)
     p.add_argument("--keys", help="JSON of MaxText keys to use instead of the run config's (tests)")
+    p.add_argument("--cache-dir", help="write JAX's compilation cache here and upload it to {storage}/cache/")
+    p.add_argument("--termination-log", help="also write the refusal lines to this file")
     args = p.parse_args(argv)
     rc = RunConfig.load(args.config)
     keys = json.loads(args.keys) if args.keys else None
-    report, refusals = compile_run(rc, keys, log=lambda m: print(m, file=sys.stderr, flush=True))
+    sync = compilation_cache(rc, args.cache_dir) if args.cache_dir else None
+    try:
+        report, refusals = compile_run(rc, keys, log=lambda m: print(m, file=sys.stderr, flush=True))
+    finally:
+        if sync is not None:
+            print(f"cache jax-trainer: {sync.close()} new files saved to {sync.uri}", file=sys.stderr)
     for line in refusals:
         print(line, file=sys.stderr)
+    if refusals and args.termination_log:
+        Path(args.termination_log).write_text("\n".join(refusals) + "\n", encoding="utf-8")
     print(json.dumps({"compile": report}), flush=True)
     return EXIT_OK if not refusals else EXIT_BAD_CONFIG
 

@@ -104,8 +104,11 @@ def test_rbac_is_least_privilege(helm: Path) -> None:
         assert "delete" not in rule["verbs"], rule
     pods = [r for r in rules if "pods" in r["resources"]]
     assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
-    jobs = [r for r in rules if "jobs" in r["resources"]]  # dry runs only (rljob.operator.reconcile)
-    assert jobs == [{"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["create"]}]
+    # Dry runs of the JobSet's Jobs, and the compile preflight's Job (rljob.operator.reconcile): no delete.
+    jobs = [r for r in rules if "jobs" in r["resources"]]
+    assert jobs == [
+        {"apiGroups": ["batch"], "resources": ["jobs"], "verbs": ["get", "list", "watch", "create", "patch"]}
+    ]
     rljobs = next(r for r in rules if r["resources"] == ["rljobs"])
     assert rljobs["verbs"] == ["get", "list", "watch"]
 

@@ -28,7 +28,9 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
     code, out, err = run(capsys, "render", "-f", str(path))
     assert (code, err) == (0, "")
     docs = list(yaml.safe_load_all(out))
-    served = "service" in yaml.safe_load(path.read_text())["spec"]  # spec.service
+    spec = yaml.safe_load(path.read_text())["spec"]
+    served = "service" in spec  # spec.service
+    preflight = (spec.get("trainer") or {}).get("preflight", {}).get("compile", False)
     assert [d["kind"] for d in docs] == [
         "ServiceAccount",
         "Role",
@@ -37,6 +39,7 @@ def test_examples_render_validate_plan(capsys: pytest.CaptureFixture[str], path:
         *(["Service"] if served else []),
         "NetworkPolicy",
         *(["NetworkPolicy"] if served else []),
+        *(["Job"] if preflight else []),  # spec.trainer.preflight.compile
         "JobSet",
     ]
     code, out, err = run(capsys, "validate", "-f", str(path))
@@ -87,6 +90,25 @@ def test_plan_shows_each_roles_bytes_per_device_and_validate_refuses_what_cannot
     code, out, err = run(capsys, "validate", "-f", str(path))
     assert code == 2 and out == ""
     assert [ln.split(":")[0] for ln in err.splitlines()] == ["spec.trainer.tpu", "spec.sampler.tpu"]
+
+
+def test_plan_shows_the_compile_preflight(capsys: pytest.CaptureFixture[str]) -> None:
+    """spec.trainer.preflight: off in the demo; on in the Qwen3.5 example, with its Job and resources."""
+    from rljob.recipes import naming, plan, render
+
+    code, out, _ = run(capsys, "plan", "-f", str(DEMO))
+    assert code == 0 and "  compile preflight: off (spec.trainer.preflight.compile)" in out.splitlines()
+    path = REPO / "examples" / "qwen3.5-397b-tpu7x-256chips.yaml"
+    job = naming.preflight_job(
+        "q397b-ep1", render.preflight_digest(plan.resolve(plan.parse_manifest(path.read_text())))
+    )
+    code, out, _ = run(capsys, "plan", "-f", str(path))
+    want = (
+        f"  compile preflight: Job {job} (trainer image, CPU only: 4 CPU, 8Gi memory) compiles the "
+        "trainer's programs for tpu7x-512 x 1 before the JobSet is created; a program that does not fit "
+        "refuses the run"
+    )
+    assert code == 0 and want in out.splitlines()
 
 
 def test_plan_of_a_tpu7x_sampler_says_vllm_recommends_it(capsys: pytest.CaptureFixture[str]) -> None:

@@ -115,6 +115,8 @@ def test_namespaced_mode_grants_only_the_served_namespace(
         ("create", "events.events.k8s.io"),
         ("create", "secrets"),  # each run's credentials Secret (get: read back after a 409)
         ("get", "secrets"),
+        ("create", "jobs.batch"),  # the compile preflight's Job (spec.trainer.preflight.compile)
+        ("watch", "jobs.batch"),
     ]:
         assert can_i(cluster, sa, verb, resource, namespace), f"{verb} {resource} in {namespace}"
     # Never: other Secret verbs, deletes, pods of its own, anything cluster-scoped for the children.
@@ -126,6 +128,7 @@ def test_namespaced_mode_grants_only_the_served_namespace(
         ("delete", "jobsets.jobset.x-k8s.io"),
         ("delete", "configmaps"),
         ("create", "pods"),
+        ("delete", "jobs.batch"),
         ("update", "rljobs.rljob.dev"),
         ("escalate", "roles.rbac.authorization.k8s.io"),
         ("bind", "roles.rbac.authorization.k8s.io"),

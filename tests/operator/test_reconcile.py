@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+from fixtures.memkube import MemoryKube, run, setup
 from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s
@@ -22,99 +23,6 @@ from rljob.operator.reconcile import POD_CREATE_POLL_S, Reconciler, owned
 from rljob.operator.status import controller_uid
 from rljob.operator.workqueue import WorkQueue
 from rljob.recipes.render import render
-
-
-class MemoryKube:
-    """Just enough of k8s.Kube: stores applied objects, records every write."""
-
-    def __init__(self) -> None:
-        self.objects: dict[tuple[str, str, str], dict[str, Any]] = {}
-        self.writes: list[tuple[str, str, str, str]] = []
-        self.rv = 100
-        self.fail: dict[str, Exception] = {}  # kind -> what a create of that kind raises
-        self.events: list[dict[str, Any]] = []  # core/v1 Events that `list` serves
-        self.lists: list[tuple[str, str | None]] = []  # (plural, field selector) of every list
-
-    def _next_rv(self) -> str:
-        self.rv += 1
-        return str(self.rv)
-
-    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
-        """k8s.Kube.create: a POST; when the object exists, a server-side apply if it has the same
-        controller owner (a JobSet or the credentials Secret is read back as it is), NotOwned otherwise."""
-        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        if obj["kind"] in self.fail:
-            raise self.fail[obj["kind"]]
-        if key in self.objects:
-            owner = controller_uid(self.objects[key]["metadata"])
-            if not owner or owner != controller_uid(obj["metadata"]):
-                raise k8s.NotOwned(key[0], key[1], key[2], owner)
-            if key[0] in ("JobSet", "Secret"):
-                return copy.deepcopy(self.objects[key])
-            return await self.apply(obj)
-        return await self._store("create", obj)
-
-    async def apply(self, obj: dict[str, Any]) -> dict[str, Any]:
-        return await self._store("apply", obj)
-
-    async def dry_run_create(self, kind: k8s.Kind, obj: dict[str, Any]) -> dict[str, Any]:
-        """k8s.Kube.dry_run_create: nothing stored; `fail["Job dry run"]` raises."""
-        self.writes.append(("dry-run", obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"]))
-        if "Job dry run" in self.fail:
-            raise self.fail["Job dry run"]
-        return copy.deepcopy(obj)
-
-    async def _store(self, verb: str, obj: dict[str, Any]) -> dict[str, Any]:
-        key = (obj["kind"], obj["metadata"]["namespace"], obj["metadata"]["name"])
-        self.writes.append((verb, *key))
-        stored = copy.deepcopy(obj)
-        stored["metadata"].update(uid=f"uid-{key[2]}", resourceVersion=self._next_rv())
-        self.objects[key] = stored
-        return copy.deepcopy(stored)
-
-    async def apply_status(
-        self, kind: k8s.Kind, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any]:
-        self.writes.append(("status", "RLJob", namespace, name))
-        obj = self.objects[("RLJob", namespace, name)]
-        obj["status"] = copy.deepcopy(status)
-        obj["metadata"]["resourceVersion"] = self._next_rv()
-        return copy.deepcopy(obj)
-
-    async def merge_patch(
-        self, kind: k8s.Kind, namespace: str, name: str, patch: dict[str, Any]
-    ) -> dict[str, Any]:
-        self.writes.append(("patch", "JobSet", namespace, name))
-        obj = self.objects[("JobSet", namespace, name)]
-        obj["spec"].update(patch["spec"])
-        obj["metadata"]["resourceVersion"] = self._next_rv()
-        return copy.deepcopy(obj)
-
-    async def post_event(self, regarding: dict[str, Any], *, type_: str, reason: str, note: str) -> None:
-        self.writes.append(("event", reason, "", ""))
-
-    async def list(
-        self,
-        kind: k8s.Kind,
-        *,
-        namespace: str | None = None,
-        label_selector: str | None = None,
-        field_selector: str | None = None,
-    ) -> list[dict[str, Any]]:
-        self.lists.append((kind.plural, field_selector))
-        return copy.deepcopy(self.events) if kind == k8s.CORE_EVENT else []
-
-
-def setup(body: dict[str, Any]) -> tuple[Reconciler, MemoryKube]:
-    kube = MemoryKube()
-    kube.objects[("RLJob", "ns", body["metadata"]["name"])] = copy.deepcopy(body)
-    rec = Reconciler(kube, render)  # type: ignore[arg-type]
-    rec.observe_rljob(None, body)
-    return rec, kube
-
-
-def run(coro: Any) -> Any:
-    return asyncio.run(coro)
 
 
 def test_first_reconcile_creates_children_and_writes_status_once() -> None:

@@ -54,6 +54,7 @@ def test_generated_names_exact() -> None:
         "credentials Secret": "rl-credentials",
         "ServiceAccount": "rl-rljob",
         "API Service": "rl-api",
+        "preflight Job": "rl-compile-xxxxxxxx",
         "trainer Job": "rl-trainer-1",
         "trainer Pod hostname": "rl-trainer-1-3",
         "trainer Pod name": "rl-trainer-1-3-xxxxx",

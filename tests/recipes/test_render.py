@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fixtures.recipes import manifest, objects, recipe_manifest, resolve
 from rljob.recipes import render
 from rljob.recipes.runconfig import RunConfig
@@ -286,3 +288,41 @@ def test_pods_meet_the_restricted_profile_but_for_the_named_exception(spec: dict
                 "limits": {"google.com/tpu": chips},
             }
             assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+
+
+def test_the_preflight_job_is_the_trainer_pod_without_the_tpu() -> None:
+    """spec.trainer.preflight.compile: the trainer template's env, volumes, mounts, annotations and
+    ServiceAccount reach the preflight pod (its storage credentials); its TPU, node selector and tolerations
+    do not."""
+    path = Path(__file__).resolve().parents[2] / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml"
+    doc = yaml.safe_load(path.read_text())
+    assert render.preflight_job(resolve(doc)) is None  # off by default
+    doc["spec"]["trainer"]["preflight"] = {"compile": True, "memory": "12Gi"}
+    run = resolve(doc)
+    job = render.preflight_job(run)
+    assert job is not None and [o["kind"] for o in render.objects(run)][-2:] == ["Job", "JobSet"]
+    pod = job["spec"]["template"]
+    (c,) = pod["spec"]["containers"]
+    js = render.jobset(run)["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]
+    (trainer,) = js["spec"]["containers"]
+    assert c["image"] == trainer["image"] and c["securityContext"] == trainer["securityContext"]
+    assert pod["spec"]["securityContext"] == js["spec"]["securityContext"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in c[
+        "env"
+    ]
+    assert {"name": "prompts", "mountPath": "/data", "readOnly": True} in c["volumeMounts"]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["run-config", "rljob-cache", "prompts"]
+    assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
+    assert pod["spec"]["serviceAccountName"] == js["spec"]["serviceAccountName"]
+    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+    assert (
+        c["resources"]["limits"] == {"memory": "12Gi"} and "google.com/tpu" not in c["resources"]["requests"]
+    )
+    # The digest names what is compiled: suspend and queueName do not change it, a MaxText key does.
+    name = job["metadata"]["name"]
+    same = copy.deepcopy(doc)
+    same["spec"].update(suspend=True, queueName="q")
+    assert render.preflight_job(resolve(same))["metadata"]["name"] == name  # type: ignore[index]
+    other = copy.deepcopy(doc)
+    other["spec"]["trainer"]["maxtext"] = {"remat_policy": "full"}
+    assert render.preflight_job(resolve(other))["metadata"]["name"] != name  # type: ignore[index]

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+from rljob.common import caches
 from rljob.recipes import miniature
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
@@ -288,3 +289,47 @@ def test_the_parity_gate_scores_the_train_steps_rows_not_the_whole_mesh() -> Non
     progs = {p.name: p for p in compilecheck.programs(policy, Trainer(policy, step), step.pack_config())}
     assert progs["parity_logprobs"].args[2].shape == (4, step.budget) and step.rows == 4
     assert parity_pack(step.pack_config(), 8).rows == 8  # the old rounding, which this test would catch
+
+
+def test_cache_dir_uploads_the_programs_where_the_trainer_restores_them(tmp_path: Path) -> None:
+    """`--cache-dir`: the operator's compile preflight (docs/operator.md) leaves the compiled programs in the
+    run's `{storage}/cache/jax-trainer/`, where the trainer pods restore JAX's compilation cache from
+    (rljob.common.caches); a local directory stands in for the run's storage."""
+    rc = run_config("qwen3-8b-v5p")
+    store = tmp_path / "storage" / "cache"
+    rc = rc.model_copy(update={"storage": rc.storage.model_copy(update={"cache": str(store)})})
+    cfg = tmp_path / "run.json"
+    cfg.write_text(rc.model_dump_json(by_alias=True))
+    log = tmp_path / "termination-log"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rljob.trainer.compilecheck",
+            "--config",
+            str(cfg),
+            "--keys",
+            json.dumps(small_keys(rc)),
+            "--cache-dir",
+            str(tmp_path / "local"),
+            "--termination-log",
+            str(log),
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"},
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1])["compile"]["fits"] is True
+    assert not log.exists()  # nothing refused: the termination log is the pod's own
+    local = sorted(p.name for p in (tmp_path / "local" / caches.JAX_TRAINER).iterdir() if p.is_file())
+    uploaded = sorted(p.name for p in (store / caches.JAX_TRAINER).iterdir())
+    # Every entry the compile wrote is in storage (the three programs at least), and the line says so.
+    assert len(local) >= 3 and uploaded == local, (local, uploaded)
+    # The last of them at exit (the sync also uploads every 120 s while a long compile runs).
+    saved = f"new files saved to {store / caches.JAX_TRAINER}"
+    assert any(x.startswith("cache jax-trainer: ") and x.endswith(saved) for x in proc.stderr.splitlines())
+    # A trainer pod's restore gets them all (its local disk starts empty).
+    got = caches.restore(caches.JAX_TRAINER, str(store / caches.JAX_TRAINER), tmp_path / "pod")
+    assert (got.files, got.present) == (len(local), 0)
