@@ -23,7 +23,12 @@ the trainer exports to PEFT under the Hugging Face model's names:
   parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's per-expert
   ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
 
-LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
+LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection
+of every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe only
+(rljob.trainer.expert_lora: per-expert factors merged into MaxText's stacked expert weights, exported as
+``mlp.experts.{j}.gate_proj`` ... per layer and expert). vLLM's TPU backend does not serve it
+(``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with that reason
+(:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
 Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral}.py; transformers 5.x
@@ -39,12 +44,16 @@ from typing import Any
 
 __all__ = [
     "ATTENTION",
+    "EXPERTS",
+    "EXPERT_SUPPORTED",
+    "SERVING_REFUSED",
     "HF_TO_MAXTEXT",
     "MLP",
     "REFUSED",
     "SUPPORTED",
     "decoder_block",
     "problems",
+    "serving_problems",
 ]
 
 # Hugging Face projection -> MaxText module.
@@ -71,6 +80,21 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "gemma3": ATTENTION + MLP,
     "mixtral": ATTENTION,
 }
+
+# The target naming the routed experts (gate, up and down projection of each, an adapter per expert), and
+# the decoder blocks whose experts the trainer wraps and exports (rljob.trainer.expert_lora).
+EXPERTS = "experts"
+EXPERT_SUPPORTED = frozenset({"qwen3_moe"})
+# Why the sampler cannot serve an expert adapter: vllm-tpu's LoRA runs on tpu-inference's vLLM (torch)
+# model path (the sampler sets MODEL_IMPL_TYPE=vllm), whose punica wrapper has no fused-MoE LoRA op; its
+# JAX model path loads no LoRA at all.
+SERVING_REFUSED = (
+    "vLLM's TPU backend (vllm-tpu 0.32.0, tpu-inference) does not serve LoRA on MoE experts: its "
+    "PunicaWrapperTPU implements add_shrink/add_expand/add_lora_linear/add_lora_logits but not the "
+    "add_lora_fused_moe that vLLM's FusedMoEWithLoRA calls "
+    "(https://github.com/vllm-project/tpu-inference/blob/main/tpu_inference/lora/torch_punica_tpu.py), "
+    "and its JAX model path loads no LoRA (tpu_inference/models/common/model_loader.py)"
+)
 
 # decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
 _NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
@@ -109,12 +133,13 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     decoder block ``block`` (None: the block is not known, only the names are checked)."""
     targets = list(targets)
     out: list[tuple[str, str]] = []
-    unknown = [t for t in targets if t not in HF_TO_MAXTEXT and t not in _MT_TO_HF]
+    unknown = [t for t in targets if t not in HF_TO_MAXTEXT and t not in _MT_TO_HF and t != EXPERTS]
     if unknown:
         out.append(
             (
                 "spec.lora.targets",
-                f"unknown module(s) {unknown}; known: {sorted(HF_TO_MAXTEXT)} or {sorted(_MT_TO_HF)}",
+                f"unknown module(s) {unknown}; known: {sorted(HF_TO_MAXTEXT)} or {sorted(_MT_TO_HF)}, "
+                f"or {EXPERTS!r} (the routed experts)",
             )
         )
     if block is None:
@@ -129,7 +154,15 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
             )
         )
         return out
-    hf = [_MT_TO_HF.get(t, t) for t in targets if t not in unknown]
+    if EXPERTS in targets and block not in EXPERT_SUPPORTED:
+        out.append(
+            (
+                "spec.lora.targets",
+                f"{EXPERTS}: the trainer wraps and exports the routed experts of the "
+                f"{', '.join(sorted(EXPERT_SUPPORTED))} decoder only, not {block}",
+            )
+        )
+    hf = [_MT_TO_HF.get(t, t) for t in targets if t not in unknown and t != EXPERTS]
     missing = sorted({t for t in hf if t not in SUPPORTED[block]})
     if missing:
         out.append(
@@ -140,3 +173,11 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
             )
         )
     return out
+
+
+def serving_problems(targets: Iterable[str]) -> list[tuple[str, str]]:
+    """(field, message) for each LoRA target the trainer trains but the sampler cannot serve (the plan's
+    check only: the trainer itself accepts them)."""
+    if EXPERTS in list(targets):
+        return [("spec.lora.targets", f"{EXPERTS}: {SERVING_REFUSED}")]
+    return []

@@ -1,0 +1,203 @@
+"""LoRA on the routed experts (the target ``experts``, rljob.trainer.expert_lora) of the Qwen3 MoE miniature
+(rljob.recipes.miniature: 16 experts, top-8, two scanned layers; MaxText's sparse megablox path, which
+the CPU interprets): per-expert factors change the routed experts' output and only theirs; they export to
+PEFT per layer and expert under Qwen3MoeForCausalLM's names; and the adapter, merged into the Hugging Face
+weights as peft merges a LoRA (W + alpha/r * B @ A) and converted back by MaxText's own checkpoint
+conversion (checkpoint_conversion/utils/param_mapping.py, the mapping to_maxtext uses), gives the logits
+the trainer computes. An exporter that writes an expert's tensors under another expert's index, or the
+gate's under the up projection's, fails that round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from rljob.recipes import lora_targets, miniature
+from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
+
+pytestmark = pytest.mark.jax
+
+MODEL = "qwen3-30b-a3b"
+RANK, ALPHA = 4, 8.0
+_POLICY: list[Policy] = []
+
+
+def _policy() -> Policy:
+    if not _POLICY:
+        keys = {"model_name": MODEL, **miniature.miniature_overrides(MODEL), **CPU_KEYS, "max_target_length": 32}
+        targets = (*lora_targets.ATTENTION, lora_targets.EXPERTS)
+        _POLICY.append(Policy(ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets)))
+    return _POLICY[0]
+
+
+def _is_expert(path: Any) -> bool:
+    return str(getattr(path[-1], "key", path[-1])).split("_lora_")[0] in ("wi_0", "wi_1", "wo")
+
+
+def _experts_random(lora: Any, seed: int, scale: float = 0.1) -> Any:
+    """``lora`` with every expert factor drawn at random (attention factors as they are)."""
+    flat, tree = jax.tree_util.tree_flatten_with_path(lora)
+    keys = jax.random.split(jax.random.key(seed), len(flat))
+    out = [
+        scale * jax.random.normal(k, x.shape, x.dtype) if _is_expert(p) else x
+        for k, (p, x) in zip(keys, flat, strict=True)
+    ]
+    return jax.tree_util.tree_unflatten(tree, out)
+
+
+def _inputs(policy: Policy, t: int = 16) -> tuple[jax.Array, jax.Array, jax.Array]:
+    toks = jnp.asarray(np.random.default_rng(0).integers(1, policy.vocab_size, (2, t)), jnp.int32)
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (2, t))
+    return toks, pos, jnp.ones((2, t), jnp.int32)
+
+
+def test_the_expert_factors_are_per_expert_and_stacked_on_the_layer_axis() -> None:
+    policy = _policy()
+    cfg = policy.cfg
+    e, h, m, n = int(cfg.num_experts), int(cfg.emb_dim), int(cfg.moe_mlp_dim), policy.num_layers
+    moe = policy.lora0["decoder"]["layers"]["moe_block"]
+    want = {
+        "wi_0_lora_a": (e, n, h, RANK),
+        "wi_0_lora_b": (e, n, RANK, m),
+        "wi_1_lora_a": (e, n, h, RANK),
+        "wi_1_lora_b": (e, n, RANK, m),
+        "wo_lora_a": (e, n, m, RANK),
+        "wo_lora_b": (e, n, RANK, h),
+    }
+    assert {k: tuple(v.shape) for k, v in moe.items()} == want
+    # B starts at zero (the adapter starts as the base model), A does not
+    assert all(not np.any(np.asarray(moe[k])) for k in want if k.endswith("_b"))
+    assert all(np.any(np.asarray(moe[k])) for k in want if k.endswith("_a"))
+
+
+def test_expert_factors_change_the_routed_experts_and_zeroing_them_restores_the_base() -> None:
+    policy = _policy()
+    toks, pos, seg = _inputs(policy)
+    base = np.asarray(policy.logits(policy.zero_lora(policy.lora0), toks, pos, seg))
+    lora = _experts_random(policy.zero_lora(policy.lora0), seed=1)
+    got = np.asarray(policy.logits(lora, toks, pos, seg))
+    assert np.max(np.abs(got - base)) > 1e-2, "the expert adapter did not change the logits"
+    # only the expert B factors zeroed (A left random): exactly the base model
+    flat, tree = jax.tree_util.tree_flatten_with_path(lora)
+    zero_b = [jnp.zeros_like(x) if _is_expert(p) and str(p[-1].key).endswith("_b") else x for p, x in flat]
+    back = np.asarray(policy.logits(jax.tree_util.tree_unflatten(tree, zero_b), toks, pos, seg))
+    np.testing.assert_array_equal(back, base)
+
+    # every expert factor is trained: the gradient of the logits reaches each one
+    weights = jax.random.normal(jax.random.key(2), got.shape)
+    grads = jax.grad(lambda lo: jnp.sum(policy.logits(lo, toks, pos, seg) * weights))(lora)
+    dead = [
+        jax.tree_util.keystr(p)
+        for p, g in jax.tree_util.tree_flatten_with_path(grads)[0]
+        if _is_expert(p) and not jnp.any(g != 0)
+    ]
+    assert not dead, f"expert LoRA leaves without gradient: {dead}"
+
+
+def _hf_names(policy: Policy) -> dict[str, tuple[int, int]]:
+    """PEFT tensor name -> shape of the expert adapter of Qwen3MoeForCausalLM with the miniature's sizes
+    (transformers 4.x Qwen3MoeSparseMoeBlock: experts.{j} a Qwen3MoeMLP of gate/up/down Linear)."""
+    cfg = policy.cfg
+    h, m = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
+    out: dict[str, tuple[int, int]] = {}
+    for i in range(policy.num_layers):
+        for j in range(int(cfg.num_experts)):
+            for proj, (o, n_in) in {"gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m)}.items():
+                name = f"base_model.model.model.layers.{i}.mlp.experts.{j}.{proj}"
+                out[f"{name}.lora_A.weight"] = (RANK, n_in)
+                out[f"{name}.lora_B.weight"] = (o, RANK)
+    return out
+
+
+def test_the_expert_adapter_exports_per_expert_under_hugging_faces_names_and_back() -> None:
+    policy = _policy()
+    lora = _experts_random(policy.lora0, seed=3)
+    tensors = policy.peft.to_peft(lora)
+    experts = {k: v.shape for k, v in tensors.items() if ".experts." in k}
+    assert experts == _hf_names(policy)
+    assert policy.peft.config()["target_modules"] == sorted(
+        [*lora_targets.ATTENTION, "gate_proj", "up_proj", "down_proj"]
+    )
+    back = policy.peft.from_peft(tensors)
+    for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    # expert j of layer i is the [j, i] slice of the stacked factor, transposed
+    a = np.asarray(lora["decoder"]["layers"]["moe_block"]["wo_lora_a"])
+    np.testing.assert_array_equal(
+        tensors["base_model.model.model.layers.1.mlp.experts.5.down_proj.lora_A.weight"], a[5, 1].T
+    )
+
+
+def _merged_by_hugging_face(policy: Policy, tensors: dict[str, np.ndarray]) -> Any:
+    """The base weights with the PEFT adapter ``tensors`` merged as peft merges a LoRA into a Linear
+    (W + lora_alpha / r * B @ A) on the Hugging Face side: MaxText's stacked expert weights to Hugging
+    Face's per-expert weights and back by MaxText's own conversion (QWEN_MAXTEXT_TO_HF_PARAM_MAPPING
+    names, QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN transposes)."""
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    cfg = policy.cfg
+    hf_config = {"num_hidden_layers": policy.num_layers, "num_experts": int(cfg.num_experts)}
+    names = param_mapping.PARAM_MAPPING[MODEL](hf_config, cfg, scan_layers=True)
+    to_hf = param_mapping.HOOK_FNS[MODEL](hf_config, cfg, scan_layers=True, saving_to_hf=True)
+    to_mt = param_mapping.HOOK_FNS[MODEL](hf_config, cfg, scan_layers=True, saving_to_hf=False)
+    scale = policy.peft.config()["lora_alpha"] / policy.peft.config()["r"]
+    base = jax.tree.map(lambda x: x, policy.base)
+    moe = base["decoder"]["layers"]["moe_block"]
+    for w in ("wi_0", "wi_1", "wo"):
+        key = f"params-decoder-layers-moe_block-{w}"
+        stacked = np.asarray(moe[w].get_value(), np.float64)  # [experts, layers, in, out]
+        out = np.empty_like(stacked)
+        for e, per_layer in enumerate(names[key]):
+            for layer, hf_name in enumerate(per_layer):
+                weight = to_hf[key](stacked[e, layer], None)  # Hugging Face (out, in)
+                peft = "base_model.model." + hf_name.removesuffix(".weight")
+                a = tensors[f"{peft}.lora_A.weight"].astype(np.float64)
+                b = tensors[f"{peft}.lora_B.weight"].astype(np.float64)
+                out[e, layer] = to_mt[key](weight + scale * b @ a, None)
+        moe[w].set_value(jnp.asarray(out, moe[w].get_value().dtype))
+    return base
+
+
+def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers_logits() -> None:
+    policy = _policy()
+    toks, pos, seg = _inputs(policy)
+    lora = _experts_random(policy.zero_lora(policy.lora0), seed=4)
+    tensors = policy.peft.to_peft(lora)
+    want = np.asarray(policy.logits(lora, toks, pos, seg))
+    zero = policy.zero_lora(policy.lora0)
+    base = np.asarray(policy.logits(zero, toks, pos, seg))
+
+    def merged_logits(t: dict[str, np.ndarray]) -> np.ndarray:
+        merged = _merged_by_hugging_face(policy, t)
+        return np.asarray(jax.jit(policy.next_token_logprobs)(zero, toks, pos, seg, base=merged))
+
+    # compared as next-token log-probs (the trainer's own head; base weights as an argument)
+    want_lp = np.asarray(jax.jit(policy.next_token_logprobs)(lora, toks, pos, seg))
+    got_lp = merged_logits(tensors)
+    np.testing.assert_allclose(got_lp, want_lp, rtol=1e-4, atol=1e-4)
+    assert np.max(np.abs(want - base)) > 1e-2
+
+    # broken exports: expert j's tensors under expert 15 - j; the gate's under the up projection's
+    prefix = "base_model.model.model.layers"
+    n = int(policy.cfg.num_experts)
+
+    def other_expert(name: str) -> str:
+        if ".experts." not in name:
+            return name
+        head, tail = name.split(".experts.")
+        j, rest = tail.split(".", 1)
+        return f"{head}.experts.{n - 1 - int(j)}.{rest}"
+
+    wrong_expert = {other_expert(k): v for k, v in tensors.items()}
+    swapped = {
+        k.replace("gate_proj", "TMP").replace("up_proj", "gate_proj").replace("TMP", "up_proj"): v
+        for k, v in tensors.items()
+    }
+    for label, bad in (("expert index", wrong_expert), ("gate/up", swapped)):
+        assert set(bad) == set(tensors) and all(k.startswith(prefix) for k in bad)
+        lp = merged_logits(bad)
+        assert not np.allclose(lp, want_lp, rtol=1e-4, atol=1e-4), f"a broken export ({label}) passed"
