@@ -5,8 +5,9 @@ problems) and the trainer (``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse
 the same field). ``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText
 modules they map to (``query``...).
 
-A target counts only where the decoder has a module of that name that qwix can wrap and whose adapter
-the trainer exports to PEFT under the Hugging Face model's names:
+A target counts only where the decoder has a module of that name that qwix can wrap (or, for ``experts``,
+routed experts the trainer wraps itself) and whose adapter the trainer exports to PEFT under the Hugging
+Face model's names:
 
 - qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration), llama2 (LlamaForCausalLM: MaxText's
   block for Llama 2 and Llama 3.x), gemma3 (Gemma3ForConditionalGeneration's text tower: its local
@@ -17,8 +18,10 @@ the trainer exports to PEFT under the Hugging Face model's names:
   ``mlp.experts.gate_up_proj``), not modules;
 - gpt_oss (GptOssForCausalLM): attention only; its MLP is all experts, stacked parameters on both
   sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``);
-- qwen3_moe (Qwen3MoeForCausalLM): attention only; its MLP is all routed experts (no shared expert),
-  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``);
+- qwen3_moe (Qwen3MoeForCausalLM): attention, and with the target ``experts`` the routed experts (its
+  whole MLP, no shared expert): stacked parameters in MaxText (``moe_block/wi_0``), per expert in the
+  checkpoint (``mlp.experts.{j}.gate_proj``; transformers 5.x fuses them into ``mlp.experts.gate_up_proj``
+  as it loads);
 - mixtral (MixtralForCausalLM): attention only; its MLP is all routed experts (8, top-2), stacked
   parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's per-expert
   ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
@@ -46,10 +49,10 @@ __all__ = [
     "ATTENTION",
     "EXPERTS",
     "EXPERT_SUPPORTED",
-    "SERVING_REFUSED",
     "HF_TO_MAXTEXT",
     "MLP",
     "REFUSED",
+    "SERVING_REFUSED",
     "SUPPORTED",
     "decoder_block",
     "problems",
@@ -87,11 +90,11 @@ EXPERTS = "experts"
 EXPERT_SUPPORTED = frozenset({"qwen3_moe"})
 # Why the sampler cannot serve an expert adapter: vllm-tpu's LoRA runs on tpu-inference's vLLM (torch)
 # model path (the sampler sets MODEL_IMPL_TYPE=vllm), whose punica wrapper has no fused-MoE LoRA op; its
-# JAX model path loads no LoRA at all.
+# JAX model path loads no LoRA at all (read in the tpu-inference 0.32.0 wheel the sampler image installs).
 SERVING_REFUSED = (
-    "vLLM's TPU backend (vllm-tpu 0.32.0, tpu-inference) does not serve LoRA on MoE experts: its "
-    "PunicaWrapperTPU implements add_shrink/add_expand/add_lora_linear/add_lora_logits but not the "
-    "add_lora_fused_moe that vLLM's FusedMoEWithLoRA calls "
+    "vLLM's TPU backend (vllm-tpu 0.32.0 with tpu-inference 0.32.0) does not serve LoRA on MoE experts: its "
+    "PunicaWrapperTPU has LoRA ops for linear, embedding and logits layers but no add_lora_fused_moe, "
+    "which vLLM's FusedMoEWithLoRA calls "
     "(https://github.com/vllm-project/tpu-inference/blob/main/tpu_inference/lora/torch_punica_tpu.py), "
     "and its JAX model path loads no LoRA (tpu_inference/models/common/model_loader.py)"
 )

@@ -12,19 +12,25 @@ does not wrap them. :func:`add_expert_lora` gives each such module per-expert fa
   ``wi_0_lora_b`` [experts, r, out] (zero), likewise for ``wi_1`` and ``wo``, stacked on the kernel's scan
   axes,
 
-and switches the module to a subclass (:func:`expert_lora_class`) whose call runs MaxText's own ``RoutedMoE.__call__``
-with each expert weight replaced by ``W[e] + (alpha / r) * A[e] @ B[e]`` for the length of the call (the
-weights are put back after it). The merged weights are what MaxText reads before it picks its expert
-matmul, so every path computes with them: the dense einsum path, the sparse path (megablox's grouped
-matmul, interpreted on CPU, or ``jax.lax.ragged_dot``), and the gradients reach A and B through them. The
-cost: each layer forms a [experts, in, out] delta per call (the size of its expert weights, transient,
-laid out on the experts' mesh axis like the weights); and where the weights are bfloat16 the merged
-weight is rounded to bfloat16 (the delta below a weight's last bit is lost in the forward pass, as in a
-full fine-tune of the expert weights; the gradient is that of the merged weight). The prefused
-``wi`` layout (``prefuse_moe_weights``) and MaxText's TE MoE block are refused.
+and switches the module to a subclass (:func:`expert_lora_class`) whose call runs MaxText's own
+``RoutedMoE.__call__`` with each expert weight replaced by ``W[e] + (alpha / r) * A[e] @ B[e]`` for the
+length of the call (the weights are put back after it). The merged weights are what MaxText reads before
+it picks its expert matmul, so every path computes with them: the dense einsum path, the sparse path
+(megablox's grouped matmul, interpreted on CPU, or ``jax.lax.ragged_dot``), and the gradients reach A and
+B through them. The cost: each layer forms a [experts, in, out] delta per call (the size of its expert
+weights, transient, laid out on the experts' mesh axis like the weights); and where the weights are
+bfloat16 the merged weight is rounded to bfloat16 (the delta below a weight's last bit is lost in the
+forward pass, as in a full fine-tune of the expert weights; the gradient is that of the merged weight).
+The prefused ``wi`` layout (``prefuse_moe_weights``) and MaxText's TE MoE block are refused.
 
 The PEFT layout (rljob.trainer.peft): one ``lora_A`` (r, in) and ``lora_B`` (out, r) per layer and expert,
-``model.layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight`` and so on (EXPERT_HF_NAMES).
+``model.layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight`` and so on (EXPERT_HF_NAMES): the checkpoint's
+per-expert names (as MaxText's conversion names the expert weights), the layout PEFT writes for a model
+whose experts are modules (transformers 4.x Qwen3MoeSparseMoeBlock) and which vLLM's MoE LoRA
+(vllm/lora/layers/fused_moe.py) stacks per expert. transformers 5.x keeps Qwen3 MoE's experts as 3-D
+parameters (Qwen3MoeExperts.gate_up_proj, no per-expert module), so ``peft`` cannot load this adapter into
+that model as is; tests/trainer/test_expert_lora.py merges it by name as peft merges a LoRA into a Linear.
+vLLM's TPU backend serves no LoRA on MoE experts (rljob.recipes.lora_targets.SERVING_REFUSED).
 """
 
 from __future__ import annotations

@@ -311,7 +311,9 @@ def _with_lora(model: Any, spec: ModelSpec, cfg: Any) -> Any:
     if lora_targets.EXPERTS in spec.maxtext_targets and not add_expert_lora(
         model, spec.lora_rank, spec.lora_alpha, spec.seed + 2000, cfg
     ):
-        raise ValueError(f"spec.lora.targets: experts: the {decoder_block(cfg)} decoder has no routed experts")
+        raise ValueError(
+            f"spec.lora.targets: experts: the {decoder_block(cfg)} decoder has no routed experts"
+        )
     return qwix.apply_lora_to_model(
         model,
         provider,

@@ -25,7 +25,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-
 from rljob.trainer.expert_lora import EXPERT_HF_NAMES
 
 if TYPE_CHECKING:

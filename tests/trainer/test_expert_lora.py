@@ -28,9 +28,16 @@ _POLICY: list[Policy] = []
 
 def _policy() -> Policy:
     if not _POLICY:
-        keys = {"model_name": MODEL, **miniature.miniature_overrides(MODEL), **CPU_KEYS, "max_target_length": 32}
+        keys = {
+            "model_name": MODEL,
+            **miniature.miniature_overrides(MODEL),
+            **CPU_KEYS,
+            "max_target_length": 32,
+        }
         targets = (*lora_targets.ATTENTION, lora_targets.EXPERTS)
-        _POLICY.append(Policy(ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets)))
+        _POLICY.append(
+            Policy(ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets))
+        )
     return _POLICY[0]
 
 
@@ -201,3 +208,35 @@ def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers
         assert set(bad) == set(tensors) and all(k.startswith(prefix) for k in bad)
         lp = merged_logits(bad)
         assert not np.allclose(lp, want_lp, rtol=1e-4, atol=1e-4), f"a broken export ({label}) passed"
+
+
+def test_the_dense_expert_path_computes_the_same_adapter_as_the_sparse_one() -> None:
+    """The miniature runs MaxText's sparse path (``sparse_matmul``, megablox's grouped matmul, which the
+    CPU interprets); with ``sparse_matmul: false`` MaxText's dense einsum path computes the same model,
+    and the merged expert weights give the same adapter there."""
+    sparse = _policy()
+    keys = {
+        "model_name": MODEL,
+        **miniature.miniature_overrides(MODEL),
+        **CPU_KEYS,
+        "max_target_length": 32,
+        "sparse_matmul": False,
+    }
+    dense = Policy(
+        ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=sparse.spec.lora_targets)
+    )
+    assert not dense.cfg.sparse_matmul and sparse.cfg.sparse_matmul
+    toks, pos, seg = _inputs(sparse)
+    lora = _experts_random(sparse.zero_lora(sparse.lora0), seed=5)
+    zero = sparse.zero_lora(sparse.lora0)
+    np.testing.assert_allclose(
+        np.asarray(dense.logits(zero, toks, pos, seg)),
+        np.asarray(sparse.logits(zero, toks, pos, seg)),
+        atol=1e-4,
+    )
+    got, want = (
+        np.asarray(dense.logits(lora, toks, pos, seg)),
+        np.asarray(sparse.logits(lora, toks, pos, seg)),
+    )
+    np.testing.assert_allclose(got, want, atol=1e-4)
+    assert np.max(np.abs(want - np.asarray(sparse.logits(zero, toks, pos, seg)))) > 1e-2
