@@ -67,6 +67,12 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
+        "LoRA on routed experts the trainer does not wrap (Mixtral's)",
+        {"model": {"maxtextModel": "mixtral-8x7b"}, "lora": {"targets": ["q_proj", "experts"]}},
+        lambda: ModelSpec(maxtext={"model_name": "mixtral-8x7b"}, lora_targets=("q_proj", "experts")),
+        "spec.lora.targets",
+    ),
+    (
         "decoder block without an adapter export (DeepSeek's MLA)",
         {"model": {"maxtextModel": "deepseek3-671b"}},
         lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}),
