@@ -22,14 +22,16 @@ Face model's names:
   whole MLP, no shared expert): stacked parameters in MaxText (``moe_block/wi_0``), per expert in the
   checkpoint (``mlp.experts.{j}.gate_proj``; transformers 5.x fuses them into ``mlp.experts.gate_up_proj``
   as it loads);
-- mixtral (MixtralForCausalLM): attention only; its MLP is all routed experts (8, top-2), stacked
-  parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's per-expert
-  ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
+- mixtral (MixtralForCausalLM): attention, and with the target ``experts`` the routed experts (its whole
+  MLP, 8, top-2): stacked parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's
+  per-expert ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
 
 LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection
-of every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe only
+of every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mixtral
 (rljob.trainer.expert_lora: per-expert factors merged into MaxText's stacked expert weights, exported as
-``mlp.experts.{j}.gate_proj`` ... per layer and expert). vLLM's TPU backend does not serve it
+``mlp.experts.{j}.gate_proj`` ..., Mixtral's ``block_sparse_moe.experts.{j}.w1`` ..., per layer and
+expert); not yet gpt_oss (its checkpoint keeps the experts stacked, gate and up interleaved in
+``gate_up_proj``: no per-expert module to name) nor qwen3_5 (its ``routed_experts`` export is not written). vLLM's TPU backend does not serve it
 (``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with that reason
 (:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
@@ -87,7 +89,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
 # The target naming the routed experts (gate, up and down projection of each, an adapter per expert), and
 # the decoder blocks whose experts the trainer wraps and exports (rljob.trainer.expert_lora).
 EXPERTS = "experts"
-EXPERT_SUPPORTED = frozenset({"qwen3_moe"})
+EXPERT_SUPPORTED = frozenset({"qwen3_moe", "mixtral"})
 # Why the sampler cannot serve an expert adapter: vllm-tpu's LoRA runs on tpu-inference's vLLM (torch)
 # model path (the sampler sets MODEL_IMPL_TYPE=vllm), whose punica wrapper has no fused-MoE LoRA op; its
 # JAX model path loads no LoRA at all (read in the tpu-inference 0.32.0 wheel the sampler image installs).
@@ -162,7 +164,7 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
             (
                 "spec.lora.targets",
                 f"{EXPERTS}: the trainer wraps and exports the routed experts of the "
-                f"{', '.join(sorted(EXPERT_SUPPORTED))} decoder only, not {block}",
+                f"{', '.join(sorted(EXPERT_SUPPORTED))} decoders only, not {block}",
             )
         )
     hf = [_MT_TO_HF.get(t, t) for t in targets if t not in unknown and t != EXPERTS]

@@ -24,11 +24,12 @@ forward pass, as in a full fine-tune of the expert weights; the gradient is that
 The prefused ``wi`` layout (``prefuse_moe_weights``) and MaxText's TE MoE block are refused.
 
 The PEFT layout (rljob.trainer.peft): one ``lora_A`` (r, in) and ``lora_B`` (out, r) per layer and expert,
-``model.layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight`` and so on (EXPERT_HF_NAMES): the checkpoint's
+``model.layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight`` and so on (Mixtral:
+``model.layers.{i}.block_sparse_moe.experts.{j}.w1``, ``w3``, ``w2``; EXPERT_HF_NAMES): the checkpoint's
 per-expert names (as MaxText's conversion names the expert weights), the layout PEFT writes for a model
-whose experts are modules (transformers 4.x Qwen3MoeSparseMoeBlock) and which vLLM's MoE LoRA
+whose experts are modules (transformers 4.x Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock) and which vLLM's MoE LoRA
 (vllm/lora/layers/fused_moe.py) stacks per expert. transformers 5.x keeps Qwen3 MoE's experts as 3-D
-parameters (Qwen3MoeExperts.gate_up_proj, no per-expert module), so ``peft`` cannot load this adapter into
+parameters (Qwen3MoeExperts.gate_up_proj, likewise Mixtral's; no per-expert module), so ``peft`` cannot load this adapter into
 that model as is; tests/trainer/test_expert_lora.py merges it by name as peft merges a LoRA into a Linear.
 vLLM's TPU backend serves no LoRA on MoE experts (rljob.recipes.lora_targets.SERVING_REFUSED).
 """
@@ -52,6 +53,9 @@ EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
 # decoder block -> (the Hugging Face parent of the experts, {MaxText weight: projection}).
 EXPERT_HF_NAMES: dict[str, tuple[str, dict[str, str]]] = {
     "qwen3_moe": ("mlp.experts", {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}),
+    # MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING: MoeBlock_0-wi_0 -> block_sparse_moe.experts.{j}.w1.weight,
+    # wi_1 -> w3, wo -> w2 (MixtralForCausalLM's checkpoint names)
+    "mixtral": ("block_sparse_moe.experts", {"wi_0": "w1", "wi_1": "w3", "wo": "w2"}),
 }
 
 _CLASSES: dict[type, type] = {}

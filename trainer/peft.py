@@ -368,8 +368,8 @@ class PeftAdapter:
             per_layer = leaf.per_layer(np.asarray(arr, np.float32))
             for layer, m in zip(leaf.layers, per_layer, strict=True):
                 # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]; an expert leaf: per expert
-                for j, mj in enumerate(m) if leaf.experts else [(None, m)]:
-                    out[self.name(layer, leaf, expert=j)] = leaf.to_hf(mj)
+                for name, mj in zip(self._names(leaf, layer), m if leaf.experts else [m], strict=True):
+                    out[name] = leaf.to_hf(mj)
         return out
 
     def _names(self, leaf: LeafLayout, layer: int) -> list[str]:
@@ -397,12 +397,10 @@ class PeftAdapter:
         leaves, treedef = jax.tree_util.tree_flatten(self.lora0)
         out = []
         for arr, leaf in zip(leaves, self.layout, strict=True):
-            mats = [
-                np.stack([leaf.from_hf(tensors[n]) for n in self._names(leaf, layer)])
-                if leaf.experts
-                else leaf.from_hf(tensors[self.name(layer, leaf)])
-                for layer in leaf.layers
-            ]
+            mats = []
+            for layer in leaf.layers:
+                per = [leaf.from_hf(tensors[n]) for n in self._names(leaf, layer)]
+                mats.append(np.stack(per) if leaf.experts else per[0])
             out.append(jnp.asarray(leaf.stack(mats), arr.dtype))
         return jax.tree_util.tree_unflatten(treedef, out)
 

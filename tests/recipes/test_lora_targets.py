@@ -62,16 +62,17 @@ def test_every_maxtext_decoder_block_is_exported_or_refused_with_a_reason() -> N
                 )
             ],
         ),
-        # the routed experts: the trainer wraps them in the qwen3_moe decoder only
+        # the routed experts: the trainer wraps them in the qwen3_moe and mixtral decoders only
         ("qwen3_moe", ["q_proj", "experts"], []),
+        ("mixtral", ["experts"], []),
         (
-            "mixtral",
+            "gpt_oss",
             ["experts"],
             [
                 (
                     "spec.lora.targets",
-                    "experts: the trainer wraps and exports the routed experts of the qwen3_moe decoder "
-                    "only, not mixtral",
+                    "experts: the trainer wraps and exports the routed experts of the mixtral, qwen3_moe "
+                    "decoders only, not gpt_oss",
                 )
             ],
         ),

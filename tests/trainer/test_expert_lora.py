@@ -1,7 +1,10 @@
-"""LoRA on the routed experts (the target ``experts``, rljob.trainer.expert_lora) of the Qwen3 MoE miniature
-(rljob.recipes.miniature: 16 experts, top-8, two scanned layers; MaxText's sparse megablox path, which
-the CPU interprets): per-expert factors change the routed experts' output and only theirs; they export to
-PEFT per layer and expert under Qwen3MoeForCausalLM's names; and the adapter, merged into the Hugging Face
+"""LoRA on the routed experts (the target ``experts``, rljob.trainer.expert_lora) of the Qwen3 MoE and
+Mixtral miniatures (rljob.recipes.miniature: 16 experts top-8 and 8 experts top-2, two scanned layers;
+MaxText's sparse megablox path, which the CPU interprets, and for Qwen3 MoE its dense einsum path too):
+per-expert factors change the routed experts' output, zeroing them restores the base model exactly, and
+every factor gets a gradient; they export to PEFT per layer and expert under the checkpoint's names
+(Qwen3MoeForCausalLM ``mlp.experts.{j}.gate_proj``, MixtralForCausalLM ``block_sparse_moe.experts.{j}.w1``);
+and the adapter, merged into the Hugging Face
 weights as peft merges a LoRA (W + alpha/r * B @ A) and converted back by MaxText's own checkpoint
 conversion (checkpoint_conversion/utils/param_mapping.py, the mapping to_maxtext uses), gives the logits
 the trainer computes. An exporter that writes an expert's tensors under another expert's index, or the
@@ -22,23 +25,28 @@ from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
 pytestmark = pytest.mark.jax
 
 MODEL = "qwen3-30b-a3b"
+# model -> (MaxText's MoE module in a layer, the experts' Hugging Face parent, gate/up/down names)
+MODELS: dict[str, tuple[str, str, tuple[str, str, str]]] = {
+    "qwen3-30b-a3b": ("moe_block", "mlp.experts", ("gate_proj", "up_proj", "down_proj")),
+    "mixtral-8x7b": ("MoeBlock_0", "block_sparse_moe.experts", ("w1", "w3", "w2")),
+}
 RANK, ALPHA = 4, 8.0
-_POLICY: list[Policy] = []
+_POLICIES: dict[str, Policy] = {}
 
 
-def _policy() -> Policy:
-    if not _POLICY:
+def _policy(model: str = MODEL) -> Policy:
+    if model not in _POLICIES:
         keys = {
-            "model_name": MODEL,
-            **miniature.miniature_overrides(MODEL),
+            "model_name": model,
+            **miniature.miniature_overrides(model),
             **CPU_KEYS,
             "max_target_length": 32,
         }
         targets = (*lora_targets.ATTENTION, lora_targets.EXPERTS)
-        _POLICY.append(
-            Policy(ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets))
+        _POLICIES[model] = Policy(
+            ModelSpec(maxtext=keys, lora_rank=RANK, lora_alpha=ALPHA, lora_targets=targets)
         )
-    return _POLICY[0]
+    return _POLICIES[model]
 
 
 def _is_expert(path: Any) -> bool:
@@ -62,11 +70,12 @@ def _inputs(policy: Policy, t: int = 16) -> tuple[jax.Array, jax.Array, jax.Arra
     return toks, pos, jnp.ones((2, t), jnp.int32)
 
 
-def test_the_expert_factors_are_per_expert_and_stacked_on_the_layer_axis() -> None:
-    policy = _policy()
+@pytest.mark.parametrize("model", MODELS)
+def test_the_expert_factors_are_per_expert_and_stacked_on_the_layer_axis(model: str) -> None:
+    policy = _policy(model)
     cfg = policy.cfg
     e, h, m, n = int(cfg.num_experts), int(cfg.emb_dim), int(cfg.moe_mlp_dim), policy.num_layers
-    moe = policy.lora0["decoder"]["layers"]["moe_block"]
+    moe = policy.lora0["decoder"]["layers"][MODELS[model][0]]
     want = {
         "wi_0_lora_a": (e, n, h, RANK),
         "wi_0_lora_b": (e, n, RANK, m),
@@ -81,8 +90,9 @@ def test_the_expert_factors_are_per_expert_and_stacked_on_the_layer_axis() -> No
     assert all(np.any(np.asarray(moe[k])) for k in want if k.endswith("_a"))
 
 
-def test_expert_factors_change_the_routed_experts_and_zeroing_them_restores_the_base() -> None:
-    policy = _policy()
+@pytest.mark.parametrize("model", MODELS)
+def test_expert_factors_change_the_routed_experts_and_zeroing_them_restores_the_base(model: str) -> None:
+    policy = _policy(model)
     toks, pos, seg = _inputs(policy)
     base = np.asarray(policy.logits(policy.zero_lora(policy.lora0), toks, pos, seg))
     lora = _experts_random(policy.zero_lora(policy.lora0), seed=1)
@@ -105,57 +115,64 @@ def test_expert_factors_change_the_routed_experts_and_zeroing_them_restores_the_
     assert not dead, f"expert LoRA leaves without gradient: {dead}"
 
 
-def _hf_names(policy: Policy) -> dict[str, tuple[int, int]]:
-    """PEFT tensor name -> shape of the expert adapter of Qwen3MoeForCausalLM with the miniature's sizes
-    (transformers 4.x Qwen3MoeSparseMoeBlock: experts.{j} a Qwen3MoeMLP of gate/up/down Linear)."""
+def _hf_names(model: str, policy: Policy) -> dict[str, tuple[int, int]]:
+    """PEFT tensor name -> shape of the expert adapter with the miniature's sizes (transformers 4.x
+    Qwen3MoeSparseMoeBlock / MixtralSparseMoeBlock: experts.{j} a module of gate, up, down Linear)."""
     cfg = policy.cfg
     h, m = int(cfg.emb_dim), int(cfg.moe_mlp_dim)
+    _, parent, (gate, up, down) = MODELS[model]
     out: dict[str, tuple[int, int]] = {}
     for i in range(policy.num_layers):
         for j in range(int(cfg.num_experts)):
-            for proj, (o, n_in) in {"gate_proj": (m, h), "up_proj": (m, h), "down_proj": (h, m)}.items():
-                name = f"base_model.model.model.layers.{i}.mlp.experts.{j}.{proj}"
+            for proj, (o, n_in) in {gate: (m, h), up: (m, h), down: (h, m)}.items():
+                name = f"base_model.model.model.layers.{i}.{parent}.{j}.{proj}"
                 out[f"{name}.lora_A.weight"] = (RANK, n_in)
                 out[f"{name}.lora_B.weight"] = (o, RANK)
     return out
 
 
-def test_the_expert_adapter_exports_per_expert_under_hugging_faces_names_and_back() -> None:
-    policy = _policy()
+@pytest.mark.parametrize("model", MODELS)
+def test_the_expert_adapter_exports_per_expert_under_hugging_faces_names_and_back(model: str) -> None:
+    policy = _policy(model)
+    module, parent, projections = MODELS[model]
     lora = _experts_random(policy.lora0, seed=3)
     tensors = policy.peft.to_peft(lora)
     experts = {k: v.shape for k, v in tensors.items() if ".experts." in k}
-    assert experts == _hf_names(policy)
-    assert policy.peft.config()["target_modules"] == sorted(
-        [*lora_targets.ATTENTION, "gate_proj", "up_proj", "down_proj"]
-    )
+    assert experts == _hf_names(model, policy)
+    assert policy.peft.config()["target_modules"] == sorted([*lora_targets.ATTENTION, *projections])
     back = policy.peft.from_peft(tensors)
     for x, y in zip(jax.tree.leaves(back), jax.tree.leaves(lora), strict=True):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     # expert j of layer i is the [j, i] slice of the stacked factor, transposed
-    a = np.asarray(lora["decoder"]["layers"]["moe_block"]["wo_lora_a"])
+    a = np.asarray(lora["decoder"]["layers"][module]["wo_lora_a"])
     np.testing.assert_array_equal(
-        tensors["base_model.model.model.layers.1.mlp.experts.5.down_proj.lora_A.weight"], a[5, 1].T
+        tensors[f"base_model.model.model.layers.1.{parent}.5.{projections[2]}.lora_A.weight"], a[5, 1].T
     )
 
 
-def _merged_by_hugging_face(policy: Policy, tensors: dict[str, np.ndarray]) -> Any:
+def _merged_by_hugging_face(model: str, policy: Policy, tensors: dict[str, np.ndarray]) -> Any:
     """The base weights with the PEFT adapter ``tensors`` merged as peft merges a LoRA into a Linear
     (W + lora_alpha / r * B @ A) on the Hugging Face side: MaxText's stacked expert weights to Hugging
-    Face's per-expert weights and back by MaxText's own conversion (QWEN_MAXTEXT_TO_HF_PARAM_MAPPING
-    names, QWEN_MAXTEXT_TO_HF_PARAM_HOOK_FN transposes)."""
+    Face's per-expert weights and back by MaxText's own conversion (PARAM_MAPPING names, HOOK_FNS
+    transposes: QWEN_MAXTEXT_TO_HF_*, MIXTRAL_MAXTEXT_TO_HF_*)."""
     from maxtext.checkpoint_conversion.utils import param_mapping
 
     cfg = policy.cfg
-    hf_config = {"num_hidden_layers": policy.num_layers, "num_experts": int(cfg.num_experts)}
-    names = param_mapping.PARAM_MAPPING[MODEL](hf_config, cfg, scan_layers=True)
-    to_hf = param_mapping.HOOK_FNS[MODEL](hf_config, cfg, scan_layers=True, saving_to_hf=True)
-    to_mt = param_mapping.HOOK_FNS[MODEL](hf_config, cfg, scan_layers=True, saving_to_hf=False)
+    hf_config = {
+        "num_hidden_layers": policy.num_layers,
+        "num_experts": int(cfg.num_experts),
+        "hidden_size": int(cfg.emb_dim),
+        "head_dim": int(cfg.head_dim),
+    }
+    names = param_mapping.PARAM_MAPPING[model](hf_config, cfg, scan_layers=True)
+    to_hf = dict(param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=True))
+    to_mt = dict(param_mapping.HOOK_FNS[model](hf_config, cfg, scan_layers=True, saving_to_hf=False))
     scale = policy.peft.config()["lora_alpha"] / policy.peft.config()["r"]
     base = jax.tree.map(lambda x: x, policy.base)
-    moe = base["decoder"]["layers"]["moe_block"]
+    module = MODELS[model][0]
+    moe = base["decoder"]["layers"][module]
     for w in ("wi_0", "wi_1", "wo"):
-        key = f"params-decoder-layers-moe_block-{w}"
+        key = f"params-decoder-layers-{module}-{w}"
         stacked = np.asarray(moe[w].get_value(), np.float64)  # [experts, layers, in, out]
         out = np.empty_like(stacked)
         for e, per_layer in enumerate(names[key]):
@@ -169,8 +186,9 @@ def _merged_by_hugging_face(policy: Policy, tensors: dict[str, np.ndarray]) -> A
     return base
 
 
-def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers_logits() -> None:
-    policy = _policy()
+@pytest.mark.parametrize("model", MODELS)
+def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers_logits(model: str) -> None:
+    policy = _policy(model)
     toks, pos, seg = _inputs(policy)
     lora = _experts_random(policy.zero_lora(policy.lora0), seed=4)
     tensors = policy.peft.to_peft(lora)
@@ -179,7 +197,7 @@ def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers
     base = np.asarray(policy.logits(zero, toks, pos, seg))
 
     def merged_logits(t: dict[str, np.ndarray]) -> np.ndarray:
-        merged = _merged_by_hugging_face(policy, t)
+        merged = _merged_by_hugging_face(model, policy, t)
         return np.asarray(jax.jit(policy.next_token_logprobs)(zero, toks, pos, seg, base=merged))
 
     # compared as next-token log-probs (the trainer's own head; base weights as an argument)
@@ -188,7 +206,7 @@ def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers
     np.testing.assert_allclose(got_lp, want_lp, rtol=1e-4, atol=1e-4)
     assert np.max(np.abs(want - base)) > 1e-2
 
-    # broken exports: expert j's tensors under expert 15 - j; the gate's under the up projection's
+    # broken exports: expert j's tensors under expert n - 1 - j; the gate's under the up projection's
     prefix = "base_model.model.model.layers"
     n = int(policy.cfg.num_experts)
 
@@ -200,10 +218,8 @@ def test_the_exported_adapter_merged_on_the_hugging_face_side_gives_the_trainers
         return f"{head}.experts.{n - 1 - int(j)}.{rest}"
 
     wrong_expert = {other_expert(k): v for k, v in tensors.items()}
-    swapped = {
-        k.replace("gate_proj", "TMP").replace("up_proj", "gate_proj").replace("TMP", "up_proj"): v
-        for k, v in tensors.items()
-    }
+    gate, up = (f".{p}." for p in MODELS[model][2][:2])
+    swapped = {k.replace(gate, ".TMP.").replace(up, gate).replace(".TMP.", up): v for k, v in tensors.items()}
     for label, bad in (("expert index", wrong_expert), ("gate/up", swapped)):
         assert set(bad) == set(tensors) and all(k.startswith(prefix) for k in bad)
         lp = merged_logits(bad)

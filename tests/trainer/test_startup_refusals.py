@@ -67,9 +67,9 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
-        "LoRA on routed experts the trainer does not wrap (Mixtral's)",
-        {"model": {"maxtextModel": "mixtral-8x7b"}, "lora": {"targets": ["q_proj", "experts"]}},
-        lambda: ModelSpec(maxtext={"model_name": "mixtral-8x7b"}, lora_targets=("q_proj", "experts")),
+        "LoRA on routed experts the trainer does not wrap (gpt-oss's)",
+        {"recipe": "gpt-oss-20b-v5p", "lora": {"targets": ["q_proj", "experts"]}},
+        lambda: ModelSpec(maxtext={"model_name": "gpt-oss-20b"}, lora_targets=("q_proj", "experts")),
         "spec.lora.targets",
     ),
     (
