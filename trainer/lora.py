@@ -31,7 +31,7 @@ def lora_sharding_meta(var: Any) -> Any:
     scan_axis = meta.get("param_scan_axis", 1)
     # An expert LoRA factor (rljob.trainer.expert_lora) also keeps its experts axis's name.
     kept = set(meta.get("lora_kept_axes", ()))
-    old = tuple(meta.get("sharding_names") or ())
+    old = tuple(meta.get("sharding_names") or meta.get("out_sharding") or ())
     names = tuple(
         axis_name if i == scan_axis else (old[i] if i in kept and i < len(old) else None)
         for i in range(var.get_value().ndim)

@@ -88,6 +88,13 @@ def test_the_expert_factors_are_per_expert_and_stacked_on_the_layer_axis(model: 
     # B starts at zero (the adapter starts as the base model), A does not
     assert all(not np.any(np.asarray(moe[k])) for k in want if k.endswith("_b"))
     assert all(np.any(np.asarray(moe[k])) for k in want if k.endswith("_a"))
+    # laid out as the expert weights: the experts' axis keeps the weights' logical axis name (MaxText's
+    # ``exp``, on the ``expert`` mesh axis), the layer axis its name, the matrix axes replicated
+    weight = policy.base["decoder"]["layers"][MODELS[model][0]]["wi_0"].get_metadata()["out_sharding"]
+    state = policy.as_state(policy.lora0)["decoder"]["layers"][MODELS[model][0]]
+    for k in want:
+        assert state[k].get_metadata()["out_sharding"] == (weight[0], "layers", None, None), k
+    assert weight[0] == "exp"
 
 
 @pytest.mark.parametrize("model", MODELS)
