@@ -13,6 +13,7 @@ gate's under the up projection's, fails that round trip.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -263,3 +264,53 @@ def test_the_dense_expert_path_computes_the_same_adapter_as_the_sparse_one() -> 
     )
     np.testing.assert_allclose(got, want, atol=1e-4)
     assert np.max(np.abs(want - np.asarray(sparse.logits(zero, toks, pos, seg)))) > 1e-2
+
+
+@pytest.mark.slow
+def test_the_expert_lora_compiles_for_a_tpu_with_megablox_and_expert_parallelism() -> None:
+    """The TPU program (libtpu's compiler, jax.experimental.topologies, nothing runs): the Qwen3 MoE
+    miniature in bfloat16 on a v5p-8 with its four devices on the expert axis, the forward and backward of
+    the log-probs with respect to the LoRA state: the merged expert weights go through megablox's grouped
+    matmul as Pallas (Mosaic) kernels, and the expert factors are split over the expert axis as the expert
+    weights are."""
+    from jax.experimental.topologies import get_topology_desc
+    from maxtext.utils import accelerator_to_spec_map
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    hw = accelerator_to_spec_map.get_system_characteristics("v5p-8")
+    devices = get_topology_desc(
+        platform=hw.platform,
+        topology_name=hw.topology_name,
+        chip_config_name=hw.chip_config_name,
+        chips_per_host_bounds=hw.chips_per_host_bounds,
+        num_slices=1,
+        wrap=hw.wrap,
+    ).devices
+    keys = {
+        "model_name": MODEL,
+        **miniature.miniature_overrides(MODEL),
+        **CPU_KEYS,
+        "max_target_length": 256,
+        "dtype": "bfloat16",
+        "weight_dtype": "bfloat16",
+        "matmul_precision": "default",
+        "ici_fsdp_parallelism": 1,
+        "ici_expert_parallelism": 4,
+        "compile_topology": "v5p-8",
+        "compile_topology_num_slices": 1,
+    }
+    targets = (*lora_targets.ATTENTION, lora_targets.EXPERTS)
+    policy = Policy(
+        ModelSpec(maxtext=keys, lora_rank=8, lora_alpha=16.0, lora_targets=targets), devices=devices
+    )
+    assert policy.cfg.sparse_matmul and policy.cfg.megablox and policy.mesh.shape["expert"] == 4
+    for k, sharding in policy.lora_sharding["decoder"]["layers"]["moe_block"].items():
+        assert sharding.spec[0] == "expert", (k, sharding.spec)
+
+    def loss(lora: Any, base: Any, toks: jax.Array, pos: jax.Array, seg: jax.Array) -> jax.Array:
+        return jnp.sum(policy.next_token_logprobs(lora, toks, pos, seg, base=base))
+
+    batch = jax.ShapeDtypeStruct((4, 256), jnp.int32)
+    compiled = jax.jit(jax.grad(loss)).lower(policy.lora0, policy.base, batch, batch, batch).compile()
+    assert compiled.as_text().count("tpu_custom_call") > 0
