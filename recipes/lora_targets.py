@@ -26,14 +26,14 @@ Face model's names:
   MLP, 8, top-2): stacked parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's
   per-expert ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
 
-LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection
-of every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mixtral
+LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection of
+every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mixtral
 (rljob.trainer.expert_lora: per-expert factors merged into MaxText's stacked expert weights, exported as
-``mlp.experts.{j}.gate_proj`` ..., Mixtral's ``block_sparse_moe.experts.{j}.w1`` ..., per layer and
-expert); not yet gpt_oss (its checkpoint keeps the experts stacked, gate and up interleaved in
-``gate_up_proj``: no per-expert module to name) nor qwen3_5 (its ``routed_experts`` export is not written). vLLM's TPU backend does not serve it
-(``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with that reason
-(:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
+``mlp.experts.{j}.gate_proj`` ..., Mixtral's ``block_sparse_moe.experts.{j}.w1`` ..., per layer and expert);
+not yet gpt_oss (its checkpoint keeps the experts stacked, gate and up interleaved in ``gate_up_proj``: no
+per-expert module to name) nor qwen3_5 (its ``routed_experts`` export is not written). vLLM's TPU backend
+does not serve it (``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with
+that reason (:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
 Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral}.py; transformers 5.x

@@ -27,11 +27,12 @@ The PEFT layout (rljob.trainer.peft): one ``lora_A`` (r, in) and ``lora_B`` (out
 ``model.layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight`` and so on (Mixtral:
 ``model.layers.{i}.block_sparse_moe.experts.{j}.w1``, ``w3``, ``w2``; EXPERT_HF_NAMES): the checkpoint's
 per-expert names (as MaxText's conversion names the expert weights), the layout PEFT writes for a model
-whose experts are modules (transformers 4.x Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock) and which vLLM's MoE LoRA
-(vllm/lora/layers/fused_moe.py) stacks per expert. transformers 5.x keeps Qwen3 MoE's experts as 3-D
-parameters (Qwen3MoeExperts.gate_up_proj, likewise Mixtral's; no per-expert module), so ``peft`` cannot load this adapter into
-that model as is; tests/trainer/test_expert_lora.py merges it by name as peft merges a LoRA into a Linear.
-vLLM's TPU backend serves no LoRA on MoE experts (rljob.recipes.lora_targets.SERVING_REFUSED).
+whose experts are modules (transformers 4.x Qwen3MoeSparseMoeBlock, MixtralSparseMoeBlock) and which vLLM's
+MoE LoRA (vllm/lora/layers/fused_moe.py) stacks per expert. transformers 5.x keeps Qwen3 MoE's experts as
+3-D parameters (Qwen3MoeExperts.gate_up_proj, likewise Mixtral's; no per-expert module), so ``peft`` cannot
+load this adapter into that model as is; tests/trainer/test_expert_lora.py merges it by name as peft merges
+a LoRA into a Linear. vLLM's TPU backend serves no LoRA on MoE experts
+(rljob.recipes.lora_targets.SERVING_REFUSED).
 """
 
 from __future__ import annotations
