@@ -234,8 +234,9 @@ def params(s: Shapes) -> Params:
 
 def lora_params(s: Shapes, rank: int, targets: Iterable[str]) -> int:
     """LoRA parameters (both factors) of the projections ``targets`` names (Hugging Face or MaxText names)
-    wraps: attention on the full-attention layers, the MLP on dense layers and shared experts (routed
-    experts are stacked parameters, never wrapped: rljob.recipes.lora_targets)."""
+    wraps: attention on the full-attention layers, the MLP on dense layers and shared experts, and with
+    the target ``experts`` a gate, up and down factor pair per routed expert of each MoE layer
+    (rljob.trainer.expert_lora)."""
     names = {lora_targets.HF_TO_MAXTEXT.get(t, t) for t in targets}
     q_out = s.q_heads * s.head_dim * (2 if s.gated_attention else 1)
     kv_out = s.kv_heads * s.head_dim
@@ -253,6 +254,8 @@ def lora_params(s: Shapes, rank: int, targets: Iterable[str]) -> int:
     for layers, width in mlp_width:
         per_mlp = {"wi_0": s.emb + width, "wi_1": s.emb + width, "wo": width + s.emb}
         total += layers * sum(n for k, n in per_mlp.items() if k in names)
+    if lora_targets.EXPERTS in names:
+        total += moe * s.experts * 3 * (s.emb + s.moe_mlp)
     return rank * total
 
 

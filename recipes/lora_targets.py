@@ -5,8 +5,9 @@ problems) and the trainer (``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse
 the same field). ``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText
 modules they map to (``query``...).
 
-A target counts only where the decoder has a module of that name that qwix can wrap and whose adapter
-the trainer exports to PEFT under the Hugging Face model's names:
+A target counts only where the decoder has a module of that name that qwix can wrap (or, for ``experts``,
+routed experts the trainer wraps itself) and whose adapter the trainer exports to PEFT under the Hugging
+Face model's names:
 
 - qwen3 (Qwen3ForCausalLM), gemma4 (Gemma4ForConditionalGeneration), llama2 (LlamaForCausalLM: MaxText's
   block for Llama 2 and Llama 3.x), gemma3 (Gemma3ForConditionalGeneration's text tower: its local
@@ -17,13 +18,22 @@ the trainer exports to PEFT under the Hugging Face model's names:
   ``mlp.experts.gate_up_proj``), not modules;
 - gpt_oss (GptOssForCausalLM): attention only; its MLP is all experts, stacked parameters on both
   sides (MaxText ``GptOssMlp/wi_0``, Hugging Face ``mlp.experts.gate_up_proj``);
-- qwen3_moe (Qwen3MoeForCausalLM): attention only; its MLP is all routed experts (no shared expert),
-  stacked parameters on both sides (MaxText ``moe_block/wi_0``, Hugging Face ``mlp.experts.{j}.gate_proj``);
-- mixtral (MixtralForCausalLM): attention only; its MLP is all routed experts (8, top-2), stacked
-  parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's per-expert
-  ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
+- qwen3_moe (Qwen3MoeForCausalLM): attention, and with the target ``experts`` the routed experts (its
+  whole MLP, no shared expert): stacked parameters in MaxText (``moe_block/wi_0``), per expert in the
+  checkpoint (``mlp.experts.{j}.gate_proj``; transformers 5.x fuses them into ``mlp.experts.gate_up_proj``
+  as it loads);
+- mixtral (MixtralForCausalLM): attention, and with the target ``experts`` the routed experts (its whole
+  MLP, 8, top-2): stacked parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's
+  per-expert ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
 
-LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
+LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection of
+every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mixtral
+(rljob.trainer.expert_lora: per-expert factors merged into MaxText's stacked expert weights, exported as
+``mlp.experts.{j}.gate_proj`` ..., Mixtral's ``block_sparse_moe.experts.{j}.w1`` ..., per layer and expert);
+not yet gpt_oss (its checkpoint keeps the experts stacked, gate and up interleaved in ``gate_up_proj``: no
+per-expert module to name) nor qwen3_5 (its ``routed_experts`` export is not written). vLLM's TPU backend
+does not serve it (``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with
+that reason (:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
 Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral}.py; transformers 5.x
@@ -39,12 +49,16 @@ from typing import Any
 
 __all__ = [
     "ATTENTION",
+    "EXPERTS",
+    "EXPERT_SUPPORTED",
     "HF_TO_MAXTEXT",
     "MLP",
     "REFUSED",
+    "SERVING_REFUSED",
     "SUPPORTED",
     "decoder_block",
     "problems",
+    "serving_problems",
 ]
 
 # Hugging Face projection -> MaxText module.
@@ -71,6 +85,21 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "gemma3": ATTENTION + MLP,
     "mixtral": ATTENTION,
 }
+
+# The target naming the routed experts (gate, up and down projection of each, an adapter per expert), and
+# the decoder blocks whose experts the trainer wraps and exports (rljob.trainer.expert_lora).
+EXPERTS = "experts"
+EXPERT_SUPPORTED = frozenset({"qwen3_moe", "mixtral"})
+# Why the sampler cannot serve an expert adapter: vllm-tpu's LoRA runs on tpu-inference's vLLM (torch)
+# model path (the sampler sets MODEL_IMPL_TYPE=vllm), whose punica wrapper has no fused-MoE LoRA op; its
+# JAX model path loads no LoRA at all (read in the tpu-inference 0.32.0 wheel the sampler image installs).
+SERVING_REFUSED = (
+    "vLLM's TPU backend (vllm-tpu 0.32.0 with tpu-inference 0.32.0) does not serve LoRA on MoE experts: its "
+    "PunicaWrapperTPU has LoRA ops for linear, embedding and logits layers but no add_lora_fused_moe, "
+    "which vLLM's FusedMoEWithLoRA calls "
+    "(https://github.com/vllm-project/tpu-inference/blob/main/tpu_inference/lora/torch_punica_tpu.py), "
+    "and its JAX model path loads no LoRA (tpu_inference/models/common/model_loader.py)"
+)
 
 # decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
 _NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
@@ -109,12 +138,13 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     decoder block ``block`` (None: the block is not known, only the names are checked)."""
     targets = list(targets)
     out: list[tuple[str, str]] = []
-    unknown = [t for t in targets if t not in HF_TO_MAXTEXT and t not in _MT_TO_HF]
+    unknown = [t for t in targets if t not in HF_TO_MAXTEXT and t not in _MT_TO_HF and t != EXPERTS]
     if unknown:
         out.append(
             (
                 "spec.lora.targets",
-                f"unknown module(s) {unknown}; known: {sorted(HF_TO_MAXTEXT)} or {sorted(_MT_TO_HF)}",
+                f"unknown module(s) {unknown}; known: {sorted(HF_TO_MAXTEXT)} or {sorted(_MT_TO_HF)}, "
+                f"or {EXPERTS!r} (the routed experts)",
             )
         )
     if block is None:
@@ -129,7 +159,15 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
             )
         )
         return out
-    hf = [_MT_TO_HF.get(t, t) for t in targets if t not in unknown]
+    if EXPERTS in targets and block not in EXPERT_SUPPORTED:
+        out.append(
+            (
+                "spec.lora.targets",
+                f"{EXPERTS}: the trainer wraps and exports the routed experts of the "
+                f"{', '.join(sorted(EXPERT_SUPPORTED))} decoders only, not {block}",
+            )
+        )
+    hf = [_MT_TO_HF.get(t, t) for t in targets if t not in unknown and t != EXPERTS]
     missing = sorted({t for t in hf if t not in SUPPORTED[block]})
     if missing:
         out.append(
@@ -140,3 +178,11 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
             )
         )
     return out
+
+
+def serving_problems(targets: Iterable[str]) -> list[tuple[str, str]]:
+    """(field, message) for each LoRA target the trainer trains but the sampler cannot serve (the plan's
+    check only: the trainer itself accepts them)."""
+    if EXPERTS in list(targets):
+        return [("spec.lora.targets", f"{EXPERTS}: {SERVING_REFUSED}")]
+    return []

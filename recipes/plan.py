@@ -794,7 +794,8 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
         if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
-    return [f"{field}: {message}" for field, message in lora_targets.problems(block, targets)]
+    found = lora_targets.problems(block, targets) + lora_targets.serving_problems(targets)
+    return [f"{field}: {message}" for field, message in found]
 
 
 def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:

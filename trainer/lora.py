@@ -29,7 +29,13 @@ def lora_sharding_meta(var: Any) -> Any:
     meta = var.get_metadata()
     axis_name = meta.get(nnx.PARTITION_NAME, "layers")
     scan_axis = meta.get("param_scan_axis", 1)
-    names = tuple(axis_name if i == scan_axis else None for i in range(var.get_value().ndim))
+    # An expert LoRA factor (rljob.trainer.expert_lora) also keeps its experts axis's name.
+    kept = set(meta.get("lora_kept_axes", ()))
+    old = tuple(meta.get("sharding_names") or meta.get("out_sharding") or ())
+    names = tuple(
+        axis_name if i == scan_axis else (old[i] if i in kept and i < len(old) else None)
+        for i in range(var.get_value().ndim)
+    )
     updates = {k: names for k in ("out_sharding", "sharding_names", "sharding") if meta.get(k) is not None}
     return var.replace(**updates) if updates else var
 

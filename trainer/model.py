@@ -72,6 +72,7 @@ from rljob.trainer.base_checkpoint import (
     logical_shardings,
     restore_base_params,
 )
+from rljob.trainer.expert_lora import add_expert_lora
 from rljob.trainer.lora import add_lora_params, lora_sharding_meta
 from rljob.trainer.peft import HF_PROJ, PeftAdapter, decoder_block
 from rljob.trainer.placement import put_global
@@ -289,8 +290,10 @@ def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def _with_lora(model: Any, spec: ModelSpec, cfg: Any) -> Any:
-    """``model`` wrapped by qwix's LoRA on ``spec``'s targets, every factor created first."""
-    module_path = rf".*/({'|'.join(spec.maxtext_targets)})"
+    """``model`` wrapped by qwix's LoRA on ``spec``'s targets, every factor created first; the routed
+    experts (target ``experts``) get per-expert factors of their own (rljob.trainer.expert_lora)."""
+    modules = [t for t in spec.maxtext_targets if t != lora_targets.EXPERTS]
+    module_path = rf".*/({'|'.join(modules)})"
     provider = qwix.LoraProvider(
         module_path=module_path,
         rank=spec.lora_rank,
@@ -306,6 +309,12 @@ def _with_lora(model: Any, spec: ModelSpec, cfg: Any) -> Any:
     # where a parameter created during the call changes the carry's structure, and its local-layer scan
     # returns the shared qwix_rngs stacked, which qwix then cannot draw from.
     add_lora_params(model, module_path, spec.lora_rank, spec.seed + 1000, cfg)
+    if lora_targets.EXPERTS in spec.maxtext_targets and not add_expert_lora(
+        model, spec.lora_rank, spec.lora_alpha, spec.seed + 2000, cfg
+    ):
+        raise ValueError(
+            f"spec.lora.targets: experts: the {decoder_block(cfg)} decoder has no routed experts"
+        )
     return qwix.apply_lora_to_model(
         model,
         provider,
@@ -390,9 +399,10 @@ class Policy:
         # The adapter's PEFT layout (rljob.trainer.peft): ValueError on a layout the export does not know,
         # or (below) a target that wraps no projection of this model.
         self.peft = PeftAdapter(spec, self.lora0, self.cfg)
-        missing = sorted(set(spec.maxtext_targets) - {leaf.module for leaf in self.peft.layout})
+        wrapped = {lora_targets.EXPERTS if leaf.experts else leaf.module for leaf in self.peft.layout}
+        missing = sorted(set(spec.maxtext_targets) - wrapped)
         if missing:
-            names = ", ".join(HF_PROJ[m][1] for m in missing)
+            names = ", ".join(HF_PROJ[m][1] if m in HF_PROJ else m for m in missing)
             raise ValueError(
                 f"spec.lora.targets: {names} wrap(s) no projection of the {decoder_block(self.cfg)} decoder "
                 f"({self.cfg.model_name})"

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from rljob.trainer.expert_lora import EXPERT_HF_NAMES
 
 if TYPE_CHECKING:
     from rljob.trainer.model import LoraState, ModelSpec
@@ -106,6 +107,11 @@ class LeafLayout:
     head_dim: int = 0
     rope_pairs: bool = False
     scale: float = 1.0
+    # An expert LoRA leaf (rljob.trainer.expert_lora): the number of routed experts, each with its own
+    # [d0, d1] matrix per layer (experts first, then the matrix, once the scan axes are taken out), and
+    # the Hugging Face projection inside ``hf_parent.{j}`` (gate_proj, up_proj, down_proj).
+    experts: int = 0
+    hf_proj: str = ""
 
     def to_hf(self, m: np.ndarray) -> np.ndarray:
         """A layer's PEFT tensor from its [d0, d1] matrix: lora_A (r, in), lora_B (out, r) in the Hugging
@@ -131,16 +137,21 @@ class LeafLayout:
             t = np.stack([h[:, :half], h[:, half:]], axis=2).reshape(t.shape)
         return np.ascontiguousarray(t.T)
 
+    @property
+    def unscanned_shape(self) -> tuple[int, ...]:
+        """One layer's share of the leaf: [d0, d1], or [experts, d0, d1] for an expert leaf."""
+        return ((self.experts,) if self.experts else ()) + self.matrix_shape
+
     def per_layer(self, arr: np.ndarray) -> np.ndarray:
-        """[n_layers, d0, d1] from the stacked leaf."""
+        """[n_layers, d0, d1] (an expert leaf: [n_layers, experts, d0, d1]) from the stacked leaf."""
         k = len(self.scan_shape)
         moved = np.moveaxis(arr, list(range(self.scan_axis, self.scan_axis + k)), list(range(k)))
-        return moved.reshape(-1, *self.matrix_shape)
+        return moved.reshape(-1, *self.unscanned_shape)
 
     def stack(self, mats: list[np.ndarray]) -> np.ndarray:
         """The inverse of :meth:`per_layer`."""
         k = len(self.scan_shape)
-        arr = np.stack(mats).reshape(*self.scan_shape, *self.matrix_shape)
+        arr = np.stack(mats).reshape(*self.scan_shape, *self.unscanned_shape)
         return np.moveaxis(arr, list(range(k)), list(range(self.scan_axis, self.scan_axis + k)))
 
 
@@ -258,15 +269,16 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
     seen: dict[tuple[str, str, str], set[int]] = {}
     for path, arr in jax.tree_util.tree_flatten_with_path(lora)[0]:
         keys = [str(getattr(p, "key", getattr(p, "idx", p))) for p in path]
-        module, which = _parse_lora_path(path)
+        expert = _EXPERT_LEAF.match(keys[-1]) if keys else None
+        module, which = (expert.group("w"), expert.group("which")) if expert else _parse_lora_path(path)
         shape = tuple(int(d) for d in np.shape(arr))
-        k = len(shape) - 2
+        k = len(shape) - (3 if expert else 2)
         scan_axis = axis if k else 0
         if k < 0 or scan_axis > 2:
             raise ValueError(f"LoRA parameter {'/'.join(keys)}: shape {shape} is not a stack of matrices")
         scan_shape = shape[scan_axis : scan_axis + k]
         matrix = shape[:scan_axis] + shape[scan_axis + k :]
-        layers = _leaf_layers(keys[:-2], scan_shape, cfg)
+        layers = _leaf_layers(keys[:-1] if expert else keys[:-2], scan_shape, cfg)
         if layers is None:
             raise ValueError(
                 f"LoRA parameter {'/'.join(keys)} (scan axes {scan_shape}): a layer layout of the "
@@ -275,6 +287,16 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
         parent = "self_attn"
         if module not in _ATTENTION_MODULES:
             parent = "mlp.shared_expert" if "shared_expert" in keys else "mlp"
+        extra: dict[str, Any] = {}
+        if expert:
+            if decoder_block(cfg) not in EXPERT_HF_NAMES:
+                raise ValueError(
+                    f"LoRA parameter {'/'.join(keys)}: no PEFT layout of the {decoder_block(cfg)} "
+                    "decoder's routed experts"
+                )
+            parent, projections = EXPERT_HF_NAMES[decoder_block(cfg)]
+            extra = {"experts": matrix[0], "hf_proj": projections[module]}
+            matrix = matrix[1:]
         key = (parent, module, which)
         if any(not 0 <= i < int(cfg.num_decoder_layers) for i in layers) or seen.get(key, set()) & set(
             layers
@@ -291,10 +313,14 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
                 scan_axis,
                 scan_shape,
                 layers,
-                **output_map(cfg, module, which),
+                **(extra or output_map(cfg, module, which)),
             )
         )
     return out
+
+
+# An expert LoRA factor (rljob.trainer.expert_lora): <wi_0|wi_1|wo>_lora_<a|b> on the MoE module.
+_EXPERT_LEAF = re.compile(r"^(?P<w>wi_0|wi_1|wo)_lora_(?P<which>[ab])$")
 
 
 _LORA_LEAF = re.compile(r"^(?P<module>\w+)\.kernel_lora_(?P<which>[ab])$")
@@ -341,14 +367,24 @@ class PeftAdapter:
         for (_, arr), leaf in zip(leaves, self.layout, strict=True):
             per_layer = leaf.per_layer(np.asarray(arr, np.float32))
             for layer, m in zip(leaf.layers, per_layer, strict=True):
-                # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]
-                out[self.name(layer, leaf)] = leaf.to_hf(m)
+                # lora_A (r, in) from [in, r]; lora_B (out, r) from [r, out]; an expert leaf: per expert
+                for name, mj in zip(self._names(leaf, layer), m if leaf.experts else [m], strict=True):
+                    out[name] = leaf.to_hf(mj)
         return out
+
+    def _names(self, leaf: LeafLayout, layer: int) -> list[str]:
+        """The PEFT tensor names of one layer of ``leaf``: one, or one per expert."""
+        if not leaf.experts:
+            return [self.name(layer, leaf)]
+        return [self.name(layer, leaf, expert=j) for j in range(leaf.experts)]
 
     def from_peft(self, tensors: Mapping[str, np.ndarray]) -> LoraState:
         """The inverse of :meth:`to_peft`; ValueError on a missing, extra or misshapen tensor."""
         want = {
-            self.name(layer, leaf): leaf.matrix_shape[::-1] for leaf in self.layout for layer in leaf.layers
+            name: leaf.matrix_shape[::-1]
+            for leaf in self.layout
+            for layer in leaf.layers
+            for name in self._names(leaf, layer)
         }
         if set(tensors) != set(want):
             missing, extra = sorted(set(want) - set(tensors)), sorted(set(tensors) - set(want))
@@ -361,18 +397,26 @@ class PeftAdapter:
         leaves, treedef = jax.tree_util.tree_flatten(self.lora0)
         out = []
         for arr, leaf in zip(leaves, self.layout, strict=True):
-            mats = [leaf.from_hf(tensors[self.name(layer, leaf)]) for layer in leaf.layers]
+            mats = []
+            for layer in leaf.layers:
+                per = [leaf.from_hf(tensors[n]) for n in self._names(leaf, layer)]
+                mats.append(np.stack(per) if leaf.experts else per[0])
             out.append(jnp.asarray(leaf.stack(mats), arr.dtype))
         return jax.tree_util.tree_unflatten(treedef, out)
 
-    def name(self, layer: int, leaf: LeafLayout | str, which: str | None = None) -> str:
+    def name(
+        self, layer: int, leaf: LeafLayout | str, which: str | None = None, expert: int | None = None
+    ) -> str:
         """The PEFT tensor name of ``leaf`` (or of MaxText module ``leaf`` under ``self_attn``/``mlp``, and
-        ``which``) at Hugging Face layer ``layer``."""
+        ``which``) at Hugging Face layer ``layer``; an expert leaf's names the expert (``expert``):
+        ``...layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight``."""
         if isinstance(leaf, str):
             parent, proj = HF_PROJ[leaf]
             which = which or "a"
         else:
-            parent, proj, which = leaf.hf_parent, HF_PROJ[leaf.module][1], leaf.which
+            parent, proj, which = leaf.hf_parent, leaf.hf_proj or HF_PROJ[leaf.module][1], leaf.which
+        if expert is not None:
+            parent = f"{parent}.{expert}"
         return f"{self.layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
 
     def save(self, lora: LoraState, directory: Path) -> None:
@@ -403,5 +447,9 @@ class PeftAdapter:
             "bias": "none",
             "fan_in_fan_out": False,
             "inference_mode": True,
-            "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
+            # the experts' projections are modules named gate_proj/up_proj/down_proj inside experts.{j}
+            "target_modules": sorted(
+                {leaf.hf_proj or HF_PROJ[leaf.module][1] for leaf in self.layout}
+                | {HF_PROJ[m][1] for m in self.spec.maxtext_targets if m in HF_PROJ}
+            ),
         }

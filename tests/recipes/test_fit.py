@@ -63,6 +63,16 @@ def test_qwen3_8b_counts_exactly_as_by_hand() -> None:
     ) == (16 * layers * per_layer)
 
 
+def test_an_expert_lora_counts_a_factor_pair_per_expert_projection_by_hand() -> None:
+    # Qwen3-30B-A3B: 48 MoE layers of 128 experts, emb 2048, expert width 768; rank 8 on the experts:
+    # r x (in + out) for gate, up and down of each expert and layer
+    shapes = fit.shapes("qwen3-30b-a3b", {})
+    assert shapes is not None
+    assert (shapes.moe_layers(), shapes.experts, shapes.emb, shapes.moe_mlp) == (48, 128, 2048, 768)
+    attention = fit.lora_params(shapes, 8, ["q_proj"])
+    assert fit.lora_params(shapes, 8, ["q_proj", "experts"]) - attention == 8 * 48 * 128 * 3 * (2048 + 768)
+
+
 def test_qwen3_5_counts_its_gated_delta_net_layers_and_experts_by_hand() -> None:
     shapes = fit.shapes("qwen3.5-397b-a17b", {})
     assert shapes is not None

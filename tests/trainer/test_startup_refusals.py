@@ -67,6 +67,12 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
+        "LoRA on routed experts the trainer does not wrap (gpt-oss's)",
+        {"recipe": "gpt-oss-20b-v5p", "lora": {"targets": ["q_proj", "experts"]}},
+        lambda: ModelSpec(maxtext={"model_name": "gpt-oss-20b"}, lora_targets=("q_proj", "experts")),
+        "spec.lora.targets",
+    ),
+    (
         "decoder block without an adapter export (DeepSeek's MLA)",
         {"model": {"maxtextModel": "deepseek3-671b"}},
         lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}),

@@ -341,6 +341,9 @@ class Engine:
     def init_lora(self, rank: int, seed: int, train_attn: bool, train_mlp: bool) -> tuple[Any, Any]:
         """(LoRA parameters, update mask) of a new adapter: A drawn like qwix draws it (he_uniform per
         layer) from ``seed``, B zero; rank slots >= ``rank`` and untrained projections zero and masked."""
+        if any(leaf.experts for leaf in self.policy.peft.layout):
+            # the masks below assume [in, r] / [r, out] matrices per layer (rljob.trainer.expert_lora)
+            raise ValueError("spec.lora.targets: experts: the Tinker service trains no routed-expert LoRA")
         init = jax.nn.initializers.he_uniform()
         key = jax.random.key(seed)
         leaves, treedef = jax.tree_util.tree_flatten(self.policy.lora0)
