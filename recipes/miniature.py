@@ -108,6 +108,50 @@ _SIZES: dict[str, dict[str, Any]] = {
         "base_moe_mlp_dim": 32,
         "base_num_decoder_layers": 2,
     },
+    # DeepSeek-V3 (MaxText's deepseek block): multi-head latent attention with its query latent
+    # (q_lora_rank) and key/value latent (kv_lora_rank), each RMS-normed, the rotary and non-rotary head
+    # dims split (qk_rope_head_dim 4 of qk_nope_head_dim 8, v_head_dim 12: three widths that differ, so a
+    # wrong split of kv_b_proj's per-head output cannot round-trip), yarn RoPE on interleaved pairs with its
+    # mscale; the first dense layers, then MoE layers (2 of each here, as the full model's 3 then 58) with
+    # one shared expert, 8 routed experts top-4 scored by sigmoid with the score-correction bias and
+    # routed_scaling_factor 2.5, group-limited: 4 groups of 2 experts, the top 2 groups (the full model's
+    # n_group 8, topk_group 4 of its Hugging Face config.json, which MaxText's deepseek3-671b.yml leaves to
+    # the command line: n_routing_groups, topk_routing_group). Query and key/value heads are equal in MLA.
+    "deepseek3-671b": {
+        **_COMMON,
+        "base_num_kv_heads": 4,
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "base_mlp_dim": 96,
+        "base_moe_mlp_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 4,
+        "n_routing_groups": 4,
+        "topk_routing_group": 2,
+        "base_num_decoder_layers": 4,
+        "first_num_dense_layers": 2,
+    },
+    # DeepSeek-V2-Lite (the same block): its query without a latent (q_lora_rank 0: one q_proj), the
+    # key/value latent and RoPE split as above; experts scored by softmax without a bias, two shared
+    # experts (its n_shared_experts 2), no routing groups; 2 dense then 2 MoE layers (the full model's 1
+    # then 26: two, so that the dense scan axis is more than one layer deep).
+    "deepseek2-16b": {
+        **_COMMON,
+        "base_num_kv_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "base_mlp_dim": 96,
+        "base_moe_mlp_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 4,
+        "base_num_decoder_layers": 4,
+        "first_num_dense_layers": 2,
+    },
     # Gemma 3 (27B): blocks of 5 sliding-window layers + 1 global layer (2 blocks here) and a remainder
     # of 2 sliding-window layers after them, as the full model's 62 = 10 x 6 + 2; kept: query and key
     # RMS norms, the query scaled by (emb_dim / heads)^-0.5 (MaxText models/gemma3.py

@@ -33,10 +33,12 @@ __all__ = [
     "DEFAULT_HF_LAYERS_PREFIX",
     "HF_LAYERS_PREFIX",
     "HF_PROJ",
+    "MLA_HF_PROJ",
     "LeafLayout",
     "PeftAdapter",
     "decoder_block",
     "hf_layers_prefix",
+    "hf_projection",
     "output_map",
     "peft_layout",
     "rope_pairs",
@@ -52,6 +54,18 @@ HF_PROJ: dict[str, tuple[str, str]] = {
     "wi_1": ("mlp", "up_proj"),
     "wo": ("mlp", "down_proj"),
 }
+
+# DeepSeek's multi-head latent attention (MaxText 0.2.5 layers/attention_mla.py; Hugging Face
+# DeepseekV3Attention / DeepseekV2Attention, transformers 5.x models/deepseek_v3/modeling_deepseek_v3.py):
+# MaxText's MLA uses ``query`` (q_proj, q_lora_rank 0) and ``out`` (o_proj) as above and these. Kept apart
+# from HF_PROJ, whose modules are every other block's default LoRA targets.
+MLA_HF_PROJ: dict[str, tuple[str, str]] = {
+    "wq_a": ("self_attn", "q_a_proj"),
+    "wq_b": ("self_attn", "q_b_proj"),
+    "wkv_a": ("self_attn", "kv_a_proj_with_mqa"),
+    "wkv_b": ("self_attn", "kv_b_proj"),
+}
+_PROJ = HF_PROJ | MLA_HF_PROJ
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
 # PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM,
@@ -76,6 +90,12 @@ def decoder_block(cfg: Any) -> str:
     """The config's decoder block as its config files spell it (``gemma4``, ``qwen3_5``, ...)."""
     block = cfg.decoder_block
     return str(getattr(block, "value", block)).lower()
+
+
+def hf_projection(module: str) -> str:
+    """The Hugging Face projection of a MaxText LoRA module (``query`` -> ``q_proj``, ``wkv_b`` ->
+    ``kv_b_proj``)."""
+    return _PROJ[module][1]
 
 
 def hf_layers_prefix(decoder_block: str) -> str:
@@ -144,7 +164,7 @@ class LeafLayout:
         return np.moveaxis(arr, list(range(k)), list(range(self.scan_axis, self.scan_axis + k)))
 
 
-_ATTENTION_MODULES = ("query", "key", "value", "out")
+_ATTENTION_MODULES = ("query", "key", "value", "out", *MLA_HF_PROJ)
 
 # Decoder blocks whose attention applies no 1/sqrt(head_dim) to the query: MaxText folds it into the
 # query kernel (layers/attentions.py init_query_w: no qk norm, no query_pre_attn_scalar; models/llama2.py
@@ -237,6 +257,8 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
         sub = _SUBLAYER.match(inner[0]) if inner else None
         if sub is not None:
             return ((n // _gemma3_block()) * _gemma3_block() + int(sub.group(1)),)
+    if decoder_block(cfg) == "deepseek":
+        return _deepseek_layers(container, scan_shape, cfg)
     if decoder_block(cfg) == "gemma4" and container in ("scanned_blocks", "layers_remainder"):
         local, glob = _gemma4_pattern()
         block = len(local) + len(glob)
@@ -248,6 +270,36 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
         if container == "layers_remainder" and inner[:1] == ["local_layers"] and len(scan_shape) == 1:
             return tuple(start + local[j] for j in range(scan_shape[0]))
     return None
+
+
+_DEEPSEEK_UNSCANNED = re.compile(r"^(dense|moe)_layers_(\d+)$")
+
+
+def _deepseek_layers(container: str, scan_shape: tuple[int, ...], cfg: Any) -> tuple[int, ...] | None:
+    """Hugging Face layers of a DeepSeek LoRA leaf: MaxText 0.2.5 (layers/nnx_decoders.py
+    _init_scanned_deepseek_standard, _init_sequential_deepseek) keeps the ``first_num_dense_layers``
+    dense layers in ``dense_layers`` and the MoE layers after them in ``moe_layers`` (one scan axis
+    each), or unscanned in ``dense_layers_<i>`` and ``moe_layers_<i>``, as its Hugging Face conversion
+    (checkpoint_conversion/utils/param_mapping.py DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING) maps them to
+    model.layers.{i} and model.layers.{first_num_dense_layers + i}. Engram and pipeline layouts are not
+    known here (None)."""
+    dense = int(cfg.first_num_dense_layers)
+    start = {"dense_layers": 0, "moe_layers": dense}
+    if container in start and len(scan_shape) == 1:
+        return tuple(start[container] + i for i in range(scan_shape[0]))
+    plain = _DEEPSEEK_UNSCANNED.match(container)
+    if plain and not scan_shape:
+        return ((0 if plain.group(1) == "dense" else dense) + int(plain.group(2)),)
+    return None
+
+
+def _mlp_parent(keys: list[str]) -> str:
+    """The Hugging Face parent of an MLP LoRA leaf at MaxText path ``keys``: Qwen3.5's shared expert
+    (``mlp.shared_expert``), DeepSeek's shared experts (MaxText ``DeepSeekMoeBlock_0/shared_experts``,
+    Hugging Face ``mlp.shared_experts``, one MLP as wide as all of them: DeepseekV3MoE), else ``mlp``."""
+    if "shared_experts" in keys:
+        return "mlp.shared_experts"
+    return "mlp.shared_expert" if "shared_expert" in keys else "mlp"
 
 
 def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
@@ -272,9 +324,7 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
                 f"LoRA parameter {'/'.join(keys)} (scan axes {scan_shape}): a layer layout of the "
                 f"{decoder_block(cfg)} decoder that the PEFT export does not know"
             )
-        parent = "self_attn"
-        if module not in _ATTENTION_MODULES:
-            parent = "mlp.shared_expert" if "shared_expert" in keys else "mlp"
+        parent = "self_attn" if module in _ATTENTION_MODULES else _mlp_parent(keys)
         key = (parent, module, which)
         if any(not 0 <= i < int(cfg.num_decoder_layers) for i in layers) or seen.get(key, set()) & set(
             layers
@@ -304,7 +354,7 @@ def _parse_lora_path(path: tuple[Any, ...]) -> tuple[str, str]:
     key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
     tail = ".".join(key.split(".")[-2:])
     m = _LORA_LEAF.match(tail)
-    if not m or m.group("module") not in HF_PROJ:
+    if not m or m.group("module") not in _PROJ:
         raise ValueError(f"unexpected LoRA parameter {key}")
     return m.group("module"), m.group("which")
 
@@ -369,10 +419,10 @@ class PeftAdapter:
         """The PEFT tensor name of ``leaf`` (or of MaxText module ``leaf`` under ``self_attn``/``mlp``, and
         ``which``) at Hugging Face layer ``layer``."""
         if isinstance(leaf, str):
-            parent, proj = HF_PROJ[leaf]
+            parent, proj = _PROJ[leaf]
             which = which or "a"
         else:
-            parent, proj, which = leaf.hf_parent, HF_PROJ[leaf.module][1], leaf.which
+            parent, proj, which = leaf.hf_parent, _PROJ[leaf.module][1], leaf.which
         return f"{self.layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
 
     def save(self, lora: LoraState, directory: Path) -> None:
@@ -403,5 +453,5 @@ class PeftAdapter:
             "bias": "none",
             "fan_in_fan_out": False,
             "inference_mode": True,
-            "target_modules": sorted(HF_PROJ[m][1] for m in self.spec.maxtext_targets),
+            "target_modules": sorted(_PROJ[m][1] for m in self.spec.maxtext_targets),
         }
