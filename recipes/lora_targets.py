@@ -50,9 +50,9 @@ __all__ = [
     "MLA",
     "MLP",
     "REFUSED",
+    "SAMPLER_REFUSED",
     "SUPPORTED",
     "decoder_block",
-    "SAMPLER_REFUSED",
     "mla_problems",
     "problems",
     "sampler_problems",
@@ -184,11 +184,20 @@ def mla_problems(block: str | None, targets: Iterable[str], q_lora_rank: Any) ->
     if not absent:
         return []
     has = "q_proj (q_lora_rank 0)" if rank == 0 else f"q_a_proj and q_b_proj (q_lora_rank {rank})"
-    return [("spec.lora.targets", f"{', '.join(absent)}: no such projection in this deepseek model's query: it has {has}")]
+    return [
+        (
+            "spec.lora.targets",
+            f"{', '.join(absent)}: no such projection in this deepseek model's query: it has {has}",
+        )
+    ]
 
 
 def sampler_problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:
     """(field, message) for each LoRA target the trainer exports but the sampler would not apply
     (SAMPLER_REFUSED)."""
     hf = sorted({_MT_TO_HF.get(t, t) for t in targets})
-    return [("spec.lora.targets", f"{t}: {SAMPLER_REFUSED[(block, t)]}") for t in hf if (block, t) in SAMPLER_REFUSED]
+    return [
+        ("spec.lora.targets", f"{t}: {SAMPLER_REFUSED[(block, t)]}")
+        for t in hf
+        if (block, t) in SAMPLER_REFUSED
+    ]

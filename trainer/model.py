@@ -171,7 +171,9 @@ class ModelSpec:
         # The plan makes the same checks (rljob.recipes.lora_targets): rljob validate refuses the same.
         for field, message in lora_targets.problems(self.decoder_block, self.lora_targets):
             raise ValueError(f"{field}: {message}")
-        for field, message in lora_targets.mla_problems(self.decoder_block, self.lora_targets, self.q_lora_rank):
+        for field, message in lora_targets.mla_problems(
+            self.decoder_block, self.lora_targets, self.q_lora_rank
+        ):
             raise ValueError(f"{field}: {message}")
         if self.lora_rank <= 0:
             raise ValueError(f"spec.lora.rank: must be > 0, got {self.lora_rank}")
@@ -191,7 +193,9 @@ class ModelSpec:
         the model config's, else MaxText's default."""
         keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
         model = keyset.models.get(str(self.maxtext.get("model_name", "")), {})
-        return int(self.maxtext.get("q_lora_rank", model.get("q_lora_rank", keyset.defaults.get("q_lora_rank") or 0)))
+        return int(
+            self.maxtext.get("q_lora_rank", model.get("q_lora_rank", keyset.defaults.get("q_lora_rank") or 0))
+        )
 
     @property
     def maxtext_targets(self) -> tuple[str, ...]:

@@ -2,7 +2,8 @@
 scaling rules, its refusals (exit 2, field named), and (marked ``drill`` and ``slow``) the scaled CPU
 rehearsal of every catalog recipe and profile: real trainer and sampler processes, one per container of
 the scaled render, two GRPO steps, adapters v0..v2 loaded by the sampler, the step-0 parity gate; the same
-for the model families that have no catalog recipe yet (Gemma 3, Mixtral) on another recipe's TPUs."""
+for the model families that have no catalog recipe yet (Gemma 3, Mixtral, DeepSeek) on another recipe's
+TPUs."""
 
 from __future__ import annotations
 
@@ -269,6 +270,11 @@ FAMILIES = [
         ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     ),
     ("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    (
+        "deepseek3-671b",
+        "deepseek-ai/DeepSeek-V3",
+        ["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    ),
 ]
 
 

@@ -77,7 +77,8 @@ def test_every_maxtext_decoder_block_is_exported_or_refused_with_a_reason() -> N
                 (
                     "spec.model.maxtextModel",
                     "decoder block 'a_block_maxtext_lacks': the trainer exports LoRA adapters of the decoder "
-                    "blocks deepseek, gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, qwen3_moe only",
+                    "blocks deepseek, gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, qwen3_moe "
+                    "only",
                 )
             ],
         ),
@@ -102,7 +103,8 @@ def test_problems(block: str, targets: list[str], want: list[tuple[str, str]]) -
         (
             ["wq_a", "q_b_proj"],
             0,
-            "q_a_proj, q_b_proj: no such projection in this deepseek model's query: it has q_proj (q_lora_rank 0)",
+            "q_a_proj, q_b_proj: no such projection in this deepseek model's query: it has q_proj "
+            "(q_lora_rank 0)",
         ),
     ],
 )

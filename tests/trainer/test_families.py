@@ -34,6 +34,8 @@ from rljob.recipes import lora_targets, miniature
 from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
 
 pytestmark = pytest.mark.jax
+
+
 # LoRA targets per family: every projection the family has (rljob.recipes.lora_targets).
 # DeepSeek: its query projections are those of its q_lora_rank (q_a_proj and q_b_proj, or q_proj).
 def _targets(model: str) -> tuple[str, ...]:
@@ -220,7 +222,11 @@ def test_family_builds_trains_and_round_trips_through_peft(model: str) -> None:
 
     # Layer order: each scan position is the Hugging Face layer the layout says (two layers of the same
     # kind swapped in the PEFT tensors come back swapped in the stacked parameter).
-    q = next(leaf for leaf in policy.peft.layout if leaf.module in ("query", "wq_a") and leaf.which == "a")
+    q = next(
+        leaf
+        for leaf in policy.peft.layout
+        if leaf.module in ("query", "wq_a") and leaf.which == "a" and len(leaf.layers) > 1
+    )
     first, second = q.layers[0], q.layers[1]
     k0, k1 = policy.peft.name(first, q), policy.peft.name(second, q)
     swapped = policy.peft.from_peft({**tensors, k0: tensors[k1], k1: tensors[k0]})
@@ -429,9 +435,14 @@ def _deepseek_kernel_shape(cfg: Any, module: str) -> tuple[int, ...]:
 def _deepseek_hooks(policy: Policy, saving_to_hf: bool) -> dict[str, Any]:
     from maxtext.checkpoint_conversion.utils import param_mapping
 
-    hf_config = {"num_hidden_layers": policy.num_layers, "first_k_dense_replace": policy.cfg.first_num_dense_layers}
+    hf_config = {
+        "num_hidden_layers": policy.num_layers,
+        "first_k_dense_replace": policy.cfg.first_num_dense_layers,
+    }
     return dict(
-        param_mapping.HOOK_FNS[str(policy.cfg.model_name)](hf_config, policy.cfg, scan_layers=True, saving_to_hf=saving_to_hf)
+        param_mapping.HOOK_FNS[str(policy.cfg.model_name)](
+            hf_config, policy.cfg, scan_layers=True, saving_to_hf=saving_to_hf
+        )
     )
 
 
@@ -456,16 +467,19 @@ def test_deepseek_adapter_is_maxtexts_conversion_of_the_lora_delta_both_ways(mod
     of B @ A is a @ b again (checkpoint_conversion/utils/param_mapping.py
     DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN: transposes and head reshapes only; MaxText scales the query by
     its softmax scale at run time and rotates DeepSeek's interleaved RoPE pairs as Hugging Face's
-    rope_interleave does, so nothing is rescaled or reordered). Dense layers map to model.layers.{0, 1},
-    MoE layers to {2, 3}, their MLP under mlp.shared_experts. Exports that split kv_b_proj's heads the
-    wrong way or put q_b_proj's (DeepSeek-V2: q_proj's) rotary dims first are caught."""
+    rope_interleave does, so nothing is rescaled or reordered). Dense layers map to the first
+    model.layers, MoE layers to those after them, their MLP under mlp.shared_experts. Exports that split
+    kv_b_proj's heads the wrong way or put q_b_proj's (DeepSeek-V2: q_proj's) rotary dims first are caught."""
     policy = _policy(model)
     cfg = policy.cfg
     to_hf, to_mt = _deepseek_hooks(policy, True), _deepseek_hooks(policy, False)
     lora = _random_like(policy.lora0, seed=3)
     tensors = policy.peft.to_peft(lora)
     leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
-    by = {(leaf.path.rsplit("/", 1)[0], leaf.which): (leaf, arr) for leaf, arr in zip(policy.peft.layout, leaves, strict=True)}
+    by = {
+        (leaf.path.rsplit("/", 1)[0], leaf.which): (leaf, arr)
+        for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
+    }
     checked, broken_caught = 0, 0
     for (container, which), (la, a_arr) in by.items():
         if which != "a":
@@ -474,8 +488,17 @@ def test_deepseek_adapter_is_maxtexts_conversion_of_the_lora_delta_both_ways(mod
         keys = container.split("/")  # decoder/<dense_layers|moe_layers>/.../<module>
         key = "params-" + "-".join(keys) + "-kernel"
         assert la.layers == lb.layers
-        assert la.layers == ((0, 1) if keys[1] == "dense_layers" else (2, 3))
-        assert la.hf_parent == ("self_attn" if "self_attention" in keys else "mlp.shared_experts" if "shared_experts" in keys else "mlp")
+        dense = int(cfg.first_num_dense_layers)
+        assert la.layers == tuple(
+            range(dense) if keys[1] == "dense_layers" else range(dense, policy.num_layers)
+        )
+        assert la.hf_parent == (
+            "self_attn"
+            if "self_attention" in keys
+            else "mlp.shared_experts"
+            if "shared_experts" in keys
+            else "mlp"
+        )
         for a, b, layer in zip(la.per_layer(a_arr), lb.per_layer(b_arr), la.layers, strict=True):
             a_hf = tensors[policy.peft.name(layer, la)].astype(np.float64)
             got = tensors[policy.peft.name(layer, lb)].astype(np.float64) @ a_hf
@@ -487,7 +510,9 @@ def test_deepseek_adapter_is_maxtexts_conversion_of_the_lora_delta_both_ways(mod
             checked += 1
             bad_b = _deepseek_broken(lb, b, cfg)
             if bad_b is not None:
-                assert not np.allclose(bad_b @ a_hf, want, rtol=1e-3, atol=1e-4), f"{key}: a broken export passed"
+                assert not np.allclose(bad_b @ a_hf, want, rtol=1e-3, atol=1e-4), (
+                    f"{key}: a broken export passed"
+                )
                 broken_caught += 1
     assert checked == policy.num_layers * len(TARGETS[model])
     assert broken_caught == 2 * policy.num_layers
