@@ -195,6 +195,8 @@ def mla_problems(block: str | None, targets: Iterable[str], q_lora_rank: Any) ->
 def sampler_problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:
     """(field, message) for each LoRA target the trainer exports but the sampler would not apply
     (SAMPLER_REFUSED)."""
+    if block is None:
+        return []
     hf = sorted({_MT_TO_HF.get(t, t) for t in targets})
     return [
         ("spec.lora.targets", f"{t}: {SAMPLER_REFUSED[(block, t)]}")

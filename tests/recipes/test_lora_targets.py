@@ -125,3 +125,29 @@ def test_the_sampler_refuses_deepseeks_kv_b_proj() -> None:
     assert [(f, m.split(":")[0]) for f, m in got] == [("spec.lora.targets", "kv_b_proj")]
     assert "vllm-project/vllm/issues/48974" in got[0][1]
     assert lora_targets.sampler_problems("deepseek", ["q_a_proj", "kv_a_proj_with_mqa", "o_proj"]) == []
+
+
+@pytest.mark.parametrize(
+    ("model", "targets", "want"),
+    [
+        ("deepseek2-16b", ["q_proj", "kv_a_proj_with_mqa", "o_proj", "gate_proj"], []),
+        ("deepseek2-16b", ["q_proj", "kv_b_proj"], ["kv_b_proj"]),
+        ("deepseek2-16b", ["q_a_proj"], ["q_a_proj"]),
+    ],
+)
+def test_validate_refuses_what_the_deepseek_sampler_or_model_lacks(
+    model: str, targets: list[str], want: list[str]
+) -> None:
+    """The plan (rljob validate, the admission webhook) of a DeepSeek-V2-Lite job: MLA targets resolve;
+    kv_b_proj (vLLM never applies it) and q_a_proj (V2-Lite's query has no latent) are refused by name,
+    one line each under spec.lora.targets."""
+    from fixtures.recipes import manifest, problems
+
+    doc = manifest(
+        {
+            "model": {"name": "deepseek-ai/DeepSeek-V2-Lite", "maxtextModel": model},
+            "lora": {"targets": targets},
+        }
+    )
+    got = [p for p in problems(doc) if p.startswith("spec.lora.targets")]
+    assert [p.removeprefix("spec.lora.targets: ").split(":")[0] for p in got] == want

@@ -32,6 +32,7 @@ import numpy as np
 import pytest
 from rljob.recipes import lora_targets, miniature
 from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
+from rljob.trainer.peft import LeafLayout
 
 pytestmark = pytest.mark.jax
 
@@ -90,24 +91,33 @@ def _hf_deepseek_modules(cfg: Any) -> list[dict[str, tuple[int, int]]]:
         n_shared_experts=int(cfg.shared_experts),
         first_k_dense_replace=int(cfg.first_num_dense_layers),
     )
-    h, heads = hf.hidden_size, hf.num_attention_heads
+
+    def n(name: str) -> int:  # an int field of the config (typed Optional)
+        return int(getattr(hf, name))
+
+    h, heads, kv_rank, rope = (
+        n("hidden_size"),
+        n("num_attention_heads"),
+        n("kv_lora_rank"),
+        n("qk_rope_head_dim"),
+    )
     attn = {
-        "self_attn.kv_a_proj_with_mqa": (hf.kv_lora_rank + hf.qk_rope_head_dim, h),
-        "self_attn.kv_b_proj": (heads * (hf.qk_nope_head_dim + hf.v_head_dim), hf.kv_lora_rank),
-        "self_attn.o_proj": (h, heads * hf.v_head_dim),
+        "self_attn.kv_a_proj_with_mqa": (kv_rank + rope, h),
+        "self_attn.kv_b_proj": (heads * (n("qk_nope_head_dim") + n("v_head_dim")), kv_rank),
+        "self_attn.o_proj": (h, heads * n("v_head_dim")),
     }
     if hf.q_lora_rank is None:
-        attn["self_attn.q_proj"] = (heads * hf.qk_head_dim, h)
+        attn["self_attn.q_proj"] = (heads * n("qk_head_dim"), h)
     else:
         attn |= {
-            "self_attn.q_a_proj": (hf.q_lora_rank, h),
-            "self_attn.q_b_proj": (heads * hf.qk_head_dim, hf.q_lora_rank),
+            "self_attn.q_a_proj": (n("q_lora_rank"), h),
+            "self_attn.q_b_proj": (heads * n("qk_head_dim"), n("q_lora_rank")),
         }
     out = []
-    for i in range(hf.num_hidden_layers):
-        dense = i < hf.first_k_dense_replace
+    for i in range(n("num_hidden_layers")):
+        dense = i < n("first_k_dense_replace")
         mlp = "mlp" if dense else "mlp.shared_experts"
-        w = hf.intermediate_size if dense else hf.moe_intermediate_size * hf.n_shared_experts
+        w = n("intermediate_size") if dense else n("moe_intermediate_size") * n("n_shared_experts")
         out.append(attn | {f"{mlp}.gate_proj": (w, h), f"{mlp}.up_proj": (w, h), f"{mlp}.down_proj": (h, w)})
     return out
 
@@ -446,7 +456,7 @@ def _deepseek_hooks(policy: Policy, saving_to_hf: bool) -> dict[str, Any]:
     )
 
 
-def _deepseek_broken(leaf: Any, b: np.ndarray, cfg: Any) -> np.ndarray | None:
+def _deepseek_broken(leaf: LeafLayout, b: np.ndarray, cfg: Any) -> np.ndarray | None:
     """A plausible wrong export of a lora_B, or None: kv_b_proj's output taken head-minor ([nope+v, heads]
     instead of per head), q_b_proj's (q_proj's) per-head rotary part put before the non-rotary part."""
     t = leaf.to_hf(b.astype(np.float32)).astype(np.float64)  # (out, r)
@@ -455,7 +465,8 @@ def _deepseek_broken(leaf: Any, b: np.ndarray, cfg: Any) -> np.ndarray | None:
         return t.reshape(heads, -1, t.shape[-1]).transpose(1, 0, 2).reshape(t.shape)
     if leaf.module in ("wq_b", "query"):
         h = t.reshape(heads, -1, t.shape[-1])
-        return np.concatenate([h[:, nope:], h[:, :nope]], axis=1).reshape(t.shape)
+        swapped: np.ndarray = np.concatenate([h[:, nope:], h[:, :nope]], axis=1).reshape(t.shape)
+        return swapped
     return None
 
 
