@@ -172,24 +172,40 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     return out
 
 
-def mla_problems(block: str | None, targets: Iterable[str], q_lora_rank: Any) -> list[tuple[str, str]]:
+# MLA projections MaxText 0.2.5 calls with slice_bounds under use_sliced_mla_proj (layers/attention_mla.py
+# mla_query_projection, mla_get_key_value): layers/linears.py DenseGeneral then contracts a slice of the
+# kernel, whose shape qwix's LoRA no longer recognises (the trainer fails building the model).
+_SLICED = ("q_proj", "q_b_proj", "kv_b_proj")
+
+
+def mla_problems(
+    block: str | None, targets: Iterable[str], q_lora_rank: Any, sliced: Any = False
+) -> list[tuple[str, str]]:
     """(field, message) for a DeepSeek query projection the model does not have: MaxText's MLA has
     ``wq_a``/``wq_b`` (q_a_proj, q_b_proj) where ``q_lora_rank`` > 0 (DeepSeek-V3, R1) and one ``query``
-    (q_proj) where it is 0 (DeepSeek-V2, V2-Lite). ``q_lora_rank`` None: not known, nothing checked."""
-    if block != "deepseek" or q_lora_rank is None:
+    (q_proj) where it is 0 (DeepSeek-V2, V2-Lite); ``q_lora_rank`` None: not known, not checked. And for
+    a LoRA target MaxText slices with ``use_sliced_mla_proj`` (``sliced``) true."""
+    if block != "deepseek":
         return []
     hf = {_MT_TO_HF.get(t, t) for t in targets}
-    rank = int(q_lora_rank)
-    absent = sorted(hf & set(MLA_QUERY_LORA)) if rank == 0 else sorted(hf & {"q_proj"})
-    if not absent:
-        return []
-    has = "q_proj (q_lora_rank 0)" if rank == 0 else f"q_a_proj and q_b_proj (q_lora_rank {rank})"
-    return [
-        (
-            "spec.lora.targets",
-            f"{', '.join(absent)}: no such projection in this deepseek model's query: it has {has}",
+    out: list[tuple[str, str]] = []
+    if q_lora_rank is not None:
+        rank = int(q_lora_rank)
+        absent = sorted(hf & set(MLA_QUERY_LORA)) if rank == 0 else sorted(hf & {"q_proj"})
+        has = "q_proj (q_lora_rank 0)" if rank == 0 else f"q_a_proj and q_b_proj (q_lora_rank {rank})"
+        if absent:
+            msg = f"{', '.join(absent)}: no such projection in this deepseek model's query: it has {has}"
+            out.append(("spec.lora.targets", msg))
+    cut = [t for t in _SLICED if t in hf]
+    if cut and str(sliced).lower() == "true":
+        out.append(
+            (
+                "spec.trainer.maxtext",
+                f"use_sliced_mla_proj: true contracts slices of the {', '.join(cut)} kernel(s), to which "
+                "qwix's LoRA does not apply (set it false, or leave them out of spec.lora.targets)",
+            )
         )
-    ]
+    return out
 
 
 def sampler_problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:

@@ -799,7 +799,8 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
         q_lora_rank = keys.get("q_lora_rank", model.get("q_lora_rank", 0))
     found = lora_targets.problems(block, targets)
     if not found:
-        found = lora_targets.mla_problems(block, targets, q_lora_rank)
+        sliced = (keys or {}).get("use_sliced_mla_proj", False)
+        found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
         found += lora_targets.sampler_problems(block, targets)
     return [f"{field}: {message}" for field, message in found]
 

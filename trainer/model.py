@@ -172,7 +172,7 @@ class ModelSpec:
         for field, message in lora_targets.problems(self.decoder_block, self.lora_targets):
             raise ValueError(f"{field}: {message}")
         for field, message in lora_targets.mla_problems(
-            self.decoder_block, self.lora_targets, self.q_lora_rank
+            self.decoder_block, self.lora_targets, self.q_lora_rank, self.maxtext.get("use_sliced_mla_proj")
         ):
             raise ValueError(f"{field}: {message}")
         if self.lora_rank <= 0:

@@ -85,6 +85,19 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
+        "LoRA on an MLA kernel MaxText slices (use_sliced_mla_proj)",
+        {
+            "model": {"maxtextModel": "deepseek3-671b"},
+            "lora": {"targets": ["q_b_proj", "o_proj"]},
+            "trainer": {"maxtext": {"use_sliced_mla_proj": True}},
+        },
+        lambda: ModelSpec(
+            maxtext={"model_name": "deepseek3-671b", "use_sliced_mla_proj": True},
+            lora_targets=("q_b_proj", "o_proj"),
+        ),
+        "spec.trainer.maxtext",
+    ),
+    (
         "LoRA rank",
         {"lora": {"rank": 0}},
         lambda: ModelSpec(maxtext={"model_name": "qwen3-8b"}, lora_rank=0),
