@@ -27,7 +27,8 @@ the trainer exports to PEFT under the Hugging Face model's names:
   projections are MaxText ``wq_a``, ``wq_b`` (``query`` where ``q_lora_rank`` is 0: DeepSeek-V2),
   ``wkv_a``, ``wkv_b``, ``out`` = Hugging Face ``q_a_proj``, ``q_b_proj`` (``q_proj``),
   ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj`` (:func:`mla_problems` checks which query
-  projection the model has); the routed experts are stacked parameters (``MoeBlock_0/wi_0``).
+  projection the model has); the routed experts are stacked parameters (``MoeBlock_0/wi_0``). The plan
+  refuses ``kv_b_proj`` (``SAMPLER_REFUSED``: vLLM's MLA never applies an adapter on it).
 
 LoRA on routed experts (an adapter per expert) is not exported: no family's target list includes it.
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
