@@ -24,7 +24,14 @@ Face model's names:
   as it loads);
 - mixtral (MixtralForCausalLM): attention, and with the target ``experts`` the routed experts (its whole
   MLP, 8, top-2): stacked parameters in MaxText (``MoeBlock_0/wi_0``) converted from Hugging Face's
-  per-expert ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``).
+  per-expert ``block_sparse_moe.experts.{j}.w1`` (transformers 5.x: ``mlp.experts.gate_up_proj``);
+- deepseek (DeepseekV3ForCausalLM, DeepseekV2ForCausalLM): multi-head latent attention (MLA) and the MLP
+  of the first dense layers and of the MoE layers' shared experts (``mlp.shared_experts.*_proj``); MLA's
+  projections are MaxText ``wq_a``, ``wq_b`` (``query`` where ``q_lora_rank`` is 0: DeepSeek-V2),
+  ``wkv_a``, ``wkv_b``, ``out`` = Hugging Face ``q_a_proj``, ``q_b_proj`` (``q_proj``),
+  ``kv_a_proj_with_mqa``, ``kv_b_proj``, ``o_proj`` (:func:`mla_problems` checks which query
+  projection the model has); the routed experts are stacked parameters (``MoeBlock_0/wi_0``). The plan
+  refuses ``kv_b_proj`` (``SAMPLER_REFUSED``: vLLM's MLA never applies an adapter on it).
 
 LoRA on the routed experts (an adapter per expert, the target ``experts``: gate, up and down projection of
 every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mixtral
@@ -36,7 +43,8 @@ does not serve it (``SERVING_REFUSED``): ``rljob validate`` and the admission we
 that reason (:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
-Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral}.py; transformers 5.x
+Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral,deepseek}.py,
+layers/attention_mla.py; transformers 5.x
 models/<family>/modeling_<family>.py (https://github.com/huggingface/transformers/tree/main/src/transformers/models).
 tests/trainer/test_families.py builds each family's miniature and checks this table against the LoRA
 parameters qwix actually creates.
@@ -52,12 +60,16 @@ __all__ = [
     "EXPERTS",
     "EXPERT_SUPPORTED",
     "HF_TO_MAXTEXT",
+    "MLA",
     "MLP",
     "REFUSED",
+    "SAMPLER_REFUSED",
     "SERVING_REFUSED",
     "SUPPORTED",
     "decoder_block",
+    "mla_problems",
     "problems",
+    "sampler_problems",
     "serving_problems",
 ]
 
@@ -70,9 +82,20 @@ HF_TO_MAXTEXT: dict[str, str] = {
     "gate_proj": "wi_0",
     "up_proj": "wi_1",
     "down_proj": "wo",
+    # DeepSeek's multi-head latent attention (MaxText layers/attention_mla.py MLA._init_projections)
+    "q_a_proj": "wq_a",
+    "q_b_proj": "wq_b",
+    "kv_a_proj_with_mqa": "wkv_a",
+    "kv_b_proj": "wkv_b",
 }
 ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+# MLA: the query through a low-rank latent (q_a_proj, its RMS norm, q_b_proj) or, with q_lora_rank 0,
+# one q_proj; keys and values through one latent (kv_a_proj_with_mqa, whose output is the latent of
+# kv_lora_rank followed by the qk_rope_head_dim rotary key shared by all heads; its RMS norm;
+# kv_b_proj to each head's non-rotary key and value).
+MLA_QUERY_LORA = ("q_a_proj", "q_b_proj")
+MLA = ("q_proj", *MLA_QUERY_LORA, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
 
 # decoder_block -> the Hugging Face projections the trainer wraps and exports.
 SUPPORTED: dict[str, tuple[str, ...]] = {
@@ -84,6 +107,7 @@ SUPPORTED: dict[str, tuple[str, ...]] = {
     "qwen3_moe": ATTENTION,
     "gemma3": ATTENTION + MLP,
     "mixtral": ATTENTION,
+    "deepseek": MLA + MLP,
 }
 
 # The target naming the routed experts (gate, up and down projection of each, an adapter per expert), and
@@ -105,8 +129,6 @@ SERVING_REFUSED = (
 _NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
 _NO_CONVERSION = "MaxText 0.2.5's to_maxtext has no Hugging Face checkpoint mapping for it"
 REFUSED: dict[str, str] = {
-    "deepseek": "its multi-head latent attention (MLA: wq_a/wq_b, wkv_a/wkv_b) has no PEFT layout "
-    "exported yet",
     "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
     "mistral": f"{_NO_CONVERSION}, and " + _NOT_YET.format("mistral", ""),
     "gemma2": _NOT_YET.format("gemma2", ""),
@@ -125,6 +147,15 @@ REFUSED: dict[str, str] = {
 }
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}
+
+# (decoder_block, Hugging Face projection) -> why the sampler would not apply an adapter on it though the
+# trainer trains and exports it: the plan refuses these (the trainer alone, e.g. its tests, does not).
+SAMPLER_REFUSED: dict[tuple[str, str], str] = {
+    ("deepseek", "kv_b_proj"): "vLLM's MLA attention uses kv_b_proj's base weight outside the LoRA-wrapped "
+    "layer (absorbed into its key and value up-projections at load; prefill calls the unwrapped layer), so a "
+    "kv_b_proj adapter loads and is applied nowhere (https://github.com/vllm-project/vllm/issues/48974): the "
+    "sampler would not sample the policy the trainer trains",
+}
 
 
 def decoder_block(keys: Mapping[str, Any], model_config: Mapping[str, Any]) -> str:
@@ -186,3 +217,52 @@ def serving_problems(targets: Iterable[str]) -> list[tuple[str, str]]:
     if EXPERTS in list(targets):
         return [("spec.lora.targets", f"{EXPERTS}: {SERVING_REFUSED}")]
     return []
+
+
+# MLA projections MaxText 0.2.5 calls with slice_bounds under use_sliced_mla_proj (layers/attention_mla.py
+# mla_query_projection, mla_get_key_value): layers/linears.py DenseGeneral then contracts a slice of the
+# kernel, whose shape qwix's LoRA no longer recognises (the trainer fails building the model).
+_SLICED = ("q_proj", "q_b_proj", "kv_b_proj")
+
+
+def mla_problems(
+    block: str | None, targets: Iterable[str], q_lora_rank: Any, sliced: Any = False
+) -> list[tuple[str, str]]:
+    """(field, message) for a DeepSeek query projection the model does not have: MaxText's MLA has
+    ``wq_a``/``wq_b`` (q_a_proj, q_b_proj) where ``q_lora_rank`` > 0 (DeepSeek-V3, R1) and one ``query``
+    (q_proj) where it is 0 (DeepSeek-V2, V2-Lite); ``q_lora_rank`` None: not known, not checked. And for
+    a LoRA target MaxText slices with ``use_sliced_mla_proj`` (``sliced``) true."""
+    if block != "deepseek":
+        return []
+    hf = {_MT_TO_HF.get(t, t) for t in targets}
+    out: list[tuple[str, str]] = []
+    if q_lora_rank is not None:
+        rank = int(q_lora_rank)
+        absent = sorted(hf & set(MLA_QUERY_LORA)) if rank == 0 else sorted(hf & {"q_proj"})
+        has = "q_proj (q_lora_rank 0)" if rank == 0 else f"q_a_proj and q_b_proj (q_lora_rank {rank})"
+        if absent:
+            msg = f"{', '.join(absent)}: no such projection in this deepseek model's query: it has {has}"
+            out.append(("spec.lora.targets", msg))
+    cut = [t for t in _SLICED if t in hf]
+    if cut and str(sliced).lower() == "true":
+        out.append(
+            (
+                "spec.trainer.maxtext",
+                f"use_sliced_mla_proj: true contracts slices of the {', '.join(cut)} kernel(s), to which "
+                "qwix's LoRA does not apply (set it false, or leave them out of spec.lora.targets)",
+            )
+        )
+    return out
+
+
+def sampler_problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:
+    """(field, message) for each LoRA target the trainer exports but the sampler would not apply
+    (SAMPLER_REFUSED)."""
+    if block is None:
+        return []
+    hf = sorted({_MT_TO_HF.get(t, t) for t in targets})
+    return [
+        ("spec.lora.targets", f"{t}: {SAMPLER_REFUSED[(block, t)]}")
+        for t in hf
+        if (block, t) in SAMPLER_REFUSED
+    ]

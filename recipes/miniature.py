@@ -32,7 +32,14 @@ from typing import Any
 
 from rljob.recipes import maxtext_keys
 
-__all__ = ["MODELS", "describe", "miniature_overrides", "moe_expert_parallelism", "scan_block"]
+__all__ = [
+    "GROUP_ROUTING_KEYS",
+    "MODELS",
+    "describe",
+    "miniature_overrides",
+    "moe_expert_parallelism",
+    "scan_block",
+]
 
 # Shared sizes: 64-wide, 4 query heads of 8 (32 != 64: the attention output projection's input width
 # differs from the model width), a 256-token vocabulary (the CPU sampler's byte tokens).
@@ -108,6 +115,51 @@ _SIZES: dict[str, dict[str, Any]] = {
         "base_moe_mlp_dim": 32,
         "base_num_decoder_layers": 2,
     },
+    # DeepSeek-V3 (MaxText's deepseek block): multi-head latent attention with its query latent
+    # (q_lora_rank) and key/value latent (kv_lora_rank), each RMS-normed, the rotary and non-rotary head
+    # dims split (qk_rope_head_dim 4 of qk_nope_head_dim 8, v_head_dim 12: three widths that differ, so a
+    # wrong split of kv_b_proj's per-head output cannot round-trip), yarn RoPE on interleaved pairs with its
+    # mscale; the first dense layers, then MoE layers (2 of each here, as the full model's 3 then 58) with
+    # one shared expert, 16 routed experts top-4 scored by sigmoid with the score-correction bias and
+    # routed_scaling_factor 2.5, group-limited: 4 groups of 4 experts, the top 2 groups (as the full
+    # model's n_group 8, topk_group 4 of its Hugging Face config.json, which MaxText's deepseek3-671b.yml
+    # leaves to the command line: n_routing_groups, topk_routing_group; GROUP_ROUTING_KEYS). Query and
+    # key/value heads are equal in MLA.
+    "deepseek3-671b": {
+        **_COMMON,
+        "base_num_kv_heads": 4,
+        "q_lora_rank": 24,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "base_mlp_dim": 96,
+        "base_moe_mlp_dim": 16,
+        "num_experts": 16,
+        "num_experts_per_tok": 4,
+        "n_routing_groups": 4,
+        "topk_routing_group": 2,
+        "base_num_decoder_layers": 4,
+        "first_num_dense_layers": 2,
+    },
+    # DeepSeek-V2-Lite (the same block): its query without a latent (q_lora_rank 0: one q_proj), the
+    # key/value latent and RoPE split as above; experts scored by softmax without a bias, two shared
+    # experts (its n_shared_experts 2), no routing groups; 1 dense then 3 MoE layers (the full model's 1
+    # then 26).
+    "deepseek2-16b": {
+        **_COMMON,
+        "base_num_kv_heads": 4,
+        "kv_lora_rank": 16,
+        "qk_nope_head_dim": 8,
+        "qk_rope_head_dim": 4,
+        "v_head_dim": 12,
+        "base_mlp_dim": 96,
+        "base_moe_mlp_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 4,
+        "base_num_decoder_layers": 4,
+        "first_num_dense_layers": 1,
+    },
     # Gemma 3 (27B): blocks of 5 sliding-window layers + 1 global layer (2 blocks here) and a remainder
     # of 2 sliding-window layers after them, as the full model's 62 = 10 x 6 + 2; kept: query and key
     # RMS norms, the query scaled by (emb_dim / heads)^-0.5 (MaxText models/gemma3.py
@@ -134,6 +186,11 @@ _SIZES: dict[str, dict[str, Any]] = {
 }
 
 MODELS: tuple[str, ...] = tuple(sorted(_SIZES))
+
+# Keys a miniature sets that are not sizes: DeepSeek-V3's group-limited routing, which its Hugging Face
+# config has (n_group 8, topk_group 4) and MaxText 0.2.5's deepseek3-671b.yml asks to be set on the
+# command line; its miniature routes within groups as the full model does.
+GROUP_ROUTING_KEYS = frozenset({"n_routing_groups", "topk_routing_group"})
 
 # Layers per scanned block where it is not inhomogeneous_layer_cycle_interval (MaxText 0.2.5
 # models/gemma4.py GEMMA4_ATTENTION_PATTERN and models/gemma3.py GEMMA3_ATTENTION_PATTERN: five

@@ -40,6 +40,15 @@ MODELS: dict[str, ModelFacts] = {
     "gemma3-27b": ModelFacts(num_kv_heads=16),
     "mixtral-8x7b": ModelFacts(num_kv_heads=8, num_experts=8),
     "mixtral-8x22b": ModelFacts(num_kv_heads=8, num_experts=8),
+    # DeepSeek (MaxText's deepseek block, multi-head latent attention: as many key/value heads as query
+    # heads, MaxText's base_num_kv_heads). MaxText's to_maxtext converts DeepSeek-V3 (also R1, the same
+    # architecture) and DeepSeek-V2-Lite (checkpoint_conversion/utils/param_mapping.py
+    # DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING, utils/hf_model_configs.py deepseek3_671b_config and
+    # deepseek2_16b_config). vLLM's TPU backend (tpu-inference) has a JAX DeepSeek-V3 model
+    # (tpu_inference/models/jax/deepseek_v3.py); with LoRA the sampler runs vLLM's own DeepseekV3 model
+    # (MODEL_IMPL_TYPE=vllm), and tpu-inference's support matrices list DeepSeek-R1 as passing on v7x.
+    "deepseek3-671b": ModelFacts(num_kv_heads=128, num_experts=256),
+    "deepseek2-16b": ModelFacts(num_kv_heads=16, num_experts=64),
 }
 
 

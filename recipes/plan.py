@@ -790,11 +790,19 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     assert spec.lora is not None and spec.model is not None and spec.trainer is not None
     targets = spec.lora.targets or []
     block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
+    q_lora_rank = None
     if keys is not None:
         if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
-    found = lora_targets.problems(block, targets) + lora_targets.serving_problems(targets)
+        model = maxtext_keys.load(_version(spec)).models.get(str(spec.model.maxtext_model), {})
+        q_lora_rank = keys.get("q_lora_rank", model.get("q_lora_rank", 0))
+    found = lora_targets.problems(block, targets)
+    if not found:
+        sliced = (keys or {}).get("use_sliced_mla_proj", False)
+        found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
+        found += lora_targets.sampler_problems(block, targets)
+    found += lora_targets.serving_problems(targets)
     return [f"{field}: {message}" for field, message in found]
 
 

@@ -74,7 +74,7 @@ from rljob.trainer.base_checkpoint import (
 )
 from rljob.trainer.expert_lora import add_expert_lora
 from rljob.trainer.lora import add_lora_params, lora_sharding_meta
-from rljob.trainer.peft import HF_PROJ, PeftAdapter, decoder_block
+from rljob.trainer.peft import HF_PROJ, PeftAdapter, decoder_block, hf_projection
 from rljob.trainer.placement import put_global
 from rljob.trainer.sync import align
 
@@ -173,6 +173,10 @@ class ModelSpec:
         # The plan makes the same checks (rljob.recipes.lora_targets): rljob validate refuses the same.
         for field, message in lora_targets.problems(self.decoder_block, self.lora_targets):
             raise ValueError(f"{field}: {message}")
+        for field, message in lora_targets.mla_problems(
+            self.decoder_block, self.lora_targets, self.q_lora_rank, self.maxtext.get("use_sliced_mla_proj")
+        ):
+            raise ValueError(f"{field}: {message}")
         if self.lora_rank <= 0:
             raise ValueError(f"spec.lora.rank: must be > 0, got {self.lora_rank}")
 
@@ -184,6 +188,16 @@ class ModelSpec:
         model = keyset.models.get(str(self.maxtext.get("model_name", "")), {})
         default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
         return lora_targets.decoder_block(self.maxtext, {**default, **model})
+
+    @property
+    def q_lora_rank(self) -> int:
+        """MaxText's ``q_lora_rank`` of the model (DeepSeek's MLA query latent; 0: none): the key, else
+        the model config's, else MaxText's default."""
+        keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
+        model = keyset.models.get(str(self.maxtext.get("model_name", "")), {})
+        return int(
+            self.maxtext.get("q_lora_rank", model.get("q_lora_rank", keyset.defaults.get("q_lora_rank") or 0))
+        )
 
     @property
     def maxtext_targets(self) -> tuple[str, ...]:
@@ -402,7 +416,7 @@ class Policy:
         wrapped = {lora_targets.EXPERTS if leaf.experts else leaf.module for leaf in self.peft.layout}
         missing = sorted(set(spec.maxtext_targets) - wrapped)
         if missing:
-            names = ", ".join(HF_PROJ[m][1] if m in HF_PROJ else m for m in missing)
+            names = ", ".join(hf_projection(m) for m in missing)
             raise ValueError(
                 f"spec.lora.targets: {names} wrap(s) no projection of the {decoder_block(self.cfg)} decoder "
                 f"({self.cfg.model_name})"

@@ -34,10 +34,12 @@ __all__ = [
     "DEFAULT_HF_LAYERS_PREFIX",
     "HF_LAYERS_PREFIX",
     "HF_PROJ",
+    "MLA_HF_PROJ",
     "LeafLayout",
     "PeftAdapter",
     "decoder_block",
     "hf_layers_prefix",
+    "hf_projection",
     "output_map",
     "peft_layout",
     "rope_pairs",
@@ -53,6 +55,18 @@ HF_PROJ: dict[str, tuple[str, str]] = {
     "wi_1": ("mlp", "up_proj"),
     "wo": ("mlp", "down_proj"),
 }
+
+# DeepSeek's multi-head latent attention (MaxText 0.2.5 layers/attention_mla.py; Hugging Face
+# DeepseekV3Attention / DeepseekV2Attention, transformers 5.x models/deepseek_v3/modeling_deepseek_v3.py):
+# MaxText's MLA uses ``query`` (q_proj, q_lora_rank 0) and ``out`` (o_proj) as above and these. Kept apart
+# from HF_PROJ, whose modules are every other block's default LoRA targets.
+MLA_HF_PROJ: dict[str, tuple[str, str]] = {
+    "wq_a": ("self_attn", "q_a_proj"),
+    "wq_b": ("self_attn", "q_b_proj"),
+    "wkv_a": ("self_attn", "kv_a_proj_with_mqa"),
+    "wkv_b": ("self_attn", "kv_b_proj"),
+}
+_PROJ = HF_PROJ | MLA_HF_PROJ
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
 # PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM,
@@ -77,6 +91,12 @@ def decoder_block(cfg: Any) -> str:
     """The config's decoder block as its config files spell it (``gemma4``, ``qwen3_5``, ...)."""
     block = cfg.decoder_block
     return str(getattr(block, "value", block)).lower()
+
+
+def hf_projection(module: str) -> str:
+    """The Hugging Face projection of a MaxText LoRA module (``query`` -> ``q_proj``, ``wkv_b`` ->
+    ``kv_b_proj``); a name of neither table (the target ``experts``) as it is."""
+    return _PROJ[module][1] if module in _PROJ else module
 
 
 def hf_layers_prefix(decoder_block: str) -> str:
@@ -155,7 +175,7 @@ class LeafLayout:
         return np.moveaxis(arr, list(range(k)), list(range(self.scan_axis, self.scan_axis + k)))
 
 
-_ATTENTION_MODULES = ("query", "key", "value", "out")
+_ATTENTION_MODULES = ("query", "key", "value", "out", *MLA_HF_PROJ)
 
 # Decoder blocks whose attention applies no 1/sqrt(head_dim) to the query: MaxText folds it into the
 # query kernel (layers/attentions.py init_query_w: no qk norm, no query_pre_attn_scalar; models/llama2.py
@@ -248,6 +268,8 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
         sub = _SUBLAYER.match(inner[0]) if inner else None
         if sub is not None:
             return ((n // _gemma3_block()) * _gemma3_block() + int(sub.group(1)),)
+    if decoder_block(cfg) == "deepseek":
+        return _deepseek_layers(container, scan_shape, cfg)
     if decoder_block(cfg) == "gemma4" and container in ("scanned_blocks", "layers_remainder"):
         local, glob = _gemma4_pattern()
         block = len(local) + len(glob)
@@ -259,6 +281,36 @@ def _leaf_layers(keys: list[str], scan_shape: tuple[int, ...], cfg: Any) -> tupl
         if container == "layers_remainder" and inner[:1] == ["local_layers"] and len(scan_shape) == 1:
             return tuple(start + local[j] for j in range(scan_shape[0]))
     return None
+
+
+_DEEPSEEK_UNSCANNED = re.compile(r"^(dense|moe)_layers_(\d+)$")
+
+
+def _deepseek_layers(container: str, scan_shape: tuple[int, ...], cfg: Any) -> tuple[int, ...] | None:
+    """Hugging Face layers of a DeepSeek LoRA leaf: MaxText 0.2.5 (layers/nnx_decoders.py
+    _init_scanned_deepseek_standard, _init_sequential_deepseek) keeps the ``first_num_dense_layers``
+    dense layers in ``dense_layers`` and the MoE layers after them in ``moe_layers`` (one scan axis
+    each), or unscanned in ``dense_layers_<i>`` and ``moe_layers_<i>``, as its Hugging Face conversion
+    (checkpoint_conversion/utils/param_mapping.py DEEPSEEK_MAXTEXT_TO_HF_PARAM_MAPPING) maps them to
+    model.layers.{i} and model.layers.{first_num_dense_layers + i}. Engram and pipeline layouts are not
+    known here (None)."""
+    dense = int(cfg.first_num_dense_layers)
+    start = {"dense_layers": 0, "moe_layers": dense}
+    if container in start and len(scan_shape) == 1:
+        return tuple(start[container] + i for i in range(scan_shape[0]))
+    plain = _DEEPSEEK_UNSCANNED.match(container)
+    if plain and not scan_shape:
+        return ((0 if plain.group(1) == "dense" else dense) + int(plain.group(2)),)
+    return None
+
+
+def _mlp_parent(keys: list[str]) -> str:
+    """The Hugging Face parent of an MLP LoRA leaf at MaxText path ``keys``: Qwen3.5's shared expert
+    (``mlp.shared_expert``), DeepSeek's shared experts (MaxText ``DeepSeekMoeBlock_0/shared_experts``,
+    Hugging Face ``mlp.shared_experts``, one MLP as wide as all of them: DeepseekV3MoE), else ``mlp``."""
+    if "shared_experts" in keys:
+        return "mlp.shared_experts"
+    return "mlp.shared_expert" if "shared_expert" in keys else "mlp"
 
 
 def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
@@ -284,9 +336,7 @@ def peft_layout(lora: Any, cfg: Any) -> list[LeafLayout]:
                 f"LoRA parameter {'/'.join(keys)} (scan axes {scan_shape}): a layer layout of the "
                 f"{decoder_block(cfg)} decoder that the PEFT export does not know"
             )
-        parent = "self_attn"
-        if module not in _ATTENTION_MODULES:
-            parent = "mlp.shared_expert" if "shared_expert" in keys else "mlp"
+        parent = "self_attn" if module in _ATTENTION_MODULES else _mlp_parent(keys)
         extra: dict[str, Any] = {}
         if expert:
             if decoder_block(cfg) not in EXPERT_HF_NAMES:
@@ -330,7 +380,7 @@ def _parse_lora_path(path: tuple[Any, ...]) -> tuple[str, str]:
     key = ".".join(str(getattr(p, "key", getattr(p, "idx", p))) for p in path)
     tail = ".".join(key.split(".")[-2:])
     m = _LORA_LEAF.match(tail)
-    if not m or m.group("module") not in HF_PROJ:
+    if not m or m.group("module") not in _PROJ:
         raise ValueError(f"unexpected LoRA parameter {key}")
     return m.group("module"), m.group("which")
 
@@ -411,10 +461,10 @@ class PeftAdapter:
         ``which``) at Hugging Face layer ``layer``; an expert leaf's names the expert (``expert``):
         ``...layers.{i}.mlp.experts.{j}.gate_proj.lora_A.weight``."""
         if isinstance(leaf, str):
-            parent, proj = HF_PROJ[leaf]
+            parent, proj = _PROJ[leaf]
             which = which or "a"
         else:
-            parent, proj, which = leaf.hf_parent, leaf.hf_proj or HF_PROJ[leaf.module][1], leaf.which
+            parent, proj, which = leaf.hf_parent, leaf.hf_proj or _PROJ[leaf.module][1], leaf.which
         if expert is not None:
             parent = f"{parent}.{expert}"
         return f"{self.layers_prefix}.{layer}.{parent}.{proj}.lora_{which.upper()}.weight"
@@ -449,7 +499,7 @@ class PeftAdapter:
             "inference_mode": True,
             # the experts' projections are modules named gate_proj/up_proj/down_proj inside experts.{j}
             "target_modules": sorted(
-                {leaf.hf_proj or HF_PROJ[leaf.module][1] for leaf in self.layout}
-                | {HF_PROJ[m][1] for m in self.spec.maxtext_targets if m in HF_PROJ}
+                {leaf.hf_proj or _PROJ[leaf.module][1] for leaf in self.layout}
+                | {_PROJ[m][1] for m in self.spec.maxtext_targets if m in _PROJ}
             ),
         }

@@ -105,7 +105,8 @@ REFUSED: list[tuple[str, dict[str, Any], list[str]]] = [
             "padding at the end (set 1, or remove it)",
             "spec.model.maxtextModel: decoder block 'qwen3_next': the PEFT export of the qwen3_next block "
             "(gated delta net blocks) is not written and tested yet; the trainer exports LoRA adapters of "
-            "the decoder blocks gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, qwen3_moe only",
+            "the decoder blocks deepseek, gemma3, gemma4, gpt_oss, llama2, mixtral, qwen3, qwen3_5, "
+            "qwen3_moe only",
         ],
     ),
     (

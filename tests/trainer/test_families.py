@@ -13,7 +13,10 @@ no v_proj. Qwen3 MoE (qwen3_moe) trains attention only (its MLP is routed expert
 attention and MLP, its query and key lora_B mapped from MaxText's interleaved RoPE pairs and folded query
 scale to Hugging Face's layout (checked against MaxText's own MaxText->HF checkpoint conversion below).
 Mixtral (mixtral) trains attention only (its MLP is routed experts), its query lora_B scaled back by
-sqrt(head_dim) (checked against MaxText's own HF->MaxText conversion). Gemma 3 (gemma3) trains attention
+sqrt(head_dim) (checked against MaxText's own HF->MaxText conversion). DeepSeek-V3 (deepseek) trains
+its multi-head latent attention (q_a_proj, q_b_proj, kv_a_proj_with_mqa, kv_b_proj, o_proj) and the MLP
+of its dense layers and shared experts, exported by transposes only (checked against MaxText's own
+conversion in both directions). Gemma 3 (gemma3) trains attention
 and MLP of its sliding-window and global layers alike, scanned in blocks of six with the last layers
 unscanned (``layers_remainder``), exported under Gemma3ForConditionalGeneration's
 ``model.language_model.layers``.
@@ -29,10 +32,21 @@ import numpy as np
 import pytest
 from rljob.recipes import lora_targets, miniature
 from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
+from rljob.trainer.peft import LeafLayout
 
 pytestmark = pytest.mark.jax
+
+
 # LoRA targets per family: every projection the family has (rljob.recipes.lora_targets).
-TARGETS = {m: lora_targets.SUPPORTED[str(miniature.describe(m)["decoder_block"])] for m in miniature.MODELS}
+# DeepSeek: its query projections are those of its q_lora_rank (q_a_proj and q_b_proj, or q_proj).
+def _targets(model: str) -> tuple[str, ...]:
+    mini = miniature.describe(model)
+    block, kept = str(mini["decoder_block"]), dict(mini["kept"])  # type: ignore[call-overload]
+    rank = miniature.miniature_overrides(model).get("q_lora_rank", kept.get("q_lora_rank"))
+    return tuple(t for t in lora_targets.SUPPORTED[block] if not lora_targets.mla_problems(block, [t], rank))
+
+
+TARGETS = {m: _targets(m) for m in miniature.MODELS}
 
 
 def _listed(layer_types: list[str] | None) -> list[str]:
@@ -56,8 +70,68 @@ def _hf_layer_types(model: str, cfg: Any) -> list[str]:
     return ["full_attention"] * n
 
 
+def _hf_deepseek_modules(cfg: Any) -> list[dict[str, tuple[int, int]]]:
+    """Per layer, module -> (out, in) of DeepseekV3ForCausalLM with the miniature's sizes, from
+    transformers' own config (transformers 5.x models/deepseek_v3/modeling_deepseek_v3.py:
+    DeepseekV3Attention, DeepseekV3MLP, DeepseekV3MoE's shared_experts of moe_intermediate_size x
+    n_shared_experts; the first first_k_dense_replace layers dense)."""
+    import transformers
+
+    hf = transformers.DeepseekV3Config(
+        hidden_size=int(cfg.emb_dim),
+        num_hidden_layers=int(cfg.num_decoder_layers),
+        num_attention_heads=int(cfg.num_query_heads),
+        q_lora_rank=int(cfg.q_lora_rank) or None,
+        kv_lora_rank=int(cfg.kv_lora_rank),
+        qk_nope_head_dim=int(cfg.qk_nope_head_dim),
+        qk_rope_head_dim=int(cfg.qk_rope_head_dim),
+        v_head_dim=int(cfg.v_head_dim),
+        intermediate_size=int(cfg.mlp_dim),
+        moe_intermediate_size=int(cfg.moe_mlp_dim),
+        n_shared_experts=int(cfg.shared_experts),
+        first_k_dense_replace=int(cfg.first_num_dense_layers),
+    )
+
+    def n(name: str) -> int:  # an int field of the config (typed Optional)
+        return int(getattr(hf, name))
+
+    h, heads, kv_rank, rope = (
+        n("hidden_size"),
+        n("num_attention_heads"),
+        n("kv_lora_rank"),
+        n("qk_rope_head_dim"),
+    )
+    attn = {
+        "self_attn.kv_a_proj_with_mqa": (kv_rank + rope, h),
+        "self_attn.kv_b_proj": (heads * (n("qk_nope_head_dim") + n("v_head_dim")), kv_rank),
+        "self_attn.o_proj": (h, heads * n("v_head_dim")),
+    }
+    if hf.q_lora_rank is None:
+        attn["self_attn.q_proj"] = (heads * n("qk_head_dim"), h)
+    else:
+        attn |= {
+            "self_attn.q_a_proj": (n("q_lora_rank"), h),
+            "self_attn.q_b_proj": (heads * n("qk_head_dim"), n("q_lora_rank")),
+        }
+    out = []
+    for i in range(n("num_hidden_layers")):
+        dense = i < n("first_k_dense_replace")
+        mlp = "mlp" if dense else "mlp.shared_experts"
+        w = n("intermediate_size") if dense else n("moe_intermediate_size") * n("n_shared_experts")
+        out.append(attn | {f"{mlp}.gate_proj": (w, h), f"{mlp}.up_proj": (w, h), f"{mlp}.down_proj": (h, w)})
+    return out
+
+
 def _hf_tensors(model: str, cfg: Any, targets: tuple[str, ...], r: int) -> dict[str, tuple[int, int]]:
     """PEFT tensor name -> shape of the Hugging Face model with the miniature's sizes."""
+    if model.startswith("deepseek"):
+        return {
+            f"base_model.model.model.layers.{i}.{mod}.lora_{w}.weight": (r, n_in) if w == "A" else (o, r)
+            for i, mods in enumerate(_hf_deepseek_modules(cfg))
+            for mod, (o, n_in) in mods.items()
+            if mod.rsplit(".", 1)[1] in targets
+            for w in "AB"
+        }
     prefix = "base_model.model.model.layers"
     if model in ("qwen3.5-397b-a17b", "gemma4-31b", "gemma3-27b"):
         prefix = "base_model.model.model.language_model.layers"
@@ -158,7 +232,11 @@ def test_family_builds_trains_and_round_trips_through_peft(model: str) -> None:
 
     # Layer order: each scan position is the Hugging Face layer the layout says (two layers of the same
     # kind swapped in the PEFT tensors come back swapped in the stacked parameter).
-    q = next(leaf for leaf in policy.peft.layout if leaf.module == "query" and leaf.which == "a")
+    q = next(
+        leaf
+        for leaf in policy.peft.layout
+        if leaf.module in ("query", "wq_a") and leaf.which == "a" and len(leaf.layers) > 1
+    )
     first, second = q.layers[0], q.layers[1]
     k0, k1 = policy.peft.name(first, q), policy.peft.name(second, q)
     swapped = policy.peft.from_peft({**tensors, k0: tensors[k1], k1: tensors[k0]})
@@ -347,3 +425,105 @@ def test_a_query_scale_of_head_dim_128_round_trips_to_float32_rounding() -> None
     np.testing.assert_allclose(t[1], m[:, 2] * 128**0.5, rtol=1e-6)
     np.testing.assert_allclose(t[64], m[:, 1] * 128**0.5, rtol=1e-6)
     np.testing.assert_allclose(leaf.from_hf(t), m, rtol=1e-6)
+
+
+def _deepseek_kernel_shape(cfg: Any, module: str) -> tuple[int, ...]:
+    """MaxText's kernel shape of a DeepSeek projection (layers/attention_mla.py MLA._init_projections,
+    init_out_w; layers/linears.py MlpBlock), one layer: what its checkpoint conversion reshapes to."""
+    heads, qk = int(cfg.num_query_heads), int(cfg.qk_nope_head_dim) + int(cfg.qk_rope_head_dim)
+    emb = int(cfg.emb_dim)
+    return {
+        "query": (emb, heads, qk),
+        "wq_a": (emb, int(cfg.q_lora_rank)),
+        "wq_b": (int(cfg.q_lora_rank), heads, qk),
+        "wkv_a": (emb, int(cfg.kv_lora_rank) + int(cfg.qk_rope_head_dim)),
+        "wkv_b": (int(cfg.kv_lora_rank), heads, int(cfg.qk_nope_head_dim) + int(cfg.v_head_dim)),
+        "out": (heads, int(cfg.v_head_dim), emb),
+    }.get(module, ())
+
+
+def _deepseek_hooks(policy: Policy, saving_to_hf: bool) -> dict[str, Any]:
+    from maxtext.checkpoint_conversion.utils import param_mapping
+
+    hf_config = {
+        "num_hidden_layers": policy.num_layers,
+        "first_k_dense_replace": policy.cfg.first_num_dense_layers,
+    }
+    return dict(
+        param_mapping.HOOK_FNS[str(policy.cfg.model_name)](
+            hf_config, policy.cfg, scan_layers=True, saving_to_hf=saving_to_hf
+        )
+    )
+
+
+def _deepseek_broken(leaf: LeafLayout, b: np.ndarray, cfg: Any) -> np.ndarray | None:
+    """A plausible wrong export of a lora_B, or None: kv_b_proj's output taken head-minor ([nope+v, heads]
+    instead of per head), q_b_proj's (q_proj's) per-head rotary part put before the non-rotary part."""
+    t = leaf.to_hf(b.astype(np.float32)).astype(np.float64)  # (out, r)
+    heads, nope = int(cfg.num_query_heads), int(cfg.qk_nope_head_dim)
+    if leaf.module == "wkv_b":
+        return t.reshape(heads, -1, t.shape[-1]).transpose(1, 0, 2).reshape(t.shape)
+    if leaf.module in ("wq_b", "query"):
+        h = t.reshape(heads, -1, t.shape[-1])
+        swapped: np.ndarray = np.concatenate([h[:, nope:], h[:, :nope]], axis=1).reshape(t.shape)
+        return swapped
+    return None
+
+
+@pytest.mark.parametrize("model", ["deepseek3-671b", "deepseek2-16b"])
+def test_deepseek_adapter_is_maxtexts_conversion_of_the_lora_delta_both_ways(model: str) -> None:
+    """DeepSeek-V3 (MLA, dense then MoE layers): for every projection and layer, the PEFT adapter's delta
+    B @ A is MaxText's own MaxText->Hugging Face conversion of the MaxText delta a @ b, and MaxText's
+    Hugging Face->MaxText conversion (the direction of ``to_maxtext``, which converts the base checkpoint)
+    of B @ A is a @ b again (checkpoint_conversion/utils/param_mapping.py
+    DEEPSEEK_MAXTEXT_TO_HF_PARAM_HOOK_FN: transposes and head reshapes only; MaxText scales the query by
+    its softmax scale at run time and rotates DeepSeek's interleaved RoPE pairs as Hugging Face's
+    rope_interleave does, so nothing is rescaled or reordered). Dense layers map to the first
+    model.layers, MoE layers to those after them, their MLP under mlp.shared_experts. Exports that split
+    kv_b_proj's heads the wrong way or put q_b_proj's (DeepSeek-V2: q_proj's) rotary dims first are caught."""
+    policy = _policy(model)
+    cfg = policy.cfg
+    to_hf, to_mt = _deepseek_hooks(policy, True), _deepseek_hooks(policy, False)
+    lora = _random_like(policy.lora0, seed=3)
+    tensors = policy.peft.to_peft(lora)
+    leaves = [np.asarray(x, np.float64) for x in jax.tree.leaves(lora)]
+    by = {
+        (leaf.path.rsplit("/", 1)[0], leaf.which): (leaf, arr)
+        for leaf, arr in zip(policy.peft.layout, leaves, strict=True)
+    }
+    checked, broken_caught = 0, 0
+    for (container, which), (la, a_arr) in by.items():
+        if which != "a":
+            continue
+        lb, b_arr = by[(container, "b")]
+        keys = container.split("/")  # decoder/<dense_layers|moe_layers>/.../<module>
+        key = "params-" + "-".join(keys) + "-kernel"
+        assert la.layers == lb.layers
+        dense = int(cfg.first_num_dense_layers)
+        assert la.layers == tuple(
+            range(dense) if keys[1] == "dense_layers" else range(dense, policy.num_layers)
+        )
+        assert la.hf_parent == (
+            "self_attn"
+            if "self_attention" in keys
+            else "mlp.shared_experts"
+            if "shared_experts" in keys
+            else "mlp"
+        )
+        for a, b, layer in zip(la.per_layer(a_arr), lb.per_layer(b_arr), la.layers, strict=True):
+            a_hf = tensors[policy.peft.name(layer, la)].astype(np.float64)
+            got = tensors[policy.peft.name(layer, lb)].astype(np.float64) @ a_hf
+            kernel = _deepseek_kernel_shape(cfg, la.module) or (a.shape[0], b.shape[1])
+            want = np.asarray(to_hf[key]((a @ b).reshape(kernel), got.shape), np.float64)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=f"{key} layer {layer}")
+            back = np.asarray(to_mt[key](got, kernel), np.float64)
+            np.testing.assert_allclose(back, (a @ b).reshape(kernel), rtol=1e-5, atol=1e-6, err_msg=key)
+            checked += 1
+            bad_b = _deepseek_broken(lb, b, cfg)
+            if bad_b is not None:
+                assert not np.allclose(bad_b @ a_hf, want, rtol=1e-3, atol=1e-4), (
+                    f"{key}: a broken export passed"
+                )
+                broken_caught += 1
+    assert checked == policy.num_layers * len(TARGETS[model])
+    assert broken_caught == 2 * policy.num_layers

@@ -28,6 +28,13 @@ SIZE_KEYS = {
     "gdn_num_key_heads",
     "gdn_num_value_heads",
     "mrope_section",
+    # DeepSeek's multi-head latent attention and its dense first layers
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "first_num_dense_layers",
 }
 
 
@@ -36,7 +43,7 @@ def test_miniature_scales_only_sizes(model: str) -> None:
     keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
     over = miniature.miniature_overrides(model)
     assert over["override_model_config"] is True
-    assert set(over) <= SIZE_KEYS and all(k in keyset for k in over)
+    assert set(over) <= SIZE_KEYS | miniature.GROUP_ROUTING_KEYS and all(k in keyset for k in over)
     desc = miniature.describe(model)
     full = keyset.models[model]
     assert desc["decoder_block"] == full["decoder_block"]
@@ -55,6 +62,9 @@ def test_miniature_scales_only_sizes(model: str) -> None:
     scaled = desc["scaled"]
     assert isinstance(scaled, dict)
     for k, (big, small) in scaled.items():
+        if k in miniature.GROUP_ROUTING_KEYS:  # set where the model config leaves them to the command line
+            assert big == keyset.defaults[k] == -1 and small > 0, k
+            continue
         if isinstance(small, int) and not isinstance(small, bool):
             assert 0 < small <= big, k
     # at least two scanned blocks of the family's block, and the full model's block divides its layers
@@ -79,6 +89,7 @@ def test_scan_blocks_are_maxtexts() -> None:
     assert miniature.scan_block("llama3.1-8b") == 1
     assert miniature.scan_block("qwen3-30b-a3b") == 1
     assert miniature.scan_block("mixtral-8x7b") == 1
+    assert miniature.scan_block("deepseek3-671b") == 1
     from maxtext.models import gemma3
 
     assert miniature.scan_block("gemma3-27b") == len(gemma3.GEMMA3_ATTENTION_PATTERN)

@@ -73,10 +73,35 @@ ROWS: list[tuple[str, dict[str, Any], Callable[[], object], str]] = [
         "spec.lora.targets",
     ),
     (
-        "decoder block without an adapter export (DeepSeek's MLA)",
-        {"model": {"maxtextModel": "deepseek3-671b"}},
-        lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}),
+        "decoder block without an adapter export (DeepSeek V4's compressed MLA)",
+        {"model": {"maxtextModel": "deepseek4-284b"}},
+        lambda: ModelSpec(maxtext={"model_name": "deepseek4-284b"}),
         "spec.model.maxtextModel",
+    ),
+    (
+        "LoRA target the decoder lacks (DeepSeek MLA: no k_proj)",
+        {"model": {"maxtextModel": "deepseek3-671b"}, "lora": {"targets": ["q_a_proj", "k_proj"]}},
+        lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}, lora_targets=("q_a_proj", "k_proj")),
+        "spec.lora.targets",
+    ),
+    (
+        "DeepSeek-V3's query has a latent (q_lora_rank 1536): no q_proj",
+        {"model": {"maxtextModel": "deepseek3-671b"}, "lora": {"targets": ["q_proj", "o_proj"]}},
+        lambda: ModelSpec(maxtext={"model_name": "deepseek3-671b"}, lora_targets=("q_proj", "o_proj")),
+        "spec.lora.targets",
+    ),
+    (
+        "LoRA on an MLA kernel MaxText slices (use_sliced_mla_proj)",
+        {
+            "model": {"maxtextModel": "deepseek3-671b"},
+            "lora": {"targets": ["q_b_proj", "o_proj"]},
+            "trainer": {"maxtext": {"use_sliced_mla_proj": True}},
+        },
+        lambda: ModelSpec(
+            maxtext={"model_name": "deepseek3-671b", "use_sliced_mla_proj": True},
+            lora_targets=("q_b_proj", "o_proj"),
+        ),
+        "spec.trainer.maxtext",
     ),
     (
         "LoRA rank",
