@@ -12,9 +12,10 @@ are :class:`rljob.trainer.tinker.engine.Engine`'s, built over the abstract polic
 
 Every program runs beside what the service keeps in HBM for ``spec.service.maxTrainingClients`` models at
 once: per model its adapter, Adam's two moments, its gradient buffer (held from ``forward_backward`` to
-``optim_step``), its update mask (float32) and step count (:class:`~rljob.trainer.tinker.engine.TrainingModel`),
-plus the base weights, the base model's zero adapter (``Policy.lora0``) and the prompt-logprob adapter
-cache (rljob.trainer.tinker.collective: up to max(2, maxTrainingClients) adapter copies). A program's
+``optim_step``), its update mask (float32) and step count
+(:class:`~rljob.trainer.tinker.engine.TrainingModel`), plus the base weights, the base model's zero
+adapter (``Policy.lora0``) and the prompt-logprob adapter cache (rljob.trainer.tinker.collective: up to
+max(2, maxTrainingClients) adapter copies). A program's
 ``resident_bytes`` is all of that, by arithmetic over the shards, less what is its own argument, so its
 peak is the service's at its full model count.
 """
@@ -25,18 +26,17 @@ import dataclasses
 from typing import Any
 
 from rljob.recipes.runconfig import RunConfig
-from rljob.trainer.compilecheck import GIB, Chip, Program, model_flops, refusal, shard_bytes
+from rljob.trainer.compilecheck import (
+    _BATCH_DTYPES,
+    GIB,
+    Chip,
+    Program,
+    model_flops,
+    refusal,
+    shard_bytes,
+)
 
 __all__ = ["ServiceState", "largest_count", "service_programs", "service_refusal", "service_state"]
-
-_BATCH_DTYPES = {
-    "tokens": "int32",
-    "segment_ids": "int32",
-    "positions": "int32",
-    "weights": "float32",
-    "advantages": "float32",
-    "old_logprobs": "float32",
-}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,9 +88,9 @@ def _like(tree: Any, dtype: Any) -> Any:
 
 def steady_adapter(engine: Any) -> Any:
     """A training model's adapter as ``optim_step`` leaves it (and so its moments and gradient buffer):
-    ``Engine._apply``'s output dtypes, with the adapter's shardings. Adam's float32 arithmetic promotes a
-    bfloat16 adapter to float32 at the first step, so from then on every model's state is float32 (and the
-    programs run, compiled again, on float32 adapters): the service's steady state, compiled here."""
+    ``Engine._apply``'s output dtypes, with the adapter's shardings. The Adam step keeps the adapter's own
+    dtype; taken from the step rather than assumed, so a step that changed it (a bfloat16 adapter promoted
+    to float32 by float32 arithmetic) is compiled and counted as the service would then run it."""
     import jax
     import jax.numpy as jnp
 
@@ -203,13 +203,13 @@ def largest_count(state: ServiceState, peak: int, capacity: int) -> int:
     return int(best)
 
 
-def service_refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chip, state: ServiceState) -> str:
+def service_refusal(
+    name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chip, state: ServiceState
+) -> str:
     """One line: the program, its peak with every model's state, and a model count that fits (else the
     packing or the slice, as the loop's programs are refused)."""
     peak = fig.get("peak_bytes_per_device")
     cap = chip.device_hbm
-    svc = rc.spec.service
-    assert svc is not None
     if peak and not fig.get("indivisible") and not fig.get("kernel_memory"):
         fit = largest_count(state, int(peak), cap)
         if 0 < fit < state.models:
@@ -217,6 +217,7 @@ def service_refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, c
                 f"spec.service.maxTrainingClients: {state.models} training clients' adapters, Adam moments, "
                 f"gradient buffers and masks ({state.model / GIB:.2f} GiB per device each) with {name} need "
                 f"{peak / GIB:.1f} GiB per device of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} "
-                f"GiB HBM; at most {fit} fit (or lower spec.packing.tokenBudget, or a larger spec.trainer.tpu)"
+                f"GiB HBM; at most {fit} fit (or lower spec.packing.tokenBudget, or a larger "
+                "spec.trainer.tpu)"
             )
     return refusal(name, fig, p, rc, chip)
