@@ -15,6 +15,9 @@ run's shapes, as MaxText's ``train_compile`` does for its train step:
 - ``parity_logprobs``: :meth:`rljob.trainer.model.Policy.scoring_program`, the step-0 parity gate's log-probs
   of ``[rows rounded up to what the batch axes divide, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
 
+A run config with ``spec.service`` (the Tinker API service) runs no loop: its programs are the service
+engine's instead, beside every training client's resident state (rljob.trainer.compilecheck_service).
+
 Per program and device: XLA's memory analysis (argument, output, alias, temporary and generated-code bytes),
 the bytes of the trainer's state that stay in HBM while the program runs without being its argument
 (``resident_bytes``: the optimizer state during ``accumulate`` and ``parity_logprobs``, the base weights
