@@ -319,7 +319,6 @@ def compiled(rc: RunConfig, only: set[str]) -> tuple[dict[str, Any], list[str]]:
     return compilecheck.compile_run(rc, small_keys(rc), only=only)
 
 
-@pytest.mark.slow
 def test_the_service_programs_compile_beside_every_models_state() -> None:
     """forward (the prompt-logprob program too) and optim_step compile; the state is the arithmetic of the
     adapter's shards: per model its adapter, two moments and gradient buffer in the adapter's dtype (kept
