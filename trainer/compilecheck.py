@@ -15,6 +15,9 @@ run's shapes, as MaxText's ``train_compile`` does for its train step:
 - ``parity_logprobs``: :meth:`rljob.trainer.model.Policy.scoring_program`, the step-0 parity gate's log-probs
   of ``[rows rounded up to what the batch axes divide, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
 
+A run config with ``spec.service`` (the Tinker API service) runs no loop: its programs are the service
+engine's instead, beside every training client's resident state (rljob.trainer.compilecheck_service).
+
 Per program and device: XLA's memory analysis (argument, output, alias, temporary and generated-code bytes),
 the bytes of the trainer's state that stay in HBM while the program runs without being its argument
 (``resident_bytes``: the optimizer state during ``accumulate`` and ``parity_logprobs``, the base weights
@@ -157,6 +160,7 @@ class Program:
     resident: int  # per-device bytes of the state that stays in HBM beside the program's arguments
     drivers: str  # the spec fields that drive the program's size (the refusal's line)
     model_flops: float = 0.0  # analytic FLOPs per device (0: XLA's count, the program has no loop)
+    state_args: int | None = None  # the leading arguments that do not grow with the rows (None: all)
 
 
 def model_flops(cfg: Any, tokens_per_device: float, *, backward: bool, reference: bool = False) -> float:
@@ -224,6 +228,7 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
             opt,
             f"{step_fields}, spec.trainer.maxtext.remat_policy, spec.trainer.tpu",
             cfg.micro_batches * model_flops(policy.cfg, per_mb, backward=True, reference=trainer.with_ref),
+            state_args=3,
         ),
         Program("apply", trainer.apply, (state, acc), resident_bytes(policy.base), "spec.trainer.tpu"),
         Program(
@@ -233,6 +238,7 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
             opt,
             f"{step_fields} (rows rounded up to a multiple of {policy.row_multiple()}), spec.trainer.tpu",
             model_flops(policy.cfg, gate.rows * gate.budget / n, backward=False),
+            state_args=2,
         ),
     ]
 
@@ -364,12 +370,12 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
     head += f" of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} GiB HBM ({p.drivers})"
     # What does not grow with the rows: the weights, the adapter and its optimizer state (every argument but
     # the packed rows, and the resident state), by arithmetic over their shards.
-    state = {"accumulate": p.args[:3], "parity_logprobs": p.args[:2]}.get(name, p.args)
+    state = p.args[: p.state_args] if p.state_args is not None else p.args
     fixed = shard_bytes(state) + p.resident
     devices = rc.trainer.devices  # every slice's
     # Weights and state that take most of the HBM leave too little for any rows (a layer's gathered weights,
     # the activations): a larger slice, sized so that they take about half of it.
-    if fixed >= 0.8 * cap or name == "apply":
+    if fixed >= 0.8 * cap or p.state_args is None:
         more = max(2, math.ceil(fixed / (0.5 * cap)))
         return (
             head + f"; the weights, adapter and optimizer state alone are {fixed / GIB:.1f} GiB per device: "
@@ -416,7 +422,16 @@ def compile_run(
     if keys is not None:
         budget = int(mt.get("max_target_length", step_cfg.budget))
         step_cfg = dataclasses.replace(step_cfg, budget=budget, pad_align=min(step_cfg.pad_align, budget))
-    trainer = Trainer(policy, step_cfg)
+    service = rc.spec.service
+    if service is not None:  # the Tinker service's programs (rljob.trainer.compilecheck_service)
+        from rljob.trainer import compilecheck_service as svc
+        from rljob.trainer.tinker.engine import Engine
+
+        engine = Engine(policy, step_cfg, max_models=service.max_training_clients)
+        state = svc.service_state(engine, service.max_training_clients)
+        progs = svc.service_programs(engine, state)
+    else:
+        progs = programs(policy, Trainer(policy, step_cfg), step_cfg.pack_config())
     report: dict[str, Any] = {
         "model": str(mt.get("model_name", "")),
         "topology": f"{generation(rc)}:{rc.trainer.tpu.topology}",
@@ -428,8 +443,10 @@ def compile_run(
         "chip": {"hbm_bytes_per_device": chip.device_hbm, "source": chip.source},
         "programs": {},
     }
+    if service is not None:
+        report["service"] = state.report()
     refusals: list[str] = []
-    for p in programs(policy, trainer, step_cfg.pack_config()):
+    for p in progs:
         if only is not None and p.name not in only:
             continue
         if log:
@@ -437,13 +454,17 @@ def compile_run(
         fig = compile_one(p, chip)
         report["programs"][p.name] = fig
         if not fig["fits"]:
-            refusals.append(refusal(p.name, fig, p, rc, chip))
+            refusals.append(
+                svc.service_refusal(p.name, fig, p, rc, chip, state)
+                if service is not None
+                else refusal(p.name, fig, p, rc, chip)
+            )
     report["fits"] = not refusals
     report["seconds"] = round(time.monotonic() - t0, 1)
-    progs = report["programs"]
-    if "accumulate" in progs and "roofline_seconds" in progs["accumulate"]:
+    figs = report["programs"]
+    if "accumulate" in figs and "roofline_seconds" in figs["accumulate"]:
         # Per micro-batch of the accumulate call, and the best utilisation of the chips the step can reach.
-        acc = progs["accumulate"]
+        acc = figs["accumulate"]
         report["roofline_seconds_per_micro_batch"] = acc["roofline_seconds"] / step_cfg.micro_batches
         report["max_flops_utilisation"] = (
             acc["flops"] / (acc["roofline_seconds"] * chip.peak_bf16_flops / chip.devices)

@@ -26,8 +26,6 @@ def run_compile(rc: Any, workdir: Path, timeout: float) -> dict[str, Any]:
     """The trainer's TPU programs compiled at full size for the run's topology (every slice) by libtpu's
     compiler (``python -m rljob.trainer.compilecheck``): their memory and cost per device. A program that
     does not fit raises DrillBadInput (the fields to change, a value that fits), with the figures."""
-    if rc.spec.service is not None:
-        return {"skipped": "spec.service: the Tinker service's programs are not compiled by this stage"}
     cfg = workdir / "full-run.json"
     cfg.write_text(rc.model_dump_json(by_alias=True), encoding="utf-8")
     try:

@@ -5,7 +5,8 @@ Each catalog family's model at small sizes (its own MaxText config with the reci
 shrunk: rljob.recipes.miniature, head_dim 128 for the Splash kernel) on a v5p, a tpu7x and a 2-slice
 topology, the kernels compiled as on the TPU (Splash attention: a Mosaic custom call in the compiled
 program), and XLA's memory analysis checked against arithmetic; an oversized configuration is refused with
-the field named and a smaller value. A full-size compile takes minutes: docs/drill.md has those figures.
+the field named and a smaller value; the Tinker service's programs (spec.service) likewise. A full-size
+compile takes minutes: docs/drill.md has those figures.
 """
 
 from __future__ import annotations
@@ -333,3 +334,132 @@ def test_cache_dir_uploads_the_programs_where_the_trainer_restores_them(tmp_path
     # A trainer pod's restore gets them all (its local disk starts empty).
     got = caches.restore(caches.JAX_TRAINER, str(store / caches.JAX_TRAINER), tmp_path / "pod")
     assert (got.files, got.present) == (len(local), 0)
+
+
+# --- service mode (rljob.trainer.compilecheck_service): the Tinker service's programs (Engine's) at small
+# sizes on a v5p-8, their arguments and resident state against the adapter's arithmetic x the model count,
+# and a model count that does not fit refused with spec.service.maxTrainingClients and the largest that does.
+
+
+def service_config(clients: int = 4) -> RunConfig:
+    rc = run_config(
+        "qwen3-8b-v5p",
+        fit_check=False,
+        trainer={"tpu": "v5p-8"},
+        service={"api": "tinker", "maxTrainingClients": min(clients, 8), "apiKeySecret": "keys"},
+    )
+    if clients <= 8:
+        return rc
+    # More clients than the samplers' adapters: the plan would refuse it (spec.sampler.maxLoras); the
+    # compile stage only reads the count.
+    svc = rc.spec.service
+    assert svc is not None
+    spec = rc.spec.model_copy(update={"service": svc.model_copy(update={"max_training_clients": clients})})
+    return rc.model_copy(update={"spec": spec})
+
+
+def compiled(rc: RunConfig, only: set[str]) -> tuple[dict[str, Any], list[str]]:
+    from rljob.trainer import compilecheck
+
+    return compilecheck.compile_run(rc, small_keys(rc), only=only)
+
+
+def test_the_service_programs_compile_beside_every_models_state() -> None:
+    """forward (the prompt-logprob program too) and optim_step compile; the state is the arithmetic of the
+    adapter's shards: per model its adapter, two moments and gradient buffer in the adapter's dtype (kept
+    bfloat16 by the Adam step: a float32 one would change MaxText's layer-scan carry) and a float32 mask."""
+    from rljob.trainer.compilecheck_service import ServiceState
+
+    rc = service_config(4)
+    report, refusals = compiled(rc, {"forward.cross_entropy", "optim_step"})
+    assert refusals == [] and report["fits"] is True
+    svc = report["service"]
+    adapter = svc["adapter_bytes_per_device"]
+    # bfloat16 steady state: the float32 mask is twice the adapter.
+    assert svc["model_bytes_per_device"] == 4 * adapter + 2 * adapter + 4
+    assert svc["max_training_clients"] == 4 and svc["prompt_logprob_cache_adapters"] == 4
+    progs = report["programs"]
+    opt, fwd = progs["optim_step"], progs["forward.cross_entropy"]
+    # optim_step's arguments are one model (adapter, moments, gradients, mask, count) and the Adam settings,
+    # up to the TPU's tiled layout; the adapter and moments are donated (aliased to the outputs).
+    assert svc["model_bytes_per_device"] <= opt["argument_bytes"] <= svc["model_bytes_per_device"] + 4096
+    assert opt["alias_bytes"] >= 3 * adapter
+    # Resident: every other model's state, the cached prompt-logprob adapters, the base and its zero adapter.
+    total = svc["state_bytes_per_device"]
+    assert opt["resident_bytes"] == total - svc["model_bytes_per_device"]
+    base = total - adapter - 4 * svc["model_bytes_per_device"] - 4 * adapter  # zero adapter: the same size
+    assert fwd["resident_bytes"] == total - base - adapter
+    assert fwd["argument_bytes"] >= base + adapter
+    for fig in (opt, fwd):
+        parts = ("argument_bytes", "output_bytes", "temp_bytes", "code_bytes", "resident_bytes")
+        assert fig["peak_bytes_per_device"] == sum(fig[k] for k in parts) - fig["alias_bytes"]
+    state = ServiceState(4, base, adapter, adapter, 2 * adapter, 4, 4)
+    assert state.total == total and state.at(16).total == total + 12 * state.model + 12 * adapter
+
+
+@pytest.mark.slow
+def test_forward_backward_compiles_for_every_loss_the_service_accepts() -> None:
+    from rljob.trainer.tinker.engine import LOSS_FNS
+
+    rc = service_config(2)
+    names = {f"forward_backward.{k}" for k in LOSS_FNS}
+    report, refusals = compiled(rc, names)
+    assert refusals == [] and set(report["programs"]) == names
+    svc = report["service"]
+    for name in names:
+        fig = report["programs"][name]
+        # The gradient buffer is donated and returned: aliased.
+        assert fig["alias_bytes"] >= svc["adapter_bytes_per_device"]
+        assert fig["flops"] > 0 and fig["roofline_seconds"] > 0
+
+
+def test_a_model_count_that_does_not_fit_is_refused_with_the_largest_that_does() -> None:
+    """Thousands of training clients' state (each a few MiB per device here) overflow a v5p device's 95
+    GiB beside optim_step: refused naming spec.service.maxTrainingClients with the largest count whose
+    state fits, which the arithmetic confirms (one more does not)."""
+    rc = service_config(40000)
+    report, refusals = compiled(rc, {"optim_step"})
+    assert report["fits"] is False and len(refusals) == 1, refusals
+    line = refusals[0]
+    assert line.startswith("spec.service.maxTrainingClients: 40000 training clients'"), line
+    fit = int(line.split("at most ")[1].split()[0])
+    fig, svc = report["programs"]["optim_step"], report["service"]
+    # The program's own bytes: temporaries, code, its arguments (this model's state counted twice).
+    own = fig["peak_bytes_per_device"] - svc["state_bytes_per_device"]
+    per = svc["model_bytes_per_device"] + svc["adapter_bytes_per_device"]
+    cap = fig["hbm_bytes_per_device"]
+    at = svc["state_bytes_per_device"] - (40000 - fit) * per
+    assert 1000 < fit < 40000 and own + at <= cap < own + at + per, (fit, own, at)
+
+
+@pytest.mark.parametrize(
+    ("peak_gib", "models", "want"),
+    [
+        (120, 8, "spec.service.maxTrainingClients: 8 training clients'"),  # the models' state: fewer fit
+        (90, 8, None),  # fits: no refusal is asked for, but the line is still well formed (the loop's)
+        (200, 2, "compile: optim_step needs 200.0 GiB"),  # not even one model fits: a larger slice
+    ],
+)
+def test_the_refusal_names_the_model_count_only_where_fewer_models_fit(
+    peak_gib: int, models: int, want: str | None
+) -> None:
+    from rljob.trainer import compilecheck
+    from rljob.trainer.compilecheck_service import ServiceState, largest_count, service_refusal
+
+    rc = service_config(models)
+    chip = compilecheck.CHIPS["v5p"]
+    # Models of 10 GiB each beside a 20 GiB base.
+    state = ServiceState(models, 20 * GIB, 0, 2 * GIB, 2 * GIB, 0, max(2, models))
+    peak = peak_gib * GIB
+    p = compilecheck.Program("optim_step", None, (), state.total - state.model, "spec.trainer.tpu")
+    line = service_refusal("optim_step", {"fits": False, "peak_bytes_per_device": peak}, p, rc, chip, state)
+    fit = largest_count(state, peak, chip.device_hbm)
+    if want is None:
+        assert fit >= models
+        return
+    assert line.startswith(want), line
+    if models == 8:
+        # 10 GiB per model + 2 GiB per cached adapter: each model less frees 12 GiB.
+        assert fit == 8 - -(-(peak - chip.device_hbm) // (12 * GIB)) and f"at most {fit} fit" in line
+    else:
+        assert fit == 0 and "spec.trainer.tpu" in line

@@ -326,6 +326,13 @@ class Engine:
             return jnp.where(k != 0, new, p)
 
         new_lora = jax.tree.map(update, lora, new_mu, new_nu, mask)
+        # Back to the state's own dtypes, as the loop's optax update keeps them (optax.apply_updates casts to
+        # the parameters' dtype, Adam's moments are kept in it): the float32 hyper-parameters would promote
+        # a bfloat16 adapter to float32, which MaxText's layer scan then refuses (its carry's dtype changes).
+        new_lora, new_mu, new_nu = (
+            jax.tree.map(lambda n, o: n.astype(o.dtype), new, old)
+            for new, old in ((new_lora, lora), (new_mu, mu), (new_nu, nu))
+        )
         ok = all_finite((g, new_lora, norm))
         out_lora = guard_update(ok, new_lora, lora)
         out_mu = guard_update(ok, new_mu, mu)
