@@ -123,8 +123,12 @@ def _drill_cases() -> list[Any]:
     out = []
     for name in recipe_catalog.names():
         for profile in [None, *recipe_catalog.load(name).profiles]:
-            # Past its 420 s deadline on a quiet 2-core machine: the long tier (make test-long).
-            marks = [pytest.mark.longdrill] if name in LONG_DRILLS else []
+            # Past its 420 s deadline on a quiet 2-core machine: the long tier (make test-long). So are the
+            # profiles' scaled runs (the 397B profiles ~95 s each: the same miniature on another mesh), which
+            # keeps make test within its hour; every profile's full-size topology stays in make test
+            # (test_full_size_topology_of_every_recipe_profile_and_example).
+            long = name in LONG_DRILLS or profile is not None
+            marks = [pytest.mark.longdrill] if long else []
             out.append(pytest.param(name, profile, id=name + (f"/{profile}" if profile else ""), marks=marks))
     return out
 
