@@ -256,7 +256,7 @@ def head_blocks(rc: RunConfig) -> dict[str, Any]:
     return {"token_tile": lp.token_tile, "vocab_chunk": lp.vocab_chunk}
 
 
-DEFAULT_MICRO_BATCHES = 1  # micro-batches per compiled accumulate call without gradient_accumulation_steps
+DEFAULT_MICRO_BATCHES = 4  # micro-batches per compiled accumulate call without gradient_accumulation_steps
 
 
 def optimizer_options(
