@@ -163,18 +163,18 @@ def test_a_model_too_big_for_its_slices_is_refused_on_each_role(
 
 
 def test_a_micro_batch_too_large_for_the_slice_is_refused_with_the_most_rows_that_fit() -> None:
-    # Qwen3-8B on v5p-8 (fsdp 4): a row of 8192 tokens puts 2048 tokens on each device, whose 36 layer
-    # inputs take 36 x 2048 x 4096 x 2 bytes; beside the 3.8 GiB of weights and the LoRA state,
+    # Qwen3-8B on v5p-8 (fsdp 4): a row of 5120 tokens puts 1280 tokens on each device, whose 36 layer
+    # inputs take 36 x 1280 x 4096 x 2 bytes; beside the 3.8 GiB of weights and the LoRA state,
     # (85.5 GiB - fixed) / that per row, rounded down to a multiple of data x fsdp x expert = 4.
     spec = {"recipe": "qwen3-8b-v5p", "trainer": {"microBatchSize": 400}}
     run = plan.resolve(_job({"recipe": "qwen3-8b-v5p"}))
     ok = fit.of_run(run).trainer
     assert ok is not None
-    per_row = 36 * 2048 * 4096 * 2
+    per_row = 36 * 1280 * 4096 * 2
     assert ok.parts["layer_inputs"] == 4 * per_row
     most = (ok.capacity_bytes - (ok.used_bytes - ok.parts["layer_inputs"])) // per_row // 4 * 4
     lines = [p for p in _problems(spec) if p.startswith("spec.trainer.")]
-    assert len(lines) == 1 and lines[0].startswith("spec.trainer.microBatchSize: 400 rows of 8192 tokens"), (
+    assert len(lines) == 1 and lines[0].startswith("spec.trainer.microBatchSize: 400 rows of 5120 tokens"), (
         lines
     )
     assert lines[0].endswith(f"at most {most} rows fit (a multiple of data x fsdp x expert = 4)")
