@@ -42,7 +42,8 @@ def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: boo
 # created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount and a Role/RoleBinding
 # for their progress ConfigMap, and NetworkPolicies admitting only the run's own pods; events are posted; a
 # queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue); the Jobs a
-# JobSet will create are dry-run (never created: the JobSet controller makes them); each run's credentials
+# JobSet will create are dry-run (never created: the JobSet controller makes them), a run with the compile
+# preflight gets a CPU Job of its own (rljob.recipes.render); each run's credentials
 # Secret is created (and read back only after a 409, to check its owner).
 OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     _perms("get list watch", GROUP, PLURAL)
@@ -52,7 +53,9 @@ OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
     + _perms("list patch", KUEUE_GROUP, "workloads")
     + _perms("get list watch create patch", "", "configmaps")
     + _perms("list watch", "", "pods")
-    + _perms("create", "batch", "jobs")  # server-side dry runs only (rljob.operator.reconcile)
+    # the dry runs of the JobSet's Jobs, and the opt-in compile preflight's Job (created, watched, read back
+    # after a 409; no delete: its TTL removes it)
+    + _perms("get list watch create patch", "batch", "jobs")
     + _perms("get create patch", "", "serviceaccounts")
     + _perms("get create patch", "", "services")
     + _perms("get create patch", "networking.k8s.io", "networkpolicies")

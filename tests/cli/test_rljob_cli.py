@@ -75,7 +75,7 @@ def test_plan_shows_each_roles_bytes_per_device_and_validate_refuses_what_cannot
     code, out, _ = run(capsys, "plan", "-f", str(DEMO))
     assert code == 0
     fit = [ln for ln in out.splitlines() if " fit: " in ln]
-    assert fit[0].startswith("trainer fit: 6.5 GiB of 85.5 GiB per device (weights 3.8 GiB, ")
+    assert fit[0].startswith("trainer fit: 5.6 GiB of 85.5 GiB per device (weights 3.8 GiB, ")
     assert (
         fit[1].startswith("sampler fit: ")
         and "the KV cache holds 463 sequences of maxModelLen 5120" in fit[1]
