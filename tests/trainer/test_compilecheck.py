@@ -241,7 +241,8 @@ HBM = (
     ("message", "kind"),
     [
         (SPARSECORE, "kernel"),
-        ("E3001: CompileTimeScopedVmemOom: scoped vmem limit exceeded", "kernel"),
+        # the 397B recipe's accumulate on tpu7x-256, as libtpu 0.0.50.1 words it (a kernel's VMEM, not HBM)
+        ("RESOURCE_EXHAUSTED: E1001: CompileTimeScopedVmemOom:", "kernel"),
         (HBM, "oom"),
         ("E2001: CompileTimeHbmOom: Ran out of memory in memory space hbm. Used 20G of 16G hbm.", "oom"),
         ("INTERNAL: Mosaic failed to compile TPU kernel: unsupported layout", "raise"),
