@@ -93,10 +93,13 @@ def test_trainer_node_lost_mid_run_resumes_from_its_last_checkpoint(
     assert status["restarts"]["used"] == 0 and status["restarts"]["sampler"]["used"] == 0, status["restarts"]
     assert status["lastFailure"]["class"] == "preemption" and status["lastFailure"]["role"] == "trainer"
     progress = status["progress"]
-    assert progress["resumedFromStep"] == seen["checkpoint"], (progress, seen)
+    # At least the checkpoint the status showed when the node went: the trainer may have saved a later one
+    # whose report had not reached the status yet (a run under load resumed from 4 with 3 shown), and
+    # resuming from the newest checkpoint on storage is what loses no work.
+    assert seen["checkpoint"] <= progress["resumedFromStep"] < STEPS, (progress, seen)
     assert progress["step"] == STEPS
     # The reward curve continues after the restart: a reward for steps past the resume point.
-    assert [s for s in seen["steps"] if s > seen["checkpoint"]], seen["steps"]
+    assert [s for s in seen["steps"] if s > progress["resumedFromStep"]], seen["steps"]
     assert all(0.0 <= r <= 1.0 for r in rewards), rewards
     js = cluster.get_jobset(namespace, name)
     assert js["status"]["restarts"] == 1 and js["status"].get("restartsCountTowardsMax", 0) == 0
