@@ -40,7 +40,7 @@ every expert; ``EXPERT_SUPPORTED``) is trained and exported for qwen3_moe and mi
 not yet gpt_oss (its checkpoint keeps the experts stacked, gate and up interleaved in ``gate_up_proj``: no
 per-expert module to name) nor qwen3_5 (its ``routed_experts`` export is not written). vLLM's TPU backend
 does not serve it (``SERVING_REFUSED``): ``rljob validate`` and the admission webhook refuse the target with
-that reason (:func:`serving_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
+that reason (:func:`sampler_problems`), while the trainer accepts it (tests/trainer/test_expert_lora.py).
 A decoder block outside this table is refused with the reason in ``REFUSED`` where it is known.
 
 Sources: MaxText 0.2.5 models/{qwen3,qwen3_5,gpt_oss,gemma4,llama2,gemma3,mixtral,deepseek}.py,
@@ -70,7 +70,6 @@ __all__ = [
     "mla_problems",
     "problems",
     "sampler_problems",
-    "serving_problems",
 ]
 
 # Hugging Face projection -> MaxText module.
@@ -211,14 +210,6 @@ def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]
     return out
 
 
-def serving_problems(targets: Iterable[str]) -> list[tuple[str, str]]:
-    """(field, message) for each LoRA target the trainer trains but the sampler cannot serve (the plan's
-    check only: the trainer itself accepts them)."""
-    if EXPERTS in list(targets):
-        return [("spec.lora.targets", f"{EXPERTS}: {SERVING_REFUSED}")]
-    return []
-
-
 # MLA projections MaxText 0.2.5 calls with slice_bounds under use_sliced_mla_proj (layers/attention_mla.py
 # mla_query_projection, mla_get_key_value): layers/linears.py DenseGeneral then contracts a slice of the
 # kernel, whose shape qwix's LoRA no longer recognises (the trainer fails building the model).
@@ -256,12 +247,15 @@ def mla_problems(
 
 
 def sampler_problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:
-    """(field, message) for each LoRA target the trainer exports but the sampler would not apply
-    (SAMPLER_REFUSED)."""
+    """(field, message) for each LoRA target the trainer trains and exports but the sampler would not
+    serve or apply (the plan's check only: the trainer itself accepts them): the routed experts on any
+    block (SERVING_REFUSED), and the block's own (SAMPLER_REFUSED; ``block`` None: not known, not checked)."""
+    targets = list(targets)
+    out = [("spec.lora.targets", f"{EXPERTS}: {SERVING_REFUSED}")] if EXPERTS in targets else []
     if block is None:
-        return []
+        return out
     hf = sorted({_MT_TO_HF.get(t, t) for t in targets})
-    return [
+    return out + [
         ("spec.lora.targets", f"{t}: {SAMPLER_REFUSED[(block, t)]}")
         for t in hf
         if (block, t) in SAMPLER_REFUSED

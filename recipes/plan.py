@@ -801,8 +801,7 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     if not found:
         sliced = (keys or {}).get("use_sliced_mla_proj", False)
         found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
-        found += lora_targets.sampler_problems(block, targets)
-    found += lora_targets.serving_problems(targets)
+    found += lora_targets.sampler_problems(block, targets)
     return [f"{field}: {message}" for field, message in found]
 
 

@@ -114,8 +114,11 @@ def test_problems(block: str, targets: list[str], want: list[tuple[str, str]]) -
         (["q_proj", "experts"], [("spec.lora.targets", f"experts: {lora_targets.SERVING_REFUSED}")]),
     ],
 )
-def test_serving_problems(targets: list[str], want: list[tuple[str, str]]) -> None:
-    assert lora_targets.serving_problems(targets) == want
+def test_the_sampler_refuses_expert_adapters_on_any_block(
+    targets: list[str], want: list[tuple[str, str]]
+) -> None:
+    assert lora_targets.sampler_problems(None, targets) == want
+    assert lora_targets.sampler_problems("qwen3_moe", targets) == want
 
 
 def test_validate_refuses_an_expert_adapter_the_sampler_cannot_serve(

@@ -61,6 +61,30 @@ def small_keys(rc: RunConfig, length: int = 1024, **extra: Any) -> dict[str, Any
     return keys
 
 
+def run_compilecheck(
+    rc: RunConfig, keys: dict[str, Any], tmp_path: Path, *extra: str
+) -> subprocess.CompletedProcess[str]:
+    """``python -m rljob.trainer.compilecheck`` on ``rc`` (written to ``tmp_path``) with ``keys``, on CPU."""
+    cfg = tmp_path / "run.json"
+    cfg.write_text(rc.model_dump_json(by_alias=True))
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rljob.trainer.compilecheck",
+            "--config",
+            str(cfg),
+            "--keys",
+            json.dumps(keys),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"},
+        timeout=900,
+    )
+
+
 # (recipe, trainer overrides): every catalog family, each on one topology kind, the three kinds covered. A
 # compile is one to three minutes on a loaded 2-core machine: qwen3 (v5p) runs in every `make test`, the
 # others (tpu7x, 2 slices, MoE, Gemma 4, gated delta nets) in the slow tier.
@@ -196,23 +220,7 @@ def test_an_oversized_configuration_is_refused_with_the_field_and_a_value_that_f
         base_num_kv_heads=8,
         base_num_decoder_layers=12,
     )
-    cfg = tmp_path / "run.json"
-    cfg.write_text(rc.model_dump_json(by_alias=True))
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rljob.trainer.compilecheck",
-            "--config",
-            str(cfg),
-            "--keys",
-            json.dumps(keys),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"},
-        timeout=900,
-    )
+    proc = run_compilecheck(rc, keys, tmp_path)
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = [x for x in proc.stderr.splitlines() if x.startswith("compile: ")]
     assert lines and "spec.trainer.tpu" in lines[0] and "x its 4 devices" in lines[0], proc.stderr[-3000:]
@@ -300,28 +308,9 @@ def test_cache_dir_uploads_the_programs_where_the_trainer_restores_them(tmp_path
     rc = run_config("qwen3-8b-v5p")
     store = tmp_path / "storage" / "cache"
     rc = rc.model_copy(update={"storage": rc.storage.model_copy(update={"cache": str(store)})})
-    cfg = tmp_path / "run.json"
-    cfg.write_text(rc.model_dump_json(by_alias=True))
     log = tmp_path / "termination-log"
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rljob.trainer.compilecheck",
-            "--config",
-            str(cfg),
-            "--keys",
-            json.dumps(small_keys(rc)),
-            "--cache-dir",
-            str(tmp_path / "local"),
-            "--termination-log",
-            str(log),
-        ],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"},
-        timeout=900,
-    )
+    extra = ["--cache-dir", str(tmp_path / "local"), "--termination-log", str(log)]
+    proc = run_compilecheck(rc, small_keys(rc), tmp_path, *extra)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["compile"]["fits"] is True
     assert not log.exists()  # nothing refused: the termination log is the pod's own
