@@ -376,6 +376,15 @@ class TrainerSpec(ApiModel):
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
         max_length=1024,
     )
+    libtpu_flags: dict[str, Any] | None = Field(
+        default=None,
+        description="libtpu flags of the trainer (name: value, without the leading dashes), passed as "
+        "LIBTPU_INIT_ARGS to the trainer containers, the compile preflight and `rljob drill --compile`, e.g. "
+        "xla_tpu_scoped_vmem_limit_kib: 65472. Win over the profile's and the recipe's flags; null removes "
+        "one of theirs.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+        max_length=128,
+    )
     profile: str | None = Field(
         default=None,
         description="A tuned-flag profile of the recipe, by name.",

@@ -155,6 +155,11 @@ _REASONS: Final[tuple[tuple[str, str], ...]] = (
         "rljob trains with GRPO losses only (spec.algorithm.loss)",
     ),
     (
+        r"^compile_xla_flags$",
+        "rljob's trainer and its compile stage take XLA's TPU flags from spec.trainer.libtpuFlags "
+        "(LIBTPU_INIT_ARGS), e.g. libtpuFlags: {xla_tpu_scoped_vmem_limit_kib: 65472}",
+    ),
+    (
         r"^compile_|^compiled_trainstep_file$|^internal_compile|^jax_cache_dir$",
         "rljob's trainer compiles its own step and keeps JAX's compilation cache under {storage}/cache",
     ),

@@ -28,7 +28,7 @@ import re
 from decimal import Decimal
 from typing import Any, Final
 
-from rljob.recipes import k8s_rules, schema, syntax
+from rljob.recipes import k8s_rules, libtpu, schema, syntax
 from rljob.recipes.api import PodTemplate
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -65,6 +65,8 @@ RESERVED_ENV: Final = frozenset(
 )
 """Env names the render sets (a test checks every rendered name is here), and RLJOB_TENSORBOARD_DIR, which the
 trainer reads as its own setting."""
+TRAINER_RESERVED_ENV: Final = frozenset({libtpu.ENV})
+"""Env names the render sets in the trainer's containers only (a sampler's template may set them)."""
 RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_", "RLJOB_")
 """Every RLJOB_* name is rljob's own (the entrypoints read them; the render sets most), and MEGASCALE_* is
 the multi-slice runtime's."""
@@ -190,6 +192,8 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
         where = f"{sp}.env[{i}]"
         if env.name in RESERVED_ENV or env.name.startswith(RESERVED_ENV_PREFIXES):
             out.append(f"{where}.name: {env.name} is set by rljob (the run's own coordinates)")
+        elif env.name in TRAINER_RESERVED_ENV and path.startswith("spec.trainer"):
+            out.append(f"{where}.name: {env.name} is set by rljob from {libtpu.FIELD} (set the flags there)")
         if env.name in seen:
             out.append(f"{where}.name: {env.name} is defined twice")
         seen.add(env.name)

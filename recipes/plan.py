@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from rljob.recipes import (
     disk,
     fit,
+    libtpu,
     lora_targets,
     maxtext_keys,
     maxtext_policy,
@@ -147,7 +148,7 @@ def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] 
     for key, value in over.items():
         here = (*path, key)
         if value is None:
-            if path and path[-1] == "maxtext":
+            if path and path[-1] in ("maxtext", "libtpuFlags"):
                 out.pop(key, None)
         elif key != "tpu" and isinstance(value, Mapping) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value, here)
@@ -278,6 +279,8 @@ def resolve(
     _service(spec, problems)
     problems += service_keys.problems(spec)
     _lora(spec, problems)
+    assert spec.trainer is not None
+    problems += libtpu.problems(spec.trainer.libtpu_flags, trainer_tpu.accelerator if trainer_tpu else None)
     sampler_plan = _sampler(spec, sampler_tpu, seq, layers, job, problems)
     trainer_plan = _trainer(spec, trainer_tpu, layers, job, problems)
     if fit_check:
@@ -595,6 +598,7 @@ def _trainer(
         maxtext=keys,
         maxtext_sources=sources,
         cache_disk=_cache_disk(spec, "trainer", trainer_tpu, spec.trainer.template, keys),
+        libtpu_flags=libtpu.resolve(spec.trainer.libtpu_flags),
     )
 
 
@@ -697,7 +701,7 @@ def _resolved(spec: RLJobSpec) -> ResolvedSpec:
     """The typed resolved spec of a checked, filled working spec. A field left None that the resolved spec
     requires is a bug of this module (a pydantic ValidationError, not a PlanError)."""
     data = spec.model_dump(mode="json", by_alias=True, exclude_none=True)
-    for key in ("tpu", "mesh", "maxtext"):  # resolved into RunConfig.trainer
+    for key in ("tpu", "mesh", "maxtext", "libtpuFlags"):  # resolved into RunConfig.trainer
         data["trainer"].pop(key, None)
     data["sampler"].pop("tpu", None)  # resolved into RunConfig.sampler
     return ResolvedSpec.model_validate(data)

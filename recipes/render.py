@@ -20,7 +20,18 @@ import json
 from functools import cache, lru_cache
 from typing import TYPE_CHECKING, Any
 
-from rljob.recipes import failure, naming, network, overrides, placement, plan, podpolicy, podspec, topology
+from rljob.recipes import (
+    failure,
+    libtpu,
+    naming,
+    network,
+    overrides,
+    placement,
+    plan,
+    podpolicy,
+    podspec,
+    topology,
+)
 from rljob.recipes.api import RLJob
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -190,6 +201,8 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
         ports: list[dict[str, Any]] = []
         if role == naming.TRAINER:
             env.append({"name": "JAX_COORDINATOR_ADDRESS", "value": run.endpoints.coordinator})
+            if run.trainer.libtpu_flags:
+                env.append({"name": libtpu.ENV, "value": libtpu.init_args(run.trainer.libtpu_flags)})
             if run.trainer.slices > 1:
                 annotation = "metadata.annotations['{}/{}']"
                 env += [
@@ -355,6 +368,10 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
         {"name": "JAX_PLATFORMS", "value": "cpu"},
         {"name": LOCAL_CACHE_ENV, "value": disk.path},
     ]
+    if (
+        run.trainer.libtpu_flags
+    ):  # the trainer's compiler flags: the preflight compiles what the trainer would
+        env.append({"name": libtpu.ENV, "value": libtpu.init_args(run.trainer.libtpu_flags)})
     command = [
         "python",
         "-m",

@@ -139,6 +139,11 @@ class TrainerPlan(ApiModel):
         "layer set it and MaxText's default would not run; RunConfig.derived says why)."
     )
     cache_disk: CacheDisk = Field(description="The local disk of one host's caches.")
+    libtpu_flags: dict[str, str] = Field(
+        default_factory=dict,
+        description="libtpu flags (name -> value), LIBTPU_INIT_ARGS of every trainer process "
+        "(rljob.recipes.libtpu).",
+    )
 
 
 class SamplerPlan(ApiModel):

@@ -55,6 +55,11 @@ class Generation:
     # device with half the chip's HBM ("Dual-chiplet architecture" on the same page); a v5p chip is one
     # device (megacore). rljob.recipes.fit compares a role's bytes per device with hbm_bytes_per_device.
     hbm_gib_per_chip: int = 0
+    # The most scoped VMEM (KiB) libtpu accepts for one compile (--xla_tpu_scoped_vmem_limit_kib,
+    # rljob.recipes.libtpu), where known: a TPU7x device's is 67,043,328 bytes = 65472 KiB (libtpu refuses
+    # 65536; MaxText's TPU7x recipes and train_compile sweeps, https://github.com/AI-Hypercomputer/maxtext,
+    # set 65472).
+    max_scoped_vmem_kib: int | None = None
 
 
 GENERATIONS: dict[str, Generation] = {
@@ -80,6 +85,7 @@ GENERATIONS: dict[str, Generation] = {
         True,
         min_gke_version="1.34.0-gke.2201000",
         hbm_gib_per_chip=192,
+        max_scoped_vmem_kib=65472,
     ),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}

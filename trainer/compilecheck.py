@@ -44,16 +44,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.metadata
 import json
 import math
 import os
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rljob.recipes import libtpu
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import RunConfig
 
@@ -101,6 +104,37 @@ def generation(rc: RunConfig) -> str:
     return rc.trainer.tpu.type_name.split("-")[0]
 
 
+def set_libtpu_flags(rc: RunConfig) -> None:
+    """This process's LIBTPU_INIT_ARGS: the trainer's libtpu flags (spec.trainer.libtpuFlags), as the trainer
+    containers get them (rljob.recipes.render), so that libtpu compiles here what it compiles there. Read
+    when libtpu starts (the first topology)."""
+    args = libtpu.init_args(rc.trainer.libtpu_flags)
+    if args:
+        os.environ[libtpu.ENV] = args
+    else:
+        os.environ.pop(libtpu.ENV, None)
+
+
+def libtpu_flag_refusals(config: str, rc: RunConfig) -> list[str]:
+    """One line per flag of spec.trainer.libtpuFlags that this libtpu does not know. libtpu exits at start on
+    an unknown flag (``Unknown command line flag``), so a child process describes the topology first."""
+    if not rc.trainer.libtpu_flags:
+        return []
+    code = (
+        "import sys; from rljob.recipes.runconfig import RunConfig; "
+        "from rljob.trainer.compilecheck import topology_devices; "
+        "topology_devices(RunConfig.load(sys.argv[1]))"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code, config], capture_output=True, text=True, timeout=600, check=False
+    )
+    version = importlib.metadata.version("libtpu")
+    return [
+        f"{libtpu.FIELD}.{name}: libtpu {version} (the trainer image's) has no flag {name}"
+        for name in libtpu.unknown_flags(proc.stderr)
+    ]
+
+
 def topology_devices(rc: RunConfig) -> list[Any]:
     """The compile-only devices of the run's trainer slices, as MaxText's train_compile describes them."""
     # No TPU is attached: libtpu only compiles here, so several compiles (test workers, other drills) may load
@@ -108,6 +142,7 @@ def topology_devices(rc: RunConfig) -> list[Any]:
     # the GCE metadata server for a TPU's identity.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     os.environ.setdefault("TPU_SKIP_MDS_QUERY", "1")
+    set_libtpu_flags(rc)
     from jax.experimental.topologies import get_topology_desc
     from maxtext.utils import accelerator_to_spec_map
 
@@ -496,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--termination-log", help="also write the refusal lines to this file")
     args = p.parse_args(argv)
     rc = RunConfig.load(args.config)
+    flags = libtpu_flag_refusals(args.config, rc)
+    if flags:
+        return _refused(flags, {"fits": False, "libtpu_flags": rc.trainer.libtpu_flags}, args.termination_log)
     keys = json.loads(args.keys) if args.keys else None
     sync = compilation_cache(rc, args.cache_dir) if args.cache_dir else None
     try:
@@ -503,12 +541,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sync is not None:
             print(f"cache jax-trainer: {sync.close()} new files saved to {sync.uri}", file=sys.stderr)
-    for line in refusals:
-        print(line, file=sys.stderr)
-    if refusals and args.termination_log:
-        Path(args.termination_log).write_text("\n".join(refusals) + "\n", encoding="utf-8")
+    if refusals:
+        return _refused(refusals, report, args.termination_log)
     print(json.dumps({"compile": report}), flush=True)
-    return EXIT_OK if not refusals else EXIT_BAD_CONFIG
+    return EXIT_OK
+
+
+def _refused(lines: list[str], report: dict[str, Any], termination_log: str | None) -> int:
+    """A configuration that does not compile: its lines on stderr (and the termination log), the report."""
+    for line in lines:
+        print(line, file=sys.stderr)
+    if termination_log:
+        Path(termination_log).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print(json.dumps({"compile": report}), flush=True)
+    return EXIT_BAD_CONFIG
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ GCS_VOLUME = {
 GOOD: dict[str, Any] = {
     "metadata": {"labels": {"team": "rl"}, "annotations": {"gke-gcsfuse/volumes": "true"}},
     "spec": {
-        "env": [HF_ENV, {"name": "LIBTPU_INIT_ARGS", "value": "--xla_tpu_enable_async_all_gather=true"}],
+        "env": [HF_ENV, {"name": "WANDB_PROJECT", "value": "rl"}],
         "envFrom": [{"prefix": "WANDB_", "secretRef": {"name": "wandb"}}],
         "volumes": [GCS_VOLUME, {"name": "scratch", "emptyDir": {}}],
         "volumeMounts": [{"name": "data", "mountPath": "/data", "readOnly": True}],
@@ -85,7 +85,7 @@ def test_overrides_are_merged_into_the_role_and_only_it() -> None:
     (c,) = spec["containers"]
     env = {e["name"]: e for e in c["env"]}
     assert env["HF_TOKEN"] == HF_ENV and env["RLJOB_CONFIG"]["value"] == "/etc/rljob/run.json"
-    assert [e["name"] for e in c["env"]][-2:] == ["HF_TOKEN", "LIBTPU_INIT_ARGS"]  # after rljob's
+    assert [e["name"] for e in c["env"]][-2:] == ["HF_TOKEN", "WANDB_PROJECT"]  # after rljob's
     assert c["envFrom"] == [{"prefix": "WANDB_", "secretRef": {"name": "wandb"}}]
     assert c["volumeMounts"][-1] == {"name": "data", "mountPath": "/data", "readOnly": True}
     assert c["resources"] == {
@@ -126,7 +126,10 @@ def test_rendered_env_names_are_all_reserved() -> None:
                 user = {e["name"] for e in overrides.env(None)}
                 for e in c["env"]:
                     if e["name"] not in ("HF_TOKEN",) and e["name"] not in user:
-                        assert e["name"] in overrides.RESERVED_ENV or e["name"].startswith(
+                        reserved = overrides.RESERVED_ENV | (
+                            overrides.TRAINER_RESERVED_ENV if role == "trainer" else set()
+                        )
+                        assert e["name"] in reserved or e["name"].startswith(
                             overrides.RESERVED_ENV_PREFIXES
                         ), e["name"]
 

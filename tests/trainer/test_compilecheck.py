@@ -326,6 +326,82 @@ def test_cache_dir_uploads_the_programs_where_the_trainer_restores_them(tmp_path
     assert (got.files, got.present) == (len(local), 0)
 
 
+# A Pallas kernel whose blocks need 48 MiB of VMEM (two 12 MiB float32 blocks, each double-buffered): more
+# than libtpu's default scoped VMEM on TPU7x (32 MiB), less than the 65472 KiB spec.trainer.libtpuFlags can
+# allow. It compiles in a process whose libtpu started through the compile stage's own path
+# (compilecheck.topology_devices of the run config) only where the run config carries the flag.
+_VMEM_PROBE = """
+import sys
+import jax, jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from rljob.recipes.runconfig import RunConfig
+from rljob.trainer.compilecheck import topology_devices
+
+mesh = Mesh(topology_devices(RunConfig.load(sys.argv[1]))[:1], ("x",))
+block = pl.BlockSpec((1536, 2048), lambda i: (i, 0))
+def double(x):
+    return pl.pallas_call(
+        lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), grid=(4,), in_specs=[block], out_specs=block,
+    )(x)
+x = jax.ShapeDtypeStruct((6144, 2048), jnp.float32, sharding=NamedSharding(mesh, P()))
+try:
+    jax.jit(double).lower(x).compile()
+    print("compiled")
+except Exception as e:
+    print("refused: " + str(e).splitlines()[0])
+"""
+
+
+@pytest.mark.parametrize(
+    ("with_flag", "verdict"), [(True, "compiled"), (False, "refused: RESOURCE_EXHAUSTED: E1001")]
+)
+def test_the_run_configs_libtpu_flags_reach_the_compiler(
+    tmp_path: Path, with_flag: bool, verdict: str
+) -> None:
+    """spec.trainer.libtpuFlags is what the compile stage's libtpu runs with: the Qwen3.5-397B recipe's scoped
+    VMEM flag (65472 KiB) lets a kernel that needs 48 MiB compile, and without it (the manifest removes the
+    recipe's flag) libtpu refuses it as it refused the recipe's full-size train step (E1001
+    CompileTimeScopedVmemOom). The parent's own LIBTPU_INIT_ARGS does not leak in: the run config's flags
+    replace it."""
+    trainer: dict[str, Any] = {
+        "tpu": "tpu7x-8",
+        "mesh": {"fsdp": 2, "expert": 2, "context": 2},
+        "microBatchSize": 4,
+    }
+    if not with_flag:
+        trainer["libtpuFlags"] = {"xla_tpu_scoped_vmem_limit_kib": None}
+    rc = run_config("qwen3.5-397b-a17b-tpu7x", fit_check=False, trainer=trainer)
+    assert ("xla_tpu_scoped_vmem_limit_kib" in rc.trainer.libtpu_flags) is with_flag
+    cfg = tmp_path / "run.json"
+    cfg.write_text(rc.model_dump_json(by_alias=True))
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "JAX_PLATFORMS": "cpu"}
+    env["LIBTPU_INIT_ARGS"] = "" if with_flag else "--xla_tpu_scoped_vmem_limit_kib=65472"
+    proc = subprocess.run(
+        [sys.executable, "-c", _VMEM_PROBE, str(cfg)], capture_output=True, text=True, env=env, timeout=300
+    )
+    out = proc.stdout.strip().splitlines()
+    assert out and out[-1].startswith(verdict), proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
+def test_a_flag_libtpu_does_not_know_is_refused_naming_its_key(tmp_path: Path) -> None:
+    """libtpu exits at start on an unknown flag; the compile stage finds it first and names the key (exit 2,
+    the termination log for the preflight), instead of dying with libtpu's message (exit 1)."""
+    rc = run_config(
+        "qwen3-8b-v5p",
+        trainer={"libtpuFlags": {"xla_tpu_no_such_flag": 1, "xla_tpu_scoped_vmem_limit_kib": 65472}},
+    )
+    log = tmp_path / "termination-log"
+    proc = run_compilecheck(rc, small_keys(rc), tmp_path, "--termination-log", str(log))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    line = "spec.trainer.libtpuFlags.xla_tpu_no_such_flag: libtpu 0.0.50.1 (the trainer image's) has no flag"
+    assert log.read_text().splitlines() == [line + " xla_tpu_no_such_flag"]
+    assert line in proc.stderr and "Traceback" not in proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])["compile"]
+    assert report["fits"] is False and "programs" not in report
+
+
 # --- service mode (rljob.trainer.compilecheck_service): the Tinker service's programs (Engine's) at small
 # sizes on a v5p-8, their arguments and resident state against the adapter's arithmetic x the model count,
 # and a model count that does not fit refused with spec.service.maxTrainingClients and the largest that does.

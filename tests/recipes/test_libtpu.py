@@ -1,0 +1,119 @@
+"""spec.trainer.libtpuFlags (rljob.recipes.libtpu): one map, applied as LIBTPU_INIT_ARGS to every trainer
+container and the compile preflight (never a sampler), merged recipe < profile < manifest key by key, and
+every malformed flag refused with its key named."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from fixtures.recipes import manifest, objects, problems, recipe_manifest, resolve
+from hypothesis import given
+from hypothesis import strategies as st
+from rljob.recipes import libtpu, render
+
+VMEM = "xla_tpu_scoped_vmem_limit_kib"
+
+
+def _envs(js: dict[str, Any], role: str) -> list[dict[str, str]]:
+    rj = next(r for r in js["spec"]["replicatedJobs"] if r["name"] == role)
+    containers = rj["template"]["spec"]["template"]["spec"]["containers"]
+    return [{e["name"]: e.get("value") for e in c["env"]} for c in containers]
+
+
+def test_the_flags_reach_every_trainer_container_and_the_preflight_not_the_sampler() -> None:
+    doc = manifest(
+        {
+            "trainer": {
+                "tpu": "tpu7x-8",
+                "libtpuFlags": {VMEM: 65472, "xla_enable_async_all_gather": True},
+                "preflight": {"compile": True},
+            },
+        }
+    )
+    run = resolve(doc)
+    assert run.trainer.libtpu_flags == {"xla_enable_async_all_gather": "true", VMEM: "65472"}
+    want = "--xla_enable_async_all_gather=true --xla_tpu_scoped_vmem_limit_kib=65472"
+    trainers = _envs(objects(doc)[-1], "trainer")
+    assert len(trainers) == 2 and all(env[libtpu.ENV] == want for env in trainers)
+    assert all(libtpu.ENV not in env for env in _envs(objects(doc)[-1], "sampler"))
+    job = render.preflight_job(run)
+    assert job is not None
+    (c,) = job["spec"]["template"]["spec"]["containers"]
+    assert {e["name"]: e.get("value") for e in c["env"]}[libtpu.ENV] == want
+
+
+def test_no_flags_no_env() -> None:
+    assert all(libtpu.ENV not in env for env in _envs(objects(manifest({}))[-1], "trainer"))
+
+
+def test_the_recipe_sets_the_scoped_vmem_and_a_manifest_overrides_or_removes_it_key_by_key() -> None:
+    doc = recipe_manifest("qwen3.5-397b-a17b-tpu7x")
+    assert resolve(doc).trainer.libtpu_flags == {VMEM: "65472"}
+    doc["spec"].setdefault("trainer", {})["libtpuFlags"] = {
+        VMEM: 32768,
+        "xla_enable_async_all_gather": "true",
+    }
+    assert resolve(doc).trainer.libtpu_flags == {"xla_enable_async_all_gather": "true", VMEM: "32768"}
+    doc["spec"]["trainer"]["libtpuFlags"] = {VMEM: None}
+    assert resolve(doc).trainer.libtpu_flags == {}
+
+
+BAD = [
+    ("--xla_foo", 1, "spec.trainer.libtpuFlags.--xla_foo: not a libtpu flag name"),
+    ("xla_foo", "a b", "spec.trainer.libtpuFlags.xla_foo: the value must be 1 to 1024 characters without"),
+    ("xla_foo", "", "spec.trainer.libtpuFlags.xla_foo: the value must be 1 to 1024 characters without"),
+    ("xla_foo", [1], "spec.trainer.libtpuFlags.xla_foo: the value must be a string, number or boolean"),
+    (
+        VMEM,
+        65536,
+        f"spec.trainer.libtpuFlags.{VMEM}: 65536 KiB; a tpu7x device's scoped VMEM is at most 65472",
+    ),
+    (VMEM, "64M", f"spec.trainer.libtpuFlags.{VMEM}: an integer number of KiB"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "line"), BAD)
+def test_a_bad_flag_is_refused_naming_its_key(name: str, value: Any, line: str) -> None:
+    found = problems(manifest({"trainer": {"tpu": "tpu7x-8", "libtpuFlags": {name: value}}}))
+    assert any(p.startswith(line) for p in found), found
+
+
+def test_every_bad_flag_at_once() -> None:
+    flags = {f"{name}{i}": value for i, (name, value, _) in enumerate(BAD[:4])}
+    flags[VMEM] = 65536
+    found = problems(manifest({"trainer": {"tpu": "tpu7x-8", "libtpuFlags": flags}}))
+    assert sorted(p.split(":")[0] for p in found) == sorted(f"spec.trainer.libtpuFlags.{k}" for k in flags)
+
+
+def test_the_vmem_cap_is_the_generations() -> None:
+    """A v5p's cap is not known to the plan: the compiler judges it there."""
+    assert not problems(manifest({"trainer": {"libtpuFlags": {VMEM: 65536}}}))
+
+
+def test_the_trainer_template_may_not_set_the_env_a_sampler_template_may() -> None:
+    env = [{"name": libtpu.ENV, "value": "--xla_foo=1"}]
+    found = problems(manifest({"trainer": {"template": {"spec": {"env": env}}}}))
+    assert found == [
+        "spec.trainer.template.spec.env[0].name: LIBTPU_INIT_ARGS is set by rljob from "
+        "spec.trainer.libtpuFlags (set the flags there)"
+    ]
+    assert not problems(manifest({"sampler": {"template": {"spec": {"env": env}}}}))
+
+
+_NAMES = st.from_regex(r"[A-Za-z][A-Za-z0-9_]{0,30}", fullmatch=True)
+_VALUES = st.one_of(
+    st.booleans(),
+    st.integers(-(10**9), 10**9),
+    st.text(st.characters(min_codepoint=33, max_codepoint=126), min_size=1, max_size=40),
+)
+
+
+@given(st.dictionaries(_NAMES, _VALUES, max_size=8))
+def test_init_args_split_back_into_the_flags(flags: dict[str, Any]) -> None:
+    """What libtpu (and MaxText's parse_libtpu_flags_to_dict) reads back: one --name=value per flag."""
+    assert not libtpu.problems(flags, "tpu-v5p-slice")
+    resolved = libtpu.resolve(flags)
+    args = libtpu.init_args(resolved)
+    back = dict(tok[2:].split("=", 1) for tok in args.split())
+    assert back == resolved == {k: libtpu.value_text(v) for k, v in flags.items()}
