@@ -421,12 +421,34 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
     if peak and fixed:
         fit = _largest(budget, int(peak), int(fixed), cap, align)
         rows = _largest(rc.trainer.micro_batch_size, int(peak), int(fixed), cap, 1)
+        wider = _wider_context(rc, int(peak), int(fixed), cap)
         return (
             head + f"; about spec.packing.tokenBudget {fit} (now {budget}) or spec.trainer.microBatchSize "
-            f"{rows} (now {rc.trainer.micro_batch_size}) would fit (linear estimate from the temporaries; "
-            "rljob drill --compile again to confirm)"
+            f"{rows} (now {rc.trainer.micro_batch_size}) would fit{wider} (linear estimate from the "
+            "temporaries; rljob drill --compile again to confirm)"
         )
     return head + f"; lower spec.packing.tokenBudget (now {budget}) or give the trainer a larger slice"
+
+
+def _wider_context(rc: RunConfig, peak: int, fixed: int, cap: int) -> str:
+    """Where the mesh already splits rows over a context axis: the same devices with each row split over k
+    times as many (fsdp / k, context x k, microBatchSize / k), so each device holds 1/k of the tokens and
+    about 1/k of the temporaries (the activations grow with the tokens a device holds; the weights, spread
+    over the same devices, do not change). A packing of one rollout a row has no smaller token budget or
+    row count to offer, this it has. The smallest power of two that fits, or nothing."""
+    ici, rows = rc.trainer.ici, rc.trainer.micro_batch_size
+    if ici.context <= 1 or peak <= fixed:
+        return ""
+    k = 2
+    while fixed + (peak - fixed) / k > cap:
+        k *= 2
+    if ici.fsdp % k or rows % k:
+        return ""
+    return (
+        f", or spec.trainer.mesh fsdp {ici.fsdp // k} x context {ici.context * k} (now fsdp {ici.fsdp} x "
+        f"context {ici.context}) with spec.trainer.microBatchSize {rows // k}: each row over {k} x the "
+        f"devices, 1/{k} of the tokens a device"
+    )
 
 
 def compile_run(

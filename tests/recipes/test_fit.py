@@ -230,10 +230,10 @@ def test_the_397b_recipe_figures() -> None:
     assert result.trainer is not None and result.sampler is not None
     shapes = fit.shapes("qwen3.5-397b-a17b", {})
     assert shapes is not None
-    # 396.35e9 bf16 parameters over fsdp 32 x expert 2 x context 4 = 256 shards
+    # 396.35e9 bf16 parameters over fsdp 16 x expert 2 x context 8 = 256 shards
     assert result.trainer.parts["weights"] == -(-fit.params(shapes).total * 2 // 256)
-    # each decoder layer's input on device: 60 layers x 64 rows x 65536 tokens / 256 devices x 4096 x bf16
-    assert result.trainer.parts["layer_inputs"] == 60 * 16_384 * 4096 * 2
+    # each decoder layer's input on device: 60 layers x 32 rows x 65536 tokens / 256 devices x 4096 x bf16
+    assert result.trainer.parts["layer_inputs"] == 60 * 8_192 * 4096 * 2
     # 15 full-attention layers x 1 KV head per device (tp 2 over 2 heads) x 256 x K and V x bf16
     assert fit.kv_bytes_per_token(shapes, 2) == 15 * 2 * 1 * 256 * 2
     assert result.sampler.kv_sequences is not None

@@ -517,10 +517,10 @@ def test_recipe_key_errors_name_their_source() -> None:
         "spec.trainer.maxtext.num_moe_token_chunks: max_target_length 65537 (the packing token budget) "
         "is not "
         f"divisible by num_moe_token_chunks 2{src}",
-        "spec.trainer.maxtext.num_vocab_tiling: per_device_batch_size x max_target_length = 16384.25 is not "
+        "spec.trainer.maxtext.num_vocab_tiling: per_device_batch_size x max_target_length = 8192.125 is not "
         f"divisible by num_vocab_tiling 16{src}",
-        "spec.trainer.maxtext.context_parallel_strategy: ring context parallelism 4 needs "
-        "max_target_length % 16 == "
+        "spec.trainer.maxtext.context_parallel_strategy: ring context parallelism 8 needs "
+        "max_target_length % 64 == "
         f"0, max_target_length is 65537{src}",
     ]
 
@@ -582,7 +582,7 @@ def test_catalog_397b_meshes() -> None:
             t.maxtext["num_moe_token_chunks"],
         )
     assert shapes == {
-        None: (128, 256, 32, 2, 4, 2),
+        None: (128, 256, 16, 2, 8, 2),
         "256-chips-ep2": (256, 512, 32, 2, 8, 2),
         "256-chips-ep1": (256, 512, 64, 1, 8, 1),
     }

@@ -277,7 +277,41 @@ def test_the_compilers_refusals_are_classified(message: str, kind: str) -> None:
         line = compilecheck.refusal(p.name, fig, p, run_config("qwen3.5-397b-a17b-tpu7x"), chip)
         head = "compile: parity_logprobs does not compile for a tpu7x-256: libtpu's CompileTime"
         assert line.startswith(head), line
-        assert "spec.packing.tokenBudget (now " in line and "spec.trainer.microBatchSize (now 64)" in line
+        assert "spec.packing.tokenBudget (now " in line and "spec.trainer.microBatchSize (now 32)" in line
+
+
+@pytest.mark.parametrize(
+    ("mesh", "rows", "peak_gib", "want"),
+    [
+        # The Qwen3.5-397B recipe's earlier layout, as compiled: 113.5 GiB of 96, 3.6 GiB of it state.
+        (
+            {"fsdp": 32, "expert": 2, "context": 4},
+            64,
+            113.5,
+            "fsdp 16 x context 8 (now fsdp 32 x context 4) "
+            "with spec.trainer.microBatchSize 32: each row over 2 x the devices, 1/2 of the tokens a device",
+        ),
+        (
+            {"fsdp": 32, "expert": 2, "context": 4},
+            64,
+            200.0,
+            "fsdp 8 x context 16 (now fsdp 32 x context 4) "
+            "with spec.trainer.microBatchSize 16: each row over 4 x the devices, 1/4 of the tokens a device",
+        ),
+        ({"fsdp": 128, "expert": 2, "context": 1}, 256, 113.5, None),  # no context axis: not offered
+        ({"fsdp": 1, "expert": 2, "context": 128}, 2, 113.5, None),  # no fsdp left to move into context
+    ],
+)
+def test_an_activation_bound_refusal_offers_a_wider_context_axis(
+    mesh: dict[str, int], rows: int, peak_gib: float, want: str | None
+) -> None:
+    from rljob.trainer import compilecheck
+
+    trainer = {"mesh": mesh, "microBatchSize": rows}
+    rc = run_config("qwen3.5-397b-a17b-tpu7x", fit_check=False, trainer=trainer)
+    cap = compilecheck.CHIPS["tpu7x"].device_hbm
+    got = compilecheck._wider_context(rc, int(peak_gib * GIB), int(3.6 * GIB), cap)
+    assert got == (f", or spec.trainer.mesh {want}" if want else "")
 
 
 def test_the_parity_gate_scores_the_train_steps_rows_not_the_whole_mesh() -> None:
