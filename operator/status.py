@@ -318,6 +318,9 @@ class PreflightPod:
     job: str
     exit_code: int | None
     message: str
+    # The kubelet killed the container at its memory limit (reason OOMKilled): the limit it had, which is
+    # spec.trainer.preflight.memory ("" when the pod did not say).
+    oom_limit: str | None = None
 
 
 def preflight_pod(pod: Mapping[str, Any]) -> PreflightPod | None:
@@ -331,7 +334,11 @@ def preflight_pod(pod: Mapping[str, Any]) -> PreflightPod | None:
         term = (cs.get("state") or {}).get("terminated") or {}
         code = term.get("exitCode")
         if isinstance(code, int) and code != 0:
-            return PreflightPod(job, code, str(term.get("message") or ""))
+            oom = None
+            if term.get("reason") == "OOMKilled":
+                containers = (pod.get("spec") or {}).get("containers") or [{}]
+                oom = str((((containers[0].get("resources") or {}).get("limits")) or {}).get("memory") or "")
+            return PreflightPod(job, code, str(term.get("message") or ""), oom)
     said = f"pod {meta.get('name', '')}: {status.get('reason') or 'Failed'}"
     if status.get("message"):
         said += f": {status['message']}"
@@ -350,6 +357,15 @@ def preflight_outcome(view: PreflightView, pod: PreflightPod | None) -> Prefligh
     if code == 2:
         text = "\n".join(lines) or f"Job {view.name}: {view.message}"
         return PreflightStatus(job=view.name, state=PreflightState.DOES_NOT_FIT, message=text[:4000])
+    if ours is not None and ours.oom_limit is not None:
+        # A setting of the manifest, not a bug: the compile needs more memory than the pod was given.
+        limit = f" of {ours.oom_limit}" if ours.oom_limit else ""
+        text = (
+            f"spec.trainer.preflight.memory: Job {view.name}'s compile ran out of the pod's memory{limit} "
+            '(OOMKilled); raise it (docs/operator.md, "The compile preflight", says what a compile uses) '
+            "and apply again: the preflight runs anew"
+        )
+        return PreflightStatus(job=view.name, state=PreflightState.FAILED, message=text)
     text = f"Job {view.name} failed" + (f" with exit code {code}" if code is not None else "")
     text += f" ({view.reason}: {view.message})" if view.reason else ""
     if lines:

@@ -232,8 +232,22 @@ VIEW = PreflightView(name="j", uid="u", resource_version="1")
             PreflightState.FAILED,
             "Job j failed (DeadlineExceeded: m)",
         ),
+        (
+            PreflightView("j", "u", "2", failed=True, reason="BackoffLimitExceeded", message="m"),
+            PreflightPod("j", 137, "", "8Gi"),
+            PreflightState.FAILED,
+            "spec.trainer.preflight.memory: Job j's compile ran out of the pod's memory of 8Gi (OOMKilled); "
+            'raise it (docs/operator.md, "The compile preflight", says what a compile uses) and apply again: '
+            "the preflight runs anew",
+        ),
+        (
+            PreflightView("j", "u", "2", failed=True, reason="BackoffLimitExceeded", message="m"),
+            PreflightPod("j", 137, "killed"),
+            PreflightState.FAILED,
+            "Job j failed with exit code 137 (BackoffLimitExceeded: m): killed",
+        ),
     ],
-    ids=["running", "succeeded", "refused", "another job's pod", "no exit code"],
+    ids=["running", "succeeded", "refused", "another job's pod", "no exit code", "out of memory", "killed"],
 )
 def test_preflight_outcome(
     view: PreflightView, pod: PreflightPod | None, state: str, message: str | None
@@ -249,6 +263,20 @@ def test_preflight_pod_and_job_views_read_what_the_controllers_write() -> None:
         "status": {"phase": "Failed", "reason": "Evicted", "message": "low memory"},
     }
     assert preflight_pod(evicted) == PreflightPod("j", None, "pod p: Evicted: low memory")
+    oom = {
+        "metadata": {"name": "p", "labels": {c.JOB_NAME_LABEL: "j"}},
+        "spec": {"containers": [{"name": "preflight", "resources": {"limits": {"memory": "8Gi"}}}]},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}],
+        },
+    }
+    assert preflight_pod(oom) == PreflightPod("j", 137, "", "8Gi")
+    error = {
+        **oom,
+        "status": {"phase": "Failed", "containerStatuses": [{"state": {"terminated": {"exitCode": 1}}}]},
+    }
+    assert preflight_pod(error) == PreflightPod("j", 1, "", None)
     view = PreflightView.from_body(
         {"metadata": {"name": "j"}, "status": {"conditions": [{"status": "True", **exit_condition("j", 2)}]}}
     )
