@@ -362,8 +362,8 @@ def preflight_outcome(view: PreflightView, pod: PreflightPod | None) -> Prefligh
         limit = f" of {ours.oom_limit}" if ours.oom_limit else ""
         text = (
             f"spec.trainer.preflight.memory: Job {view.name}'s compile ran out of the pod's memory{limit} "
-            '(OOMKilled); raise it (docs/operator.md, "The compile preflight", says what a compile uses) '
-            "and apply again: the preflight runs anew"
+            '(OOMKilled): give a new RLJob more (the spec is immutable; docs/operator.md, "The compile '
+            'preflight", says what a compile uses)'
         )
         return PreflightStatus(job=view.name, state=PreflightState.FAILED, message=text)
     text = f"Job {view.name} failed" + (f" with exit code {code}" if code is not None else "")

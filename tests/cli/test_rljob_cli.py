@@ -104,7 +104,7 @@ def test_plan_shows_the_compile_preflight(capsys: pytest.CaptureFixture[str]) ->
     )
     code, out, _ = run(capsys, "plan", "-f", str(path))
     want = (
-        f"  compile preflight: Job {job} (trainer image, CPU only: 4 CPU, 8Gi memory) compiles the "
+        f"  compile preflight: Job {job} (trainer image, CPU only: 4 CPU, 16Gi memory) compiles the "
         "trainer's programs for tpu7x-512 x 1 before the JobSet is created; a program that does not fit "
         "refuses the run"
     )

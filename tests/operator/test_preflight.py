@@ -236,9 +236,9 @@ VIEW = PreflightView(name="j", uid="u", resource_version="1")
             PreflightView("j", "u", "2", failed=True, reason="BackoffLimitExceeded", message="m"),
             PreflightPod("j", 137, "", "8Gi"),
             PreflightState.FAILED,
-            "spec.trainer.preflight.memory: Job j's compile ran out of the pod's memory of 8Gi (OOMKilled); "
-            'raise it (docs/operator.md, "The compile preflight", says what a compile uses) and apply again: '
-            "the preflight runs anew",
+            "spec.trainer.preflight.memory: Job j's compile ran out of the pod's memory of 8Gi (OOMKilled): "
+            'give a new RLJob more (the spec is immutable; docs/operator.md, "The compile preflight", says '
+            "what a compile uses)",
         ),
         (
             PreflightView("j", "u", "2", failed=True, reason="BackoffLimitExceeded", message="m"),
