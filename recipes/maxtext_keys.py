@@ -215,6 +215,20 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
                 f"max_target_length is {target}",
             )
         )
+    balanced = get("context_parallel_load_balance")
+    ring = str(get("context_parallel_strategy")) == "ring"  # its own check above is the stricter one
+    uneven = bool(target) and not ring and target % (2 * cp)
+    if cp > 1 and (balanced is None or _truthy(balanced)) and (cp % 2 or uneven):
+        # The trainer feeds the rows in the load-balanced order (2 x cp equal chunks: rank r holds chunks r
+        # and 2cp-1-r; MaxText's max_utils.reorder_sequence), which needs both.
+        problems.append(
+            (
+                "context_parallel_load_balance",
+                f"load-balanced context parallelism {cp} needs an even context axis and a token budget "
+                f"(max_target_length, spec.packing.tokenBudget) divisible by {2 * cp}, it is {target}; set "
+                "context_parallel_load_balance=false or change the context axis",
+            )
+        )
     rule = get("custom_mesh_and_rule")
     if not _none(rule) and str(rule) in CUSTOM_MESH_AXES:
         axes = CUSTOM_MESH_AXES[str(rule)]

@@ -437,7 +437,7 @@ def _wider_context(rc: RunConfig, peak: int, fixed: int, cap: int) -> str:
     over the same devices, do not change). A packing of one rollout a row has no smaller token budget or
     row count to offer, this it has. The smallest power of two that fits, or nothing."""
     ici, rows = rc.trainer.ici, rc.trainer.micro_batch_size
-    if ici.context <= 1 or peak <= fixed:
+    if ici.context <= 1 or peak <= fixed or fixed >= cap:
         return ""
     k = 2
     while fixed + (peak - fixed) / k > cap:

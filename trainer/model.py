@@ -391,6 +391,13 @@ class Policy:
         # Every array lives on the config's mesh, laid out by MaxText's logical axis rules (build_model's
         # come so; put_global returns them as they are).
         self.mesh: Any = mesh
+        # MaxText's load-balanced context parallelism (context_parallel_load_balance, its default, with a
+        # context axis over 1) takes the batch in DUAL_CHUNK_SWAP order: each context rank holds chunks r
+        # and 2cp-1-r of a row, and Splash's LoadBalanced masks bake that order in (MaxText's input pipeline
+        # reorders; max_utils.reordered_cp_size). hidden_states reorders its rows so, and its result back.
+        from maxtext.utils import max_utils
+
+        self.reorder_cp = int(max_utils.reordered_cp_size(self.cfg, mesh))
         if not self.abstract:
             # Each process compiled the initialization in its own time: meet before the first
             # cross-process transfer (rljob.trainer.sync).
@@ -444,6 +451,13 @@ class Policy:
         lora_state, base_state = jax.tree.map(
             lambda x: x, (self.as_state(lora), self.base if base is None else base)
         )
+        cp = self.reorder_cp
+        if cp > 1:  # the load-balanced order MaxText's attention expects (see __init__)
+            from maxtext.utils.max_utils import reorder_sequence
+
+            tokens, positions, segment_ids = (
+                reorder_sequence(x, cp) for x in (tokens, positions, segment_ids)
+            )
         model = nnx.merge(self.graphdef, lora_state, base_state)
         # MaxText's activation sharding constraints name logical axes; only under the config's rules do
         # they map onto the mesh (without them every constraint says "replicated": each device would
@@ -453,7 +467,10 @@ class Policy:
         assert logits is None, "num_vocab_tiling > 1 must skip MaxText's output head"
         sown: Any = nnx.pop(model, nnx.Intermediate)  # discard every sown intermediate
         y = sown["decoder"]["hidden_states"].get_value()[0]
-        return model.decoder.decoder_norm(y)  # type: ignore[no-any-return]
+        h: jax.Array = model.decoder.decoder_norm(y)
+        if cp > 1:
+            h = reorder_sequence(h, cp, to_contiguous=True)  # back to the rows' own order
+        return h
 
     def as_state(self, lora: LoraState) -> Any:
         """An nnx.State of LoRAParam variables from a pure dict (or the State itself)."""

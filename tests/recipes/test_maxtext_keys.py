@@ -212,6 +212,29 @@ RULES = [
             )
         ],
     ),
+    # load-balanced context parallelism (MaxText's default): 2 x context equal chunks a row
+    *[
+        (
+            {"ici_context_parallelism": cp, "max_target_length": target, **extra},
+            [
+                (
+                    "context_parallel_load_balance",
+                    f"load-balanced context parallelism {cp} needs an even context axis and a token "
+                    f"budget (max_target_length, spec.packing.tokenBudget) divisible by {2 * cp}, it is "
+                    f"{target}; set context_parallel_load_balance=false or change the context axis",
+                )
+            ]
+            if bad
+            else [],
+        )
+        for cp, target, extra, bad in [
+            (2, 4096, {}, False),
+            (4, 4100, {}, True),
+            (3, 4098, {}, True),
+            (4, 4100, {"context_parallel_load_balance": False}, False),
+            (1, 4097, {}, False),
+        ]
+    ],
     ({"use_ring_of_experts": True, "ragged_buffer_factor": 0}, []),
     # a value that is not a number counts as 0: no numeric rule fires (MaxText's type check reports it)
     ({"use_ring_of_experts": True, "ragged_buffer_factor": "auto"}, []),

@@ -304,6 +304,18 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
+        "load-balanced context parallelism: the token budget must split in 2 x context chunks",
+        {
+            "trainer": {"mesh": {"fsdp": 2, "context": 2}, "microBatchSize": 4},
+            "packing": {"tokenBudget": 4098},
+        },
+        [
+            "spec.trainer.maxtext.context_parallel_load_balance: load-balanced context parallelism 2 needs "
+            "an even context axis and a token budget (max_target_length, spec.packing.tokenBudget) "
+            "divisible by 4, it is 4098; set context_parallel_load_balance=false or change the context axis",
+        ],
+    ),
+    (
         "two containers per host on v5p: the containers are named, not the valid TPU shape",
         {"trainer": {"containersPerHost": 2}},
         ["spec.trainer.containersPerHost: two containers per host need a 4-chip tpu7x host, not v5p 2x2x1"],

@@ -314,6 +314,18 @@ def test_an_activation_bound_refusal_offers_a_wider_context_axis(
     assert got == (f", or spec.trainer.mesh {want}" if want else "")
 
 
+def test_no_context_offer_when_the_state_alone_fills_the_device() -> None:
+    """Splitting rows spreads the activations, never the state: with the state at or over the HBM no k fits
+    (and the search for one must end)."""
+    from rljob.trainer import compilecheck
+
+    trainer = {"mesh": {"fsdp": 32, "expert": 2, "context": 4}, "microBatchSize": 64}
+    rc = run_config("qwen3.5-397b-a17b-tpu7x", fit_check=False, trainer=trainer)
+    cap = compilecheck.CHIPS["tpu7x"].device_hbm
+    for fixed in (cap, cap + GIB):
+        assert compilecheck._wider_context(rc, 2 * cap, fixed, cap) == ""
+
+
 def test_the_parity_gate_scores_the_train_steps_rows_not_the_whole_mesh() -> None:
     """The gate's rows are rounded up to what the rows' batch axes divide (fsdp x expert here, 4 of the
     mesh's 8 devices; context splits the tokens), so with 4 rows per micro-batch it compiles the train

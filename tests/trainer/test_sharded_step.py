@@ -26,7 +26,9 @@ The same steps run on one device in this process. Asserted:
 - each compiled function compiles once over the three steps (backend compile events by function name);
 - the accumulation buffer and the train state are donated (the arguments' buffers are deleted after a
   call, and the compiled module aliases them to its outputs);
-- the base parameters are bit-for-bit unchanged (frozen).
+- the base parameters are bit-for-bit unchanged (frozen);
+- over the context axis the policy feeds MaxText its load-balanced token order (and reads the hidden
+  states back in the rows' order, or the comparison with one device fails).
 """
 
 from __future__ import annotations
@@ -157,6 +159,7 @@ def run_steps(policy: Any) -> dict[str, Any]:
     return {
         "devices": jax.device_count(),
         "mesh": {k: int(v) for k, v in policy.mesh.shape.items() if v > 1},
+        "reorder_cp": policy.reorder_cp,
         "metrics": metrics,
         "loras": loras,
         "base_frozen": all(np.array_equal(base_before[k], base_arrays[k]) for k in base_before),
@@ -298,6 +301,10 @@ def test_sharded_steps_compute_what_one_device_computes(
     assert got["mesh"] == {
         k.removeprefix("ici_").removesuffix("_parallelism"): v for k, v in MESHES[mesh].items()
     }
+    # MaxText's default context_parallel_load_balance: over a context axis the rows go to the model in
+    # its load-balanced order and come back (tests/trainer/test_context_order.py says why); the step
+    # below computes what one device computes only if the hidden states are put back in the rows' order.
+    assert got["reorder_cp"] == got["mesh"].get("context", 1) and single["reorder_cp"] == 1
     worst: dict[str, float] = {}
     for step, (m, ref) in enumerate(zip(got["metrics"], single["metrics"], strict=True)):
         assert m["update_skipped"] == ref["update_skipped"] == 0
