@@ -24,6 +24,13 @@ rollouts of the recipe, seeded, prompts uniform in 256..maxPromptTokens and comp
           ``maxtext.integration.tunix.TunixMaxTextAdapter``; its jitted program is tunix's train step with
           MaxText's RL defaults (its config's micro-batch, algorithm and packing settings).
 
+Where the recipe's mesh has a context axis, each peer is compiled twice: on the recipe's mesh and with the
+context axis folded into fsdp (tunix splits whole rollouts over every mesh axis, so a context axis only
+makes MaxText reshard them; the folded mesh is the one a tunix user would run). The last two lines compare
+rljob with the best peer run that fits: ``rljob_over_best_peer_tokens_ratio`` (useful tokens per roofline
+second, against the fastest) and ``rljob_over_best_peer_peak_hbm_ratio`` (peak HBM per device, against
+the leanest).
+
 Per arm and device: peak HBM bytes (argument + output - alias + temporaries + code + the state that stays
 resident, as compilecheck counts it), FLOPs (the model's analytic count over the tokens the arm computes,
 MaxText's ``calculate_tflops_training_per_device``; XLA counts a scanned loop's body once), bytes accessed
@@ -333,9 +340,30 @@ def tunix_like_arm(
     return out
 
 
-def tunix_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
+def peer_keys(keys: dict[str, Any], fold_context: bool) -> dict[str, Any]:
+    """The recipe's MaxText keys for a peer arm; ``fold_context``: its context axis folded into fsdp (the
+    same devices). tunix splits a call's rollouts over every mesh axis (its batch is whole rows), so a
+    context axis only makes MaxText reshard each row's activations over it: a peer is also compiled on the
+    mesh it would run best on, and the better of the two counts."""
+    out = dict(keys)
+    if fold_context:
+        for scope in ("ici", "dcn"):
+            ctx = int(out.get(f"{scope}_context_parallelism", 1) or 1)
+            if ctx > 1:
+                out[f"{scope}_fsdp_parallelism"] = int(out.get(f"{scope}_fsdp_parallelism", 1) or 1) * ctx
+                out[f"{scope}_context_parallelism"] = 1
+    return out
+
+
+def folds_context(rc: Any) -> bool:
+    keys = rc.trainer.maxtext
+    return any(int(keys.get(f"{s}_context_parallelism", 1) or 1) > 1 for s in ("ici", "dcn"))
+
+
+def tunix_arm(rc: Any, batch: Batch, rows: int, fold_context: bool = False) -> dict[str, Any]:
     """tunix's RL learner step on the recipe's MaxText keys and LoRA."""
-    return tunix_like_arm(rc, batch, dict(rc.trainer.maxtext), lora=True, rows=rows, name="tunix_train_step")
+    keys = peer_keys(dict(rc.trainer.maxtext), fold_context)
+    return tunix_like_arm(rc, batch, keys, lora=True, rows=rows, name="tunix_train_step")
 
 
 # The trainer keys of MaxText's RL config (configs/post_train/rl.yml) that change the actor's train step.
@@ -350,7 +378,7 @@ MAXTEXT_RL_KEYS = (
 )
 
 
-def maxtext_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
+def maxtext_arm(rc: Any, batch: Batch, rows: int, fold_context: bool = False) -> dict[str, Any]:
     """MaxText 0.2.5's RL trainer step: tunix's actor step (its train_rl builds tunix's RLCluster and
     GrpoLearner) on MaxText's RL config's trainer keys and GRPO settings (configs/post_train/rl.yml:
     grpo_beta, grpo_epsilon, loss_algo, loss_agg_mode); every parameter trained (train_rl applies no LoRA:
@@ -361,7 +389,9 @@ def maxtext_arm(rc: Any, batch: Batch, rows: int) -> dict[str, Any]:
     import yaml
 
     rl_yml = yaml.safe_load((Path(maxtext.__file__).parent / "configs" / "post_train" / "rl.yml").read_text())
-    keys = {**rc.trainer.maxtext, **{k: rl_yml[k] for k in MAXTEXT_RL_KEYS if k in rl_yml}}
+    keys = peer_keys(
+        {**rc.trainer.maxtext, **{k: rl_yml[k] for k in MAXTEXT_RL_KEYS if k in rl_yml}}, fold_context
+    )
     rl = rl_yml["rl"]
     algo = {
         "beta": float(rl["grpo_beta"]),
@@ -399,10 +429,18 @@ def main(argv: list[str] | None = None) -> int:
     batch = rl_batch(rc, a.seed)
     a.tunix_micro_batch = a.tunix_micro_batch or int(rc.spec.algorithm.group_size)
     ctx = arm_context(rc, batch)
-    for name in a.arms.split(","):
+    runs = [(n, False) for n in a.arms.split(",")]
+    if folds_context(rc):  # each peer also on the mesh it runs best on (peer_keys)
+        runs += [(n, True) for n in a.arms.split(",") if n in PEERS]
+    steps: dict[str, dict[str, Any]] = {}
+    for name, fold in runs:
         t0 = time.monotonic()
         try:
-            fig = ARMS[name](rc, batch) if name == "rljob" else PEERS[name](rc, batch, a.tunix_micro_batch)
+            fig = (
+                ARMS[name](rc, batch)
+                if name == "rljob"
+                else PEERS[name](rc, batch, a.tunix_micro_batch, fold_context=fold)
+            )
         except Exception as e:
             first = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
             fig = {
@@ -410,11 +448,38 @@ def main(argv: list[str] | None = None) -> int:
                 "where": traceback.format_exc().splitlines()[-3].strip(),
             }
         fig["seconds"] = round(time.monotonic() - t0, 1)
+        if fold:
+            fig["mesh_note"] = "the recipe's context axis folded into fsdp"
         if "error" in fig:
             emit("not_compiled", fig.pop("error"), arm=name, **fig, **ctx)
             continue
         emit("step", fig["useful_tokens_per_roofline_s"], arm=name, **fig, **ctx)
+        steps[f"{name}{' (context folded)' if fold else ''}"] = fig
+    emit_ratios(steps, ctx)
     return 0
+
+
+def emit_ratios(steps: dict[str, dict[str, Any]], ctx: dict[str, Any]) -> None:
+    """rljob against the best peer run that fits: useful tokens per roofline second (higher is better) and
+    peak HBM per device (lower is better), each against the peer run best at it."""
+    mine = steps.get("rljob")
+    peers = {k: v for k, v in steps.items() if k != "rljob" and v.get("fits")}
+    if mine is None or not peers:
+        return
+    fastest = max(peers, key=lambda k: float(peers[k]["useful_tokens_per_roofline_s"]))
+    leanest = min(peers, key=lambda k: int(peers[k]["peak_bytes_per_device"]))
+    emit(
+        "rljob_over_best_peer_tokens_ratio",
+        float(mine["useful_tokens_per_roofline_s"]) / float(peers[fastest]["useful_tokens_per_roofline_s"]),
+        peer=fastest,
+        **ctx,
+    )
+    emit(
+        "rljob_over_best_peer_peak_hbm_ratio",
+        int(mine["peak_bytes_per_device"]) / int(peers[leanest]["peak_bytes_per_device"]),
+        peer=leanest,
+        **ctx,
+    )
 
 
 if __name__ == "__main__":

@@ -117,7 +117,7 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[st
     call = stack_micro_batches(pack_rollouts(rollouts, cfg.pack_config()), cfg.micro_batches)[0]
     acc = trainer.zero_acc(state.lora)
     batch = trainer.device_batch(call)
-    acc_mem = trainer.accumulate.lower(acc, state.lora, policy.base, batch).compile().memory_analysis()
+    acc_mem = trainer.compiled_accumulate(acc, state.lora, batch).memory_analysis()
     apply_mem = trainer.apply.lower(state, acc).compile().memory_analysis()
     held = {"state": state}
 

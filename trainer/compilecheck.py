@@ -8,7 +8,7 @@ full-size MaxText model with the run's MaxText keys and the qwix LoRA, every par
 with its NamedSharding, no weights), and the trainer's own jitted functions are lowered and compiled for the
 run's shapes, as MaxText's ``train_compile`` does for its train step:
 
-- ``accumulate``: :attr:`rljob.trainer.train_step.Trainer.accumulate`, the micro-batches' forward and
+- ``accumulate``: :attr:`rljob.trainer.train_step.Trainer.accumulate_program`, the micro-batches' forward and
   backward with the fused log-prob head (and the KL reference pass where ``spec.algorithm.klPenaltyCoef`` is
   on), the gradients summed, ``[micro_batches, rows, tokenBudget]`` packed rows;
 - ``apply``: :attr:`~rljob.trainer.train_step.Trainer.apply`, the optimizer update of the LoRA parameters;
@@ -258,7 +258,7 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
     return [
         Program(
             "accumulate",
-            trainer.accumulate,
+            trainer.accumulate_program,
             (acc, state.lora, policy.base, batch),
             opt,
             f"{step_fields}, spec.trainer.maxtext.remat_policy, spec.trainer.tpu",

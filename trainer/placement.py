@@ -2,6 +2,8 @@
 array (on several processes ``jax.device_put`` cannot place a local array on other processes' devices).
 Where each parameter goes (MaxText's logical axis rules) is rljob.trainer.base_checkpoint's
 ``logical_shardings``; :class:`rljob.trainer.model.Policy` places its base and LoRA parameters with both.
+:func:`lay_out` puts arrays in the memory layouts a compiled program chose for them (the train step's
+frozen base weights: rljob.trainer.train_step).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["put_global"]
+__all__ = ["lay_out", "put_global"]
 
 
 def put_global(x: Any, sharding: NamedSharding) -> Any:
@@ -44,3 +46,19 @@ def put_global(x: Any, sharding: NamedSharding) -> Any:
         )
     host = np.asarray(x if x.is_fully_addressable else x.addressable_data(0))
     return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
+
+
+def lay_out(tree: Any, formats: Any) -> Any:
+    """``tree``'s arrays in ``formats`` (a compiled program's ``input_formats`` for them: sharding and
+    memory layout). An array already so is kept as is; another is copied into its format, one at a time,
+    under jit on the devices (so on several processes too): while the caller holds ``tree`` the copies
+    add up to at most the arrays that change."""
+    from jax.experimental.layout import Format
+
+    def put(x: Any, f: Any) -> Any:
+        if not isinstance(f, Format) or f.layout is None or getattr(x, "format", None) == f:
+            return x
+        out = jax.jit(lambda a: a, out_shardings=f)(x)
+        return out
+
+    return jax.tree.map(put, tree, formats)

@@ -3,7 +3,7 @@
 One step takes a step's rollouts, packs them (rljob.trainer.packing) into micro-batches of one shape
 ``[rows, budget]`` and stacks ``micro_batches`` of them into one compiled call:
 
-- :meth:`Trainer.accumulate` (jit, the gradient buffer donated) runs ``lax.scan`` over the stacked
+- :meth:`Trainer.accumulate` (compiled once, the gradient buffer donated) runs ``lax.scan`` over the stacked
   micro-batches and adds each micro-batch's gradient into the buffer; a step that packs into more
   micro-batches than one call holds calls it again with the same shape (padding micro-batches are
   all-pad and contribute exactly zero), so every run compiles each function once;
@@ -39,6 +39,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.experimental.layout import Format, Layout
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 from rljob.recipes import models
@@ -53,7 +54,7 @@ from rljob.trainer.packing import (
     pack_rollouts,
     padding_fraction,
 )
-from rljob.trainer.placement import put_global
+from rljob.trainer.placement import lay_out, put_global
 
 __all__ = [
     "BATCH_FIELDS",
@@ -259,13 +260,20 @@ class Trainer:
         )
         self.state_sharding = TrainState(lora_s, opt_s, self.replicated, self.replicated)  # type: ignore[arg-type]
         self.acc_sharding = (lora_s, self.replicated)
-        base_s = jax.tree.map(lambda x: x.sharding, policy.base)
-        self.accumulate = jax.jit(
+        # The frozen base weights in the memory layout the compiler picks for this program (Layout.AUTO):
+        # MaxText stacks a scanned layer's weights with the layer axis inside (param_scan_axis 1), and in
+        # the default layout XLA copies every stacked weight into a layer-major one on each call to slice
+        # a layer (on gpt-oss-20b's v5p-16 mesh, 4.9 GB of routed-expert weights a device). The step
+        # compiles once with the abstract base and puts the base in the layouts it chose
+        # (:meth:`train_on_packed`; docs/drill.md, "The compile stage's figures").
+        base_auto = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), policy.base)
+        self.accumulate_program = jax.jit(
             self._accumulate,
             donate_argnums=(0,),
-            in_shardings=(self.acc_sharding, lora_s, base_s, self.batch_sharding),
+            in_shardings=(self.acc_sharding, lora_s, base_auto, self.batch_sharding),
             out_shardings=self.acc_sharding,
         )
+        self._accumulate_compiled: Any = None
         self.apply = jax.jit(
             self._apply,
             donate_argnums=(0,),
@@ -392,12 +400,40 @@ class Trainer:
         # zero weight and leaves the parameters as they are (metrics no_signal = 1).
         calls = stack_micro_batches(packed, self.cfg.micro_batches) if packed else []
         for call in calls:
-            acc = self.accumulate(acc, state.lora, self.policy.base, self.device_batch(call))
+            batch = self.device_batch(call)
+            acc = self.accumulate(acc, state.lora, self.policy.base, batch)
         state, metrics = self.apply(state, acc)
         out = {k: float(v) for k, v in jax.device_get(metrics).items()}
         out["micro_batches"] = float(len(packed))
         out["accumulate_calls"] = float(len(calls))
         return state, out
+
+    def accumulate(
+        self, acc: tuple[Any, dict[str, jax.Array]], lora: LoraState, base: Any, batch: dict[str, jax.Array]
+    ) -> tuple[Any, dict[str, jax.Array]]:
+        """One accumulate call (the gradient buffer ``acc`` donated) through :meth:`compiled_accumulate`;
+        ``base`` in other layouts than the compiled program's is put in them first (the policy's own base
+        already is)."""
+        compiled = self.compiled_accumulate(acc, lora, batch)
+        out: tuple[Any, dict[str, jax.Array]] = compiled(
+            acc, lora, lay_out(base, compiled.input_formats[0][2]), batch
+        )
+        return out
+
+    def compiled_accumulate(self, acc: Any, lora: LoraState, batch: dict[str, jax.Array]) -> Any:
+        """:attr:`accumulate_program` compiled for this run's shapes, on the first call: the base weights
+        enter it abstract (the compiler picks their layouts), and the policy's base is then put in those
+        layouts (:func:`rljob.trainer.placement.lay_out`), once; every other program that reads it (the
+        parity scoring, the Tinker engine's) compiles for the layouts its arrays have."""
+        if self._accumulate_compiled is None:
+            base = jax.tree.map(
+                lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),  # type: ignore[no-untyped-call]
+                self.policy.base,
+            )
+            compiled = self.accumulate_program.lower(acc, lora, base, batch).compile()
+            self.policy.base = lay_out(self.policy.base, compiled.input_formats[0][2])
+            self._accumulate_compiled = compiled
+        return self._accumulate_compiled
 
     def device_batch(self, call: dict[str, np.ndarray]) -> dict[str, jax.Array]:
         """One call's host arrays as global arrays laid out per :attr:`batch_sharding` (every process

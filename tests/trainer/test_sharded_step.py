@@ -139,7 +139,7 @@ def run_steps(policy: Any) -> dict[str, Any]:
     batch = trainer.device_batch(call)
     acc = trainer.zero_acc(state.lora)
     args = (acc, state.lora, policy.base, batch)
-    compiled = trainer.accumulate.lower(*args).compile()
+    compiled = trainer.compiled_accumulate(acc, state.lora, batch)
     acc_leaves = jax.tree.leaves(acc)
     acc2 = trainer.accumulate(*args)
     acc_donated = all(x.is_deleted() for x in acc_leaves)

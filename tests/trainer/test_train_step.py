@@ -197,3 +197,43 @@ def test_kl_against_the_policy_itself_is_caught(tiny_policy: Any, monkeypatch: p
     monkeypatch.setattr(tiny_policy, "zero_lora", lambda lora: lora)
     err = _kl_against_naive(tiny_policy)
     assert err["metric"] > 0.5 and err["grad"] > 0.1, err
+
+
+def test_the_base_is_put_in_the_layouts_the_compiled_step_chose(tiny_policy: Any) -> None:
+    """The step compiles with the base weights' layouts left to the compiler (Layout.AUTO) and then puts the
+    policy's base in the layouts it chose, once. Here the base's stacked layer kernels start in a layout
+    the CPU compiler does not choose (layer axis minor to major reversed): the first step moves them into
+    the compiled step's layouts, keeps every other array as it is, and trains as from the default
+    layout."""
+    from jax.experimental.layout import Format, Layout
+
+    cfg = StepConfig(budget=64, rows=2, micro_batches=2, learning_rate=1e-2, token_tile=32, vocab_chunk=128)
+    rollouts = _small_batch(Trainer(tiny_policy, cfg))
+    ref = Trainer(tiny_policy, cfg)
+    want, _ = ref.train_on_batch(ref.init_state(), rollouts)
+
+    stash = tiny_policy.base
+    flat, treedef = jax.tree.flatten(stash)
+    odd = [i for i, x in enumerate(flat) if x.ndim == 3]
+    assert odd, "the tiny model has stacked (scanned) layer kernels"
+
+    def reversed_layout(x: Any) -> Any:
+        return jax.device_put(x, Format(Layout(major_to_minor=tuple(range(x.ndim))[::-1]), x.sharding))
+
+    moved = [reversed_layout(x) if i in odd else x for i, x in enumerate(flat)]
+    try:
+        tiny_policy.base = jax.tree.unflatten(treedef, moved)
+        assert all(moved[i].format.layout != flat[i].format.layout for i in odd)
+        trainer = Trainer(tiny_policy, cfg)
+        got, _ = trainer.train_on_batch(trainer.init_state(), rollouts)
+        formats = jax.tree.leaves(trainer._accumulate_compiled.input_formats[0][2])
+        after = jax.tree.leaves(tiny_policy.base)
+        for i, (x, f) in enumerate(zip(after, formats, strict=True)):
+            assert f.layout is None or x.format.layout == f.layout, i  # None: a PRNG key's, no layout
+            assert (x is moved[i]) == (i not in odd), i  # only the arrays that were laid out otherwise moved
+            if i in odd:
+                np.testing.assert_array_equal(np.asarray(x), np.asarray(flat[i]))
+        for a, b in zip(jax.tree.leaves(want.lora), jax.tree.leaves(got.lora), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6)
+    finally:
+        tiny_policy.base = stash
