@@ -38,7 +38,8 @@ MaxText's ``calculate_tflops_training_per_device``; XLA counts a scanned loop's 
 second. An arm that cannot be compiled (the compiler's out-of-memory, a partitioning error, a model that
 cannot be built without weights) prints one line with the error's first line. Without libtpu: one line
 saying skipped. Run (one compile at a time; minutes of CPU per program):
-``.venv/bin/python bench/train_step_compiled.py [--recipe qwen3-8b-v5p] [--arms rljob,tunix,maxtext]``.
+``.venv/bin/python bench/train_step_compiled.py [--recipe R1,R2] [--arms rljob,tunix,maxtext]`` (the
+defaults: qwen3-8b-v5p and gpt-oss-20b-v5p, every arm; `make bench` runs it so).
 """
 
 from __future__ import annotations
@@ -410,7 +411,11 @@ PEERS = {"tunix": tunix_arm, "maxtext": maxtext_arm}
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--recipe", default="qwen3-8b-v5p")
+    ap.add_argument(
+        "--recipe",
+        default="qwen3-8b-v5p,gpt-oss-20b-v5p",
+        help="catalog recipes, comma-separated (default: the dense and the MoE recipe the comparison is of)",
+    )
     ap.add_argument("--arms", default=",".join([*ARMS, *PEERS]))
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument(
@@ -425,13 +430,20 @@ def main(argv: list[str] | None = None) -> int:
         emit("skipped", "libtpu is not installed (the compile extra: pip install -e '.[compile]')")
         return 0
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    rc = run_config(a.recipe)
-    batch = rl_batch(rc, a.seed)
-    a.tunix_micro_batch = a.tunix_micro_batch or int(rc.spec.algorithm.group_size)
+    for recipe in a.recipe.split(","):
+        run_recipe(recipe, a.arms.split(","), a.seed, a.tunix_micro_batch)
+    return 0
+
+
+def run_recipe(recipe: str, arms: list[str], seed: int, tunix_micro_batch: int) -> None:
+    """Every arm's step for one recipe (JSON lines), then rljob's ratios to the best peer."""
+    rc = run_config(recipe)
+    batch = rl_batch(rc, seed)
+    tunix_micro_batch = tunix_micro_batch or int(rc.spec.algorithm.group_size)
     ctx = arm_context(rc, batch)
-    runs = [(n, False) for n in a.arms.split(",")]
+    runs = [(n, False) for n in arms]
     if folds_context(rc):  # each peer also on the mesh it runs best on (peer_keys)
-        runs += [(n, True) for n in a.arms.split(",") if n in PEERS]
+        runs += [(n, True) for n in arms if n in PEERS]
     steps: dict[str, dict[str, Any]] = {}
     for name, fold in runs:
         t0 = time.monotonic()
@@ -439,7 +451,7 @@ def main(argv: list[str] | None = None) -> int:
             fig = (
                 ARMS[name](rc, batch)
                 if name == "rljob"
-                else PEERS[name](rc, batch, a.tunix_micro_batch, fold_context=fold)
+                else PEERS[name](rc, batch, tunix_micro_batch, fold_context=fold)
             )
         except Exception as e:
             first = str(e).strip().splitlines()[0][:400] if str(e).strip() else ""
@@ -456,7 +468,6 @@ def main(argv: list[str] | None = None) -> int:
         emit("step", fig["useful_tokens_per_roofline_s"], arm=name, **fig, **ctx)
         steps[f"{name}{' (context folded)' if fold else ''}"] = fig
     emit_ratios(steps, ctx)
-    return 0
 
 
 def emit_ratios(steps: dict[str, dict[str, Any]], ctx: dict[str, Any]) -> None:
