@@ -265,7 +265,7 @@ class Trainer:
         # the default layout XLA copies every stacked weight into a layer-major one on each call to slice
         # a layer (on gpt-oss-20b's v5p-16 mesh, 4.9 GB of routed-expert weights a device). The step
         # compiles once with the abstract base and puts the base in the layouts it chose
-        # (:meth:`train_on_packed`; docs/drill.md, "The compile stage's figures").
+        # (:meth:`compiled_accumulate`; docs/drill.md, "rljob drill --compile").
         base_auto = jax.tree.map(lambda x: Format(Layout.AUTO, x.sharding), policy.base)
         self.accumulate_program = jax.jit(
             self._accumulate,
@@ -414,7 +414,10 @@ class Trainer:
         """One accumulate call (the gradient buffer ``acc`` donated) through :meth:`compiled_accumulate`;
         ``base`` in other layouts than the compiled program's is put in them first (the policy's own base
         already is)."""
+        policy_base = base is self.policy.base
         compiled = self.compiled_accumulate(acc, lora, batch)
+        if policy_base:  # laid out by the first compile: the policy's base now, not a second copy of it
+            base = self.policy.base
         out: tuple[Any, dict[str, jax.Array]] = compiled(
             acc, lora, lay_out(base, compiled.input_formats[0][2]), batch
         )
