@@ -92,8 +92,9 @@ FAMILIES = [
     pytest.param("qwen3-8b-v5p", {"tpu": "v5p-8"}, id="qwen3-v5p-8"),
     pytest.param(
         "gpt-oss-20b-v5p",
-        # 8 rows: Splash attention splits them over fsdp x expert (the recipe's 4 on a v5p-16 is refused).
-        {"tpu": "tpu7x-8", "mesh": {"fsdp": 4, "expert": 2}, "microBatchSize": 8},
+        # The recipe's mesh and rows on a tpu7x-8: 4 rows that Splash attention splits over fsdp x expert,
+        # each row over the context axis.
+        {"tpu": "tpu7x-8", "mesh": {"fsdp": 2, "expert": 2, "context": 2}, "microBatchSize": 4},
         id="gpt-oss-tpu7x-8",
         marks=pytest.mark.slow,
     ),
