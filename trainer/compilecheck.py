@@ -106,13 +106,11 @@ def generation(rc: RunConfig) -> str:
 
 def set_libtpu_flags(rc: RunConfig) -> None:
     """This process's LIBTPU_INIT_ARGS: the trainer's libtpu flags (spec.trainer.libtpuFlags), as the trainer
-    containers get them (rljob.recipes.render), so that libtpu compiles here what it compiles there. Read
-    when libtpu starts (the first topology)."""
-    args = libtpu.init_args(rc.trainer.libtpu_flags)
-    if args:
-        os.environ[libtpu.ENV] = args
-    else:
-        os.environ.pop(libtpu.ENV, None)
+    containers get them (rljob.recipes.render) and as JAX on their TPU machines completes them
+    (:func:`rljob.recipes.libtpu.tpu_machine_args`), so that libtpu compiles here what it compiles there and
+    JAX's persistent cache files the programs under the keys the trainer looks up. Read when libtpu starts
+    (the first topology)."""
+    os.environ[libtpu.ENV] = libtpu.tpu_machine_args(rc.trainer.libtpu_flags)
 
 
 def libtpu_flag_refusals(config: str, rc: RunConfig) -> list[str]:
