@@ -145,6 +145,22 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gb_per_s=819,
         spec_source="https://cloud.google.com/tpu/docs/v5e",
     ),
+    "v6e": Generation(
+        prefix="v6e",
+        maxtext_prefix="v6e",
+        accelerator="tpu-v6e-slice",
+        tensorcores_per_chip=1,
+        devices_per_chip=1,
+        machine_types=((1, "ct6e-standard-1t"), (4, "ct6e-standard-4t"), (8, "ct6e-standard-8t")),
+        multi_host_chips=4,
+        topologies_2d=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+        # "Peak compute per chip (bf16) 918 TFLOPs", "HBM capacity per chip 32 GB" (32 GiB in the TPU7x page's
+        # comparison table), "HBM bandwidth per chip 1640 GBps".
+        hbm_gib_per_chip=32,
+        peak_bf16_tflops=918,
+        hbm_gb_per_s=1640,
+        spec_source="https://cloud.google.com/tpu/docs/v6e",
+    ),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}
 BY_NAME: dict[str, Generation] = {n: g for g in GENERATIONS.values() for n in g.names}

@@ -59,7 +59,9 @@ def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert "  mesh ici: fsdp 4" in lines
     assert "  replicas: 1, tensor x expert x data parallel 4 x 1 x 1, max model len 5120" in lines
-    vllm = "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: tpu7x, v5litepod)"
+    vllm = (
+        "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: tpu7x, v5litepod, v6e)"
+    )
     assert vllm in lines
     keys = {
         ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith("  ") and ln.rstrip().endswith("]")

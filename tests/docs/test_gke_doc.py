@@ -476,6 +476,8 @@ def test_node_pools_are_created_as_their_shape_needs() -> None:
         "v5litepod-8",
         "v5litepod-16",
         "v5litepod-256",
+        "v6e-8",
+        "v6e-64",
     ],
 )
 def test_rljob_doctors_pool_commands_follow_the_same_rules(tpu: str) -> None:

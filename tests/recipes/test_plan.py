@@ -199,8 +199,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "spec.trainer.tpu: 'v5p-12': no v5p slice has 6 chips; valid sizes start v5p-8, v5p-16, "
             "v5p-32, v5p-64, "
             "v5p-128, v5p-256, v5p-384, v5p-512, ...",
-            "spec.sampler.tpu: unknown TPU type 'v4-8'; expected v5p-N, tpu7x-N, v5litepod-N (N = "
-            "TensorCores: 2 per v5p chip, 2 per tpu7x chip, 1 per v5litepod chip), or "
+            "spec.sampler.tpu: unknown TPU type 'v4-8'; expected v5p-N, tpu7x-N, v5litepod-N, v6e-N (N = "
+            "TensorCores: 2 per v5p chip, 2 per tpu7x chip, 1 per v5litepod chip, 1 per v6e chip), or "
             "{accelerator, topology}",
         ],
     ),
@@ -455,8 +455,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "algorithm": {"loss": "dpo"},
         },
         [
-            "spec.trainer.tpu.accelerator: Input should be 'tpu-v5p-slice', 'tpu7x' or "
-            "'tpu-v5-lite-podslice'",
+            "spec.trainer.tpu.accelerator: Input should be 'tpu-v5p-slice', 'tpu7x', "
+            "'tpu-v5-lite-podslice' or 'tpu-v6e-slice'",
             "spec.trainer.slices: Input should be greater than or equal to 1",
             "spec.trainer.bogus: unknown field",
             "spec.algorithm.loss: Input should be 'importance_sampling' or 'ppo'",
@@ -579,6 +579,7 @@ def test_vllm_tpu_support_of_each_generation() -> None:
         "v5p": "experimental",
         "tpu7x": "recommended",
         "v5litepod": "recommended",
+        "v6e": "recommended",
     }
 
 

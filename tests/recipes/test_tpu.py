@@ -54,6 +54,20 @@ CASES = [
         8,
         "ct5lp-hightpu-8t",
     ),
+    ("v6e-1", "tpu-v6e-slice", "1x1", 1, 1, 1, "ct6e-standard-1t"),
+    ("v6e-4", "tpu-v6e-slice", "2x2", 4, 1, 4, "ct6e-standard-4t"),
+    ("v6e-8", "tpu-v6e-slice", "2x4", 8, 1, 8, "ct6e-standard-8t"),
+    ("v6e-16", "tpu-v6e-slice", "4x4", 16, 4, 16, "ct6e-standard-4t"),
+    ("v6e-256", "tpu-v6e-slice", "16x16", 256, 64, 256, "ct6e-standard-4t"),
+    (
+        TpuSlice(accelerator="tpu-v6e-slice", topology="8x16"),
+        "tpu-v6e-slice",
+        "8x16",
+        128,
+        32,
+        128,
+        "ct6e-standard-4t",
+    ),
 ]
 
 
@@ -83,6 +97,7 @@ NAMES = [
     ("tpu7x-8", "tpu7x-8", 2),
     ("v5litepod-16", "v5litepod-16", 1),
     ("v5e-16", "v5litepod-16", 1),
+    ("v6e-8", "v6e-8", 1),
 ]
 
 
@@ -130,6 +145,8 @@ def test_every_slice_of_every_generation_round_trips(gen: tpu.Generation) -> Non
         (TpuSlice(accelerator="tpu-v5-lite-podslice", topology="4x2"), "(did you mean 2x4?)"),
         (TpuSlice(accelerator="tpu-v5-lite-podslice", topology="2x8"), "'2x8' is not a v5litepod slice"),
         ("v5p-2x4", "v5p slices are 3-D (AxBxC)"),
+        ("v6e-2", "no v6e slice has 2 chips"),
+        ("v6e-4x4x4", "v6e slices are 2-D (AxB)"),
     ],
 )
 def test_refused(value: str | TpuSlice, message: str) -> None:
@@ -197,7 +214,10 @@ def test_default_containers_at_the_smallest_split_host() -> None:
 
 @pytest.mark.parametrize(
     ("prefix", "topologies"),
-    [("v5litepod", ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"))],
+    [
+        ("v5litepod", ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+        ("v6e", ("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16")),
+    ],
 )
 def test_2d_topologies(prefix: str, topologies: tuple[str, ...]) -> None:
     assert tpu.topologies(prefix) == topologies
@@ -209,6 +229,7 @@ FIGURES = [
     ("tpu-v5p-slice", 95, 459, 2765, 95 * 2**30),
     ("tpu7x", 192, 2307, 7380, 96 * 2**30),
     ("tpu-v5-lite-podslice", 16, 197, 819, 16 * 2**30),
+    ("tpu-v6e-slice", 32, 918, 1640, 32 * 2**30),
 ]
 
 
@@ -237,6 +258,8 @@ SCALED = [
     ("v5litepod-1", 2, "v5litepod-1"),
     ("v5litepod-64", 2, "v5litepod-16"),  # v5e's smallest multi-host slice has 4 hosts
     ("v5litepod-64", 8, "v5litepod-32"),
+    ("v6e-8", 2, "v6e-8"),
+    ("v6e-256", 2, "v6e-16"),
 ]
 
 
