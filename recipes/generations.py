@@ -23,7 +23,8 @@ Sources, per field (public pages):
 - ``maxtext_prefix``: MaxText's ``accelerator_to_spec_map`` (maxtext/utils/accelerator_to_spec_map.py in
   https://github.com/AI-Hypercomputer/maxtext) names slices ``{maxtext_prefix}-{TensorCores}``: ``v5e-16``,
   ``v6e-8``, ``v5p-8``, ``tpu7x-8``;
-- ``hbm_gib_per_chip``, ``peak_bf16_tflops``, ``hbm_gb_per_s``: the generation's page (``spec_source``);
+- ``hbm_gib_per_chip``, ``peak_bf16_tflops``, ``hbm_gb_per_s``, ``ici_gbps_per_chip``: the generation's page
+  (``spec_source``);
 - ``vllm_tpu_support``: vLLM's TPU backend, https://github.com/vllm-project/tpu-inference, README
   "Compatible TPU Generations": recommended v7x, v6e, v5e; experimental v3, v4, v5p.
 """
@@ -62,6 +63,9 @@ class Generation:
     peak_bf16_tflops: float = 0.0  # peak bf16 compute per chip
     hbm_gb_per_s: float = 0.0  # HBM bandwidth per chip, GB/s (1e9 bytes)
     spec_source: str = ""  # the public page of the three figures above
+    # Inter-chip interconnect (ICI) bandwidth per chip, Gbps, as the same page states it ("Interchip
+    # Interconnect BW"); 0: not stated there. The collectives term of bench/train_step_compiled.py's roofline.
+    ici_gbps_per_chip: float = 0.0
     # How vLLM's TPU backend (tpu-inference, the sampler's) lists the generation: "recommended" or
     # "experimental".
     vllm_tpu_support: str = "recommended"
@@ -101,6 +105,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gib_per_chip=95,
         peak_bf16_tflops=459,
         hbm_gb_per_s=2765,
+        ici_gbps_per_chip=4800,  # "Interchip Interconnect BW 4,800 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v5p",
         vllm_tpu_support="experimental",
     ),
@@ -143,6 +148,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gib_per_chip=16,
         peak_bf16_tflops=197,
         hbm_gb_per_s=819,
+        ici_gbps_per_chip=1600,  # "Interchip Interconnect BW 1,600 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v5e",
     ),
     "v6e": Generation(
@@ -159,6 +165,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gib_per_chip=32,
         peak_bf16_tflops=918,
         hbm_gb_per_s=1640,
+        ici_gbps_per_chip=3584,  # "Interchip Interconnect BW 3,584 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v6e",
     ),
 }

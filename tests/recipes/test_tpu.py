@@ -224,19 +224,27 @@ def test_2d_topologies(prefix: str, topologies: tuple[str, ...]) -> None:
     assert tpu.type_names(prefix) == [f"{prefix}-{tpu.chips_of(t)}" for t in topologies]
 
 
-# accelerator, HBM GiB / peak bf16 TFLOP/s / HBM GB/s per chip, HBM bytes per JAX device
+# accelerator, HBM GiB / peak bf16 TFLOP/s / HBM GB/s / ICI Gbps per chip (0: not on the page), HBM bytes
+# per JAX device
 FIGURES = [
-    ("tpu-v5p-slice", 95, 459, 2765, 95 * 2**30),
-    ("tpu7x", 192, 2307, 7380, 96 * 2**30),
-    ("tpu-v5-lite-podslice", 16, 197, 819, 16 * 2**30),
-    ("tpu-v6e-slice", 32, 918, 1640, 32 * 2**30),
+    ("tpu-v5p-slice", 95, 459, 2765, 4800, 95 * 2**30),
+    ("tpu7x", 192, 2307, 7380, 0, 96 * 2**30),
+    ("tpu-v5-lite-podslice", 16, 197, 819, 1600, 16 * 2**30),
+    ("tpu-v6e-slice", 32, 918, 1640, 3584, 32 * 2**30),
 ]
 
 
-@pytest.mark.parametrize(("acc", "hbm", "tflops", "bandwidth", "per_device"), FIGURES)
-def test_chip_figures(acc: str, hbm: int, tflops: float, bandwidth: float, per_device: int) -> None:
+@pytest.mark.parametrize(("acc", "hbm", "tflops", "bandwidth", "ici", "per_device"), FIGURES)
+def test_chip_figures(
+    acc: str, hbm: int, tflops: float, bandwidth: float, ici: float, per_device: int
+) -> None:
     gen = tpu.BY_ACCELERATOR[acc]
-    assert (gen.hbm_gib_per_chip, gen.peak_bf16_tflops, gen.hbm_gb_per_s) == (hbm, tflops, bandwidth)
+    assert (gen.hbm_gib_per_chip, gen.peak_bf16_tflops, gen.hbm_gb_per_s, gen.ici_gbps_per_chip) == (
+        hbm,
+        tflops,
+        bandwidth,
+        ici,
+    )
     assert tpu.hbm_bytes_per_device(acc) == per_device
     assert gen.spec_source.startswith("https://cloud.google.com/tpu/docs/")
 
