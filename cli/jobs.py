@@ -130,8 +130,14 @@ def _steps(obj: dict[str, Any]) -> Any:
     return merged["algorithm"]["steps"]
 
 
-def _sampler_restarts(restarts: dict[str, Any]) -> str:
-    """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12)."""
+def _sampler_restarts(restarts: dict[str, Any], sampler_failure: str | None = None) -> str:
+    """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12);
+    ` (the run, sampler crashes included)` when a sampler crash restarts the run (samplerFailure
+    RestartRun: JobSet's feature gate RestartJob off)."""
+    from rljob.recipes.api import SamplerFailure
+
+    if sampler_failure == SamplerFailure.RESTART_RUN:
+        return " (the run, sampler crashes included: JobSet's gate RestartJob is off)"
     sampler = restarts.get("sampler")
     if not isinstance(sampler, dict):
         return ""
@@ -152,7 +158,7 @@ def describe(
         f"Step:        {progress.get('step', 0)} of {steps}",
         f"Reward:      {_reward(progress) or '-'}",
         f"Restarts:    {restarts.get('used', 0)} used, {restarts.get('left', '?')} left"
-        + _sampler_restarts(restarts),
+        + _sampler_restarts(restarts, status.get("samplerFailure")),
     ]
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
@@ -285,7 +291,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job.metadata.namespace = args.namespace or (
         job.metadata.namespace if "namespace" in job.metadata.model_fields_set else s.namespace
     )
-    _resolve(job)  # every problem at once, exit 2, before anything is sent
+    _resolve(job, args)  # every problem at once, exit 2, before anything is sent
     body = job.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
     body["metadata"]["namespace"] = job.metadata.namespace
     body.pop("status", None)

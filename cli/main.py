@@ -86,12 +86,14 @@ def _policy(path: str | None) -> PodPolicy:
         raise _BadInput(e.problems) from None
 
 
-def _resolve(job: RLJob, policy_path: str | None = None) -> RunConfig:
+def _resolve(job: RLJob, args: argparse.Namespace) -> RunConfig:
+    """The plan of `job` under the flags --pod-policy and --jobset-restart-job."""
     from rljob.recipes.plan import PlanError, resolve
 
-    policy = _policy(policy_path)
+    policy = _policy(getattr(args, "pod_policy", None))
+    restart_job = getattr(args, "jobset_restart_job", "enabled") == "enabled"
     try:
-        return resolve(job, policy)
+        return resolve(job, policy, restart_job=restart_job)
     except PlanError as e:
         raise _BadInput(e.problems) from None
 
@@ -99,7 +101,7 @@ def _resolve(job: RLJob, policy_path: str | None = None) -> RunConfig:
 def cmd_render(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     sys.stdout.write(render.to_yaml(render.objects(run)))
     return EXIT_OK
 
@@ -107,7 +109,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     render.jobset(run)
     print(
         f"{args.file}: valid: JobSet {run.namespace}/{run.job_set_name}, trainer {run.trainer.tpu.type_name} "
@@ -230,9 +232,7 @@ def explain(run: RunConfig) -> str:
         f"lr {spec.algorithm.learning_rate:g}{_schedule(spec.algorithm)}",
         f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
-        f"restarts: {spec.failure_policy.max_restarts} counted of the run (a trainer crash), "
-        f"{spec.failure_policy.max_sampler_restarts} of single sampler Jobs (a sampler crash; the trainer "
-        "keeps running); preemption/maintenance restarts are free; exit 2 fails at once",
+        *_restarts(run),
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
@@ -264,6 +264,25 @@ def explain(run: RunConfig) -> str:
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
     lines += _derived(run)
     return "\n".join(lines) + "\n"
+
+
+def _restarts(run: RunConfig) -> list[str]:
+    """The failure policy in force (rljob.recipes.failure) as the plan text shows it."""
+    from rljob.recipes import failure
+    from rljob.recipes.api import SamplerFailure
+
+    fp = run.spec.failure_policy
+    if run.sampler_failure is SamplerFailure.RESTART_SAMPLER_JOB:
+        budgets = (
+            f"{fp.max_restarts} counted of the run (a trainer crash), {fp.max_sampler_restarts} of single "
+            "sampler Jobs (a sampler crash; the trainer keeps running)"
+        )
+    else:
+        budgets = f"{fp.max_restarts} counted of the run (a trainer or sampler crash)"
+    return [
+        f"restarts: {budgets}; preemption/maintenance restarts are free; exit 2 fails at once",
+        f"  sampler failure: {run.sampler_failure} ({failure.explain(run.sampler_failure)})",
+    ]
 
 
 def _preflight(run: RunConfig) -> str:
@@ -311,7 +330,7 @@ def _schedule(alg: Any) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     if args.output == "json":
         sys.stdout.write(run.model_dump_json(indent=2, exclude_none=True) + "\n")
     else:
@@ -356,6 +375,14 @@ def parser() -> argparse.ArgumentParser:
             "--pod-policy",
             metavar="FILE",
             help="the operator's pod policy (YAML: the chart's podPolicy values); default: the chart's",
+        )
+        sp.add_argument(
+            "--jobset-restart-job",
+            choices=("enabled", "disabled"),
+            default="enabled",
+            help="whether the cluster's JobSet admits the failure action RestartJob (its feature gate "
+            "RestartJob; `rljob doctor` tells): disabled plans a sampler crash as a restart of the whole run "
+            "(the operator's chart value jobset.restartJob); default: enabled",
         )
         if name == "plan":
             sp.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")

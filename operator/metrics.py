@@ -9,11 +9,14 @@ from __future__ import annotations
 import hashlib
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
+from datetime import datetime
 from typing import Any, Final
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from rljob.recipes.api import Phase
 
 API_REQUESTS: Final = Counter(
     "rljob_operator_api_requests",
@@ -35,6 +38,76 @@ PLANS: Final = Counter(
 )
 QUEUE_DEPTH: Final = Gauge("rljob_operator_queue_depth", "RLJobs waiting to be reconciled.")
 RLJOBS: Final = Gauge("rljob_operator_rljobs", "RLJobs known to the operator, by phase.", ["phase"])
+
+# (namespace, name, status) of every RLJob the operator knows (its cache; the status as stored, camelCase).
+RunSource = Callable[[], Iterable[tuple[str, str, Mapping[str, Any]]]]
+RUN_LABELS = ("namespace", "name")
+
+
+class RunCollector:
+    """Series per RLJob (docs/operator.md, "Metrics"), made at each scrape from the operator's cache of
+    RLJobs and their status: an RLJob deleted (gone from the cache) has no series from the next scrape
+    on, so nothing has to be removed. A series without a value yet (no step reported) is left out."""
+
+    def __init__(self) -> None:
+        self.source: RunSource = lambda: ()
+        self.clock: Callable[[], float] = time.time
+
+    def describe(self) -> list[Metric]:
+        return []  # not collected at registration (the cache does not exist yet)
+
+    def collect(self) -> Iterator[Metric]:
+        def family(name: str, text: str, *extra: str) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, text, labels=[*RUN_LABELS, *extra])
+
+        step = family("rljob_run_step", "The trainer's last completed optimizer step (status.progress.step).")
+        reward = family("rljob_run_reward_mean", "Mean reward of the last step's rollouts.")
+        checkpoint = family("rljob_run_last_checkpoint_step", "Step of the run's newest checkpoint.")
+        since = family(
+            "rljob_run_seconds_since_last_step",
+            "Seconds since the trainer's last progress report (status.progress.updateTime), one per step.",
+        )
+        restarts = family(
+            "rljob_run_restarts",
+            "Counted restarts per role: trainer (of the whole run; under samplerFailure RestartRun also a "
+            "sampler crash) and sampler (of single sampler Jobs).",
+            "role",
+        )
+        phase = family("rljob_run_phase", "1 for the RLJob's phase, 0 for the others.", "phase")
+        now = self.clock()
+        for namespace, name, status in self.source():
+            labels = [namespace, name]
+            progress = status.get("progress") or {}
+            if isinstance(progress.get("step"), int):
+                step.add_metric(labels, progress["step"])
+            if isinstance(progress.get("rewardMean"), int | float):
+                reward.add_metric(labels, float(progress["rewardMean"]))
+            if isinstance(progress.get("lastCheckpointStep"), int):
+                checkpoint.add_metric(labels, progress["lastCheckpointStep"])
+            when = _timestamp(progress.get("updateTime"))
+            if when is not None:
+                since.add_metric(labels, max(0.0, now - when))
+            for role, counted in (status.get("restarts") or {}).items():
+                if role in ("trainer", "sampler") and isinstance(counted, Mapping):
+                    restarts.add_metric([*labels, role], int(counted.get("used") or 0))
+            current = str(status.get("phase") or Phase.PENDING.value)
+            for p in Phase:
+                phase.add_metric([*labels, p.value], 1.0 if p.value == current else 0.0)
+        yield from (step, reward, checkpoint, since, restarts, phase)
+
+
+def _timestamp(value: Any) -> float | None:
+    """Seconds since the epoch of an RFC 3339 time as the API stores it, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+RUNS: Final = RunCollector()
+REGISTRY.register(RUNS)
 
 
 async def _metrics(_: web.Request) -> web.Response:

@@ -16,7 +16,7 @@ from typing import Any
 
 from rljob.operator import metrics
 from rljob.recipes import failure, manifest, naming
-from rljob.recipes.api import API_VERSION, KIND, RLJob
+from rljob.recipes.api import API_VERSION, KIND, RLJob, SamplerFailure
 from rljob.recipes.plan import PlanError
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,7 @@ class Plan:
     max_restarts: int = 3  # spec.failurePolicy.maxRestarts (the run's budget)
     max_sampler_restarts: int = 10  # spec.failurePolicy.maxSamplerRestarts
     preflight_job: str | None = None  # the compile preflight Job's name (spec.trainer.preflight.compile)
+    sampler_failure: SamplerFailure | None = None  # what a sampler crash restarts (rljob.recipes.failure)
 
     @property
     def jobset(self) -> dict[str, Any] | None:
@@ -84,6 +85,9 @@ class PlanCache:
         self.size = size
         self._plans: collections.OrderedDict[str, tuple[Plan, str]] = collections.OrderedDict()
 
+    def clear(self) -> None:
+        self._plans.clear()
+
     def make_plan(self, body: Mapping[str, Any], render: Renderer) -> Plan:
         key = json.dumps(_parse_input(body), sort_keys=True, separators=(",", ":"))
         hit = self._plans.get(key)
@@ -131,6 +135,7 @@ def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
         plan,
         max_restarts=budgets[0],
         max_sampler_restarts=budgets[1],
+        sampler_failure=failure.sampler_failure_of(js),
         preflight_job=str(pre["metadata"]["name"]) if pre else None,
     )
 

@@ -41,6 +41,7 @@ from rljob.common.credentials import new_token
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue, metrics
 from rljob.operator.cache import Caches, ProgressEntry, RLJobEntry
+from rljob.operator.jobset_gate import RestartJobGate
 from rljob.operator.plans import Plan, PlanCache, Renderer
 from rljob.operator.status import (
     TERMINAL,
@@ -137,12 +138,17 @@ class Reconciler:
         resync_s: float = 600.0,
         plans: PlanCache | None = None,
         namespaces: Sequence[str] = (),
+        gate: RestartJobGate | None = None,
     ) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)  # () serves every namespace
         self.render = render
         self.plans = plans if plans is not None else PlanCache()
         self.caches = Caches()
+        # What the cluster's JobSet admits (an input of `render`): when it flips, every cached plan goes.
+        self.gate = gate
+        if gate is not None:
+            gate.changed = self.forget_plans
         self.queue = WorkQueue()
         self.workers = workers
         self.resync_s = resync_s
@@ -272,6 +278,11 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------------ reconcile
 
+    def forget_plans(self) -> None:
+        """Drop every plan made so far (the render's inputs changed: rljob.operator.jobset_gate)."""
+        self.plans.clear()
+        self.caches.plans.clear()
+
     def plan_for(self, key: Key, entry: RLJobEntry) -> Plan:
         plan = self.caches.plans.get(key)
         if plan is None or plan.generation != entry.generation:
@@ -315,6 +326,8 @@ class Reconciler:
                 except Exception as exc:
                     create_error = _create_error(exc)
                     refused = isinstance(exc, JobRefused)
+                    if self.gate is not None and self.gate.refused(str(exc)):
+                        refused = False  # planned again without RestartJob at the retry
         elif not latched and js is not None:
             if self._owned_progress(key, uid) is None:
                 try:
@@ -358,6 +371,7 @@ class Reconciler:
                 create_error=create_error,
                 pod_create_error=pod_create,
                 preflight=preflight,
+                sampler_failure=plan.sampler_failure,
             )
         )
         new_status = status_body(derived.status)

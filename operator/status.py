@@ -55,6 +55,7 @@ from rljob.recipes.api import (
     RoleRestarts,
     RolesStatus,
     RoleStatus,
+    SamplerFailure,
 )
 
 REASON_JOBSET_DELETED = "JobSetDeleted"
@@ -123,6 +124,8 @@ class JobSetView:
     namespace: str = ""
     max_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxRestarts (failure.budgets_of)
     max_sampler_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxSamplerRestarts
+    # What a sampler crash restarts in this JobSet (rljob.recipes.failure.sampler_failure_of).
+    sampler_failure: SamplerFailure = SamplerFailure.RESTART_SAMPLER_JOB
     # Per replicatedJob, per Job index: restarts of that Job alone (JobSet >= v0.12.0), all and counted.
     job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     counted_job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
@@ -175,6 +178,7 @@ class JobSetView:
             namespace=str(meta.get("namespace", "")),
             max_restarts=max_restarts,
             max_sampler_restarts=max_sampler_restarts,
+            sampler_failure=failure_rules.sampler_failure_of(body),
             job_restarts=job_restarts,
             counted_job_restarts=counted_job_restarts,
         )
@@ -407,6 +411,8 @@ class Observed:
     # The compile preflight of this plan (spec.trainer.preflight.compile): where its Job stands; None when
     # the preflight is off or its Job is not created yet.
     preflight: PreflightStatus | None = None
+    # What a sampler crash restarts under this plan (None: not planned); the JobSet's own wins.
+    sampler_failure: SamplerFailure | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -780,6 +786,7 @@ def derive_status(obs: Observed) -> Derived:
         obs = dataclasses.replace(obs, spec_error=None)
     used = restarts_used(obs)
     last = _last_failure(obs, used)
+    sampler_failure = obs.jobset.sampler_failure if obs.jobset is not None else obs.sampler_failure
     if obs.spec_error is not None:
         last = LastFailure(
             failure_class=FailureClass.BAD_CONFIGURATION,
@@ -799,13 +806,17 @@ def derive_status(obs: Observed) -> Derived:
             used=used.trainer,
             left=max(0, obs.max_restarts - used.trainer),
             trainer=RoleRestarts(used=used.trainer, left=max(0, obs.max_restarts - used.trainer)),
-            sampler=RoleRestarts(used=used.sampler, left=max(0, obs.max_sampler_restarts - used.sampler)),
+            # Under RestartRun a sampler crash is a restart of the run: the samplers have no budget.
+            sampler=RoleRestarts(used=used.sampler, left=max(0, obs.max_sampler_restarts - used.sampler))
+            if sampler_failure is not SamplerFailure.RESTART_RUN
+            else None,
         ),
         last_failure=last,
         roles=roles,
         progress=progress,
         url=obs.api_url or (prior.url if prior else None),
         preflight=obs.preflight or (prior.preflight if prior else None),
+        sampler_failure=sampler_failure or (prior.sampler_failure if prior else None),
     )
     events: list[Event] = []
     prior_phase = prior.phase if prior else None

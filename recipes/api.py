@@ -947,6 +947,14 @@ class Phase(StrEnum):
     SUSPENDED = "Suspended"
 
 
+class SamplerFailure(StrEnum):
+    """What a sampler crash restarts (rljob.recipes.failure): chosen by the plan from whether the cluster's
+    JobSet admits the failure action RestartJob (its feature gate RestartJob)."""
+
+    RESTART_SAMPLER_JOB = "RestartSamplerJob"  # that sampler Job alone, against maxSamplerRestarts
+    RESTART_RUN = "RestartRun"  # the whole run from its last checkpoint, against maxRestarts
+
+
 class FailureClass(StrEnum):
     """Why the last failure happened (see rljob.recipes.failure)."""
 
@@ -1072,6 +1080,13 @@ class RLJobStatus(ApiModel):
     )
     preflight: PreflightStatus | None = Field(
         default=None, description="The compile preflight (spec.trainer.preflight.compile); None: not run."
+    )
+    sampler_failure: SamplerFailure | None = Field(
+        default=None,
+        description="What a sampler crash restarts in this run's JobSet: RestartSamplerJob (that sampler "
+        "Job alone, against spec.failurePolicy.maxSamplerRestarts; JobSet's feature gate RestartJob) or "
+        "RestartRun (the whole run from its last checkpoint, against spec.failurePolicy.maxRestarts: the "
+        "cluster's JobSet refuses the action RestartJob). None: not planned yet.",
     )
 
 

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import ValidationError
 from rljob.recipes import (
     disk,
+    failure,
     fit,
     libtpu,
     lora_targets,
@@ -32,7 +33,7 @@ from rljob.recipes import (
     syntax,
     tpu,
 )
-from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
+from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec, SamplerFailure
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
@@ -259,10 +260,18 @@ def _round_up(n: int, k: int) -> int:
 
 
 def resolve(
-    job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT, *, fit_check: bool = True
+    job: RLJob,
+    policy: podpolicy.PodPolicy = podpolicy.DEFAULT,
+    *,
+    fit_check: bool = True,
+    restart_job: bool = True,
 ) -> RunConfig:
     """The resolved run config of a job, or PlanError with every problem. `policy`: the operator's pod
     policy (rljob.recipes.podpolicy), the same in the webhook, the reconcile and `rljob validate`.
+    `restart_job`: whether the cluster's JobSet admits the failure action RestartJob (its feature gate
+    RestartJob; the operator's start-up dry run or the chart's `jobset.restartJob`, `rljob plan
+    --jobset-restart-job`): it decides what a sampler crash restarts (`RunConfig.sampler_failure`,
+    rljob.recipes.failure).
 
     ``fit_check`` False skips the HBM fit check (rljob.recipes.fit) for the drill's scaled manifests,
     which keep the model's name on a shrunken slice and run a miniature of it.
@@ -291,7 +300,9 @@ def resolve(
     _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
-    return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived)
+    return _run_config(
+        spec, trainer_plan, sampler_plan, job, layers.derived, failure.sampler_failure(restart_job)
+    )
 
 
 def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
@@ -675,7 +686,12 @@ def _names(
 
 
 def _run_config(
-    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob, derived: dict[str, str]
+    spec: RLJobSpec,
+    trainer_plan: TrainerPlan,
+    sampler_plan: SamplerPlan,
+    job: RLJob,
+    derived: dict[str, str],
+    sampler_failure: SamplerFailure,
 ) -> RunConfig:
     """The RunConfig of a resolved spec without problems."""
     assert spec.storage and spec.storage.root
@@ -693,6 +709,7 @@ def _run_config(
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
+        sampler_failure=sampler_failure,
         derived=dict(sorted(derived.items())) or None,
     )
 

@@ -310,10 +310,10 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         subdomain=naming.subdomain(run.name),
         coordinator_role=naming.TRAINER,
         annotations=failure.budget_annotations(
-            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts, run.sampler_failure
         ),
         failure_policy=failure.jobset_failure_policy(
-            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts, run.sampler_failure
         ),
         pod_failure_policy=failure.pod_failure_policy(),
         roles=[_role(run, naming.TRAINER), _role(run, naming.SAMPLER)],
@@ -553,7 +553,9 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objs, Dumper=_dumper(), sort_keys=False, explicit_start=True, width=1 << 16)
 
 
-def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[dict[str, Any]]:
+def render(
+    job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT, *, restart_job: bool = True
+) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
     cover), the compile preflight's Job (spec.trainer.preflight.compile), then the JobSet. The operator
@@ -561,8 +563,9 @@ def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[
     prints exactly
     these and the operator applies exactly these (plus the progress ConfigMap and the run's credentials
     Secret, whose random token no render holds: rljob.common.credentials). Raises
-    PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
-    return objects(plan.resolve(job, policy))
+    PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy); `restart_job`: whether the
+    cluster's JobSet admits the failure action RestartJob (rljob.recipes.plan.resolve)."""
+    return objects(plan.resolve(job, policy, restart_job=restart_job))
 
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
-from rljob.recipes.api import ApiModel, PodTemplate
+from rljob.recipes.api import ApiModel, PodTemplate, SamplerFailure
 
 CONFIG_KEY = "run.json"
 CONFIG_DIR = "/etc/rljob"
@@ -391,6 +391,11 @@ class RunConfig(ApiModel):
     storage: StoragePaths = Field(description="Storage paths.")
     endpoints: Endpoints = Field(description="Endpoints.")
     progress: ProgressTarget = Field(description="Progress report target.")
+    sampler_failure: SamplerFailure = Field(
+        description="What a sampler crash restarts (rljob.recipes.failure): the sampler Job alone, or the "
+        "whole run where the cluster's JobSet refuses the failure action RestartJob (the plan's input "
+        "`restart_job`)."
+    )
     derived: dict[str, str] | None = Field(
         default=None,
         description="The values the plan filled because their default would not run, each spec path (as in "

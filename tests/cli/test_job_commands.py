@@ -116,6 +116,13 @@ def test_describe() -> None:
     text = jobs.describe({**OBJ, "status": status}, [])
     assert "Restarts:    1 used, 2 left (the run); sampler 4 used, 6 left" in text
     assert "Last failure: crash Exit1 of the sampler at 2026-01-01T00:05:00Z: boom" in text
+    # JobSet's gate RestartJob off: a sampler crash restarts the run, counted with the run's restarts.
+    status = {**status, "restarts": {"used": 1, "left": 2}, "samplerFailure": "RestartRun"}
+    text = jobs.describe({**OBJ, "status": status}, [])
+    assert (
+        "Restarts:    1 used, 2 left (the run, sampler crashes included: JobSet's gate RestartJob is off)"
+        in text
+    )
 
 
 def test_describe_counts_the_steps_the_plan_resolves() -> None:
