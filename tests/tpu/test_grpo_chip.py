@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures.chip_models import FAMILIES, fullsize_keys, lengths_for, realistic_head, rollouts
+from fixtures.chip_models import FAMILIES, chip_figures, fullsize_keys, lengths_for, realistic_head, rollouts
 
 BUDGET = 4096
 ROWS = 2
@@ -72,7 +72,7 @@ def test_grpo_step_at_full_size(chip: Any, record: Any, family: str) -> None:
     )
 
     # What the compile stage predicts for these programs (compiled by this chip's libtpu).
-    chip_fig = compilecheck.CHIPS.get("v5e") or compilecheck.Chip(16 * 2**30, 197e12, 819e9, 1, "v5e")
+    chip_fig = chip_figures()
 
     def abstract(
         x: Any,
