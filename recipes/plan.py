@@ -424,11 +424,11 @@ def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
         keyset = maxtext_keys.load(_version(spec))
     except KeyError:
         return None
-    model = keyset.models.get(str(spec.model.maxtext_model))
-    if model is None:
+    if str(spec.model.maxtext_model) not in keyset.models:
         return None
-    default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
-    return lora_targets.decoder_block(keys, {**default, **model})
+    return str(
+        maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))("decoder_block") or ""
+    ).lower()
 
 
 def _pad_align_below(segment_align: int, budget: int) -> int | None:
@@ -521,6 +521,7 @@ def _sampler(
         spec.sampler.tensor_parallel,
         spec.sampler.expert_parallel if layers.sets(job, "sampler", "expertParallel") else None,
         spec.sampler.data_parallel,
+        _version(spec),
     )
     tp, ep, dp = layout.tp, layout.ep, layout.dp
     spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
@@ -725,10 +726,7 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
         keyset = maxtext_keys.load(version)
     except KeyError:
         return out  # reported by _maxtext
-    model = keyset.models.get(str(spec.model.maxtext_model), {})
-
-    def get(k: str) -> Any:
-        return keys[k] if k in keys else model.get(k, keyset.defaults.get(k))
+    get = maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))
 
     path = "spec.trainer.maxtext"
     attention = str(get("attention"))
@@ -794,16 +792,15 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     assert spec.lora is not None and spec.model is not None and spec.trainer is not None
     targets = spec.lora.targets or []
     block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
-    q_lora_rank = None
+    q_lora_rank, sliced = None, False
     if keys is not None:
         if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
-        model = maxtext_keys.load(_version(spec)).models.get(str(spec.model.maxtext_model), {})
-        q_lora_rank = keys.get("q_lora_rank", model.get("q_lora_rank", 0))
+        get = maxtext_keys.effective(keys, maxtext_keys.load(_version(spec)), str(spec.model.maxtext_model))
+        q_lora_rank, sliced = get("q_lora_rank") or 0, get("use_sliced_mla_proj") or False
     found = lora_targets.problems(block, targets)
     if not found:
-        sliced = (keys or {}).get("use_sliced_mla_proj", False)
         found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
     found += lora_targets.sampler_problems(block, targets)
     return [f"{field}: {message}" for field, message in found]

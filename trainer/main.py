@@ -337,6 +337,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             lora_targets=st["targets"],
             base_model=base_model,
             checkpoint=checkpoint,
+            maxtext_version=rc.spec.trainer.maxtext_version,
         )
         step_cfg = StepConfig(
             budget=budget,
