@@ -19,14 +19,16 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from rljob.recipes import failure
+
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
     from rljob.recipes.podpolicy import PodPolicy
     from rljob.recipes.runconfig import RunConfig
 
-EXIT_OK = 0
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
 
 
 class _BadInput(Exception):

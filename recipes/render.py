@@ -138,7 +138,7 @@ def run_labels(rljob: str) -> dict[str, str]:
         "app.kubernetes.io/name": "rljob",
         "app.kubernetes.io/instance": rljob,
         "app.kubernetes.io/managed-by": "rljob",
-        "rljob.dev/rljob": rljob,
+        naming.RUN_LABEL: rljob,
     }
 
 
@@ -146,7 +146,7 @@ def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
     out = run_labels(run.name)
     if role:
         out["app.kubernetes.io/component"] = role
-        out["rljob.dev/role"] = role
+        out[naming.ROLE_LABEL] = role
     return out
 
 
@@ -485,8 +485,8 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
     if svc is None:
         return []
     selector = {
-        "rljob.dev/rljob": run.name,
-        "rljob.dev/role": naming.TRAINER,
+        naming.RUN_LABEL: run.name,
+        naming.ROLE_LABEL: naming.TRAINER,
         f"{JOBSET_LABELS}/jobset-name": run.job_set_name,
         f"{JOBSET_LABELS}/job-index": "0",
         "batch.kubernetes.io/job-completion-index": "0",
