@@ -7,7 +7,6 @@ each a line `spec.path: message`. Nothing here does I/O beyond the package's own
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +17,7 @@ from rljob.recipes import (
     fit,
     libtpu,
     lora_targets,
+    manifest,
     maxtext_keys,
     maxtext_policy,
     mesh,
@@ -29,13 +29,19 @@ from rljob.recipes import (
     sampler_layout,
     service_keys,
     startup,
-    syntax,
     tpu,
 )
 from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
+
+# PlanError and pydantic's errors as `path: message` lines live below the plan and the manifest parser,
+# which both raise them; re-exported here for the callers of the plan.
+from rljob.recipes.problems import MAX_PROBLEM_CHARS as MAX_PROBLEM_CHARS
+from rljob.recipes.problems import MAX_PROBLEMS as MAX_PROBLEMS
+from rljob.recipes.problems import PlanError as PlanError
+from rljob.recipes.problems import pydantic_problems as pydantic_problems
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
@@ -80,62 +86,12 @@ DERIVED_KEYS: dict[str, str] = {
     },
 }
 
-# Location parts pydantic adds for the members of a union (not keys of the manifest).
-_UNION_STR = frozenset({"str", "constrained-str"})
-_UNION_PARTS = _UNION_STR | {"TpuSlice"}
 # Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
 MAX_KEY_HINTS = 10
 
 # Where each maxtext key came from, lowest precedence first; "derived": no layer set it and MaxText's
 # default would not run, so the plan filled the value that does (RunConfig.derived says why).
 SOURCES = ("rljob", "recipe", "profile", "manifest", "derived")
-
-
-# A refusal lists at most this many problems, each at most this long (a webhook answer, a terminal screen).
-MAX_PROBLEMS = 50
-MAX_PROBLEM_CHARS = 1000
-
-
-class PlanError(ValueError):
-    """The manifest cannot run; `problems` holds every reason as `spec.path: message`."""
-
-    def __init__(self, problems: list[str]) -> None:
-        lines = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..." for p in problems]
-        if len(lines) > MAX_PROBLEMS:
-            more = len(lines) - MAX_PROBLEMS + 1
-            lines = [*lines[: MAX_PROBLEMS - 1], f"spec: and {more} more problems (fix the ones above first)"]
-        super().__init__("\n".join(lines))
-        self.problems = lines
-
-
-def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
-    """A pydantic ValidationError as `path: message` lines (camelCase paths, as in the manifest)."""
-    out = []
-    errors = err.errors(include_url=False)
-    for e in errors:
-        loc = list(e["loc"])
-        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and _UNION_STR.intersection(loc):
-            continue  # the shorthand branch of a `str | object` union, given an object
-        path = prefix
-        for i, p in enumerate(loc):
-            odd_key = e["type"] == "invalid_key" and i == len(loc) - 1
-            if type(p) is int and not odd_key:
-                path = f"{path or '(root)'}[{p}]"
-            elif p == "[key]" or p in _UNION_PARTS or str(p).startswith("function-"):
-                continue
-            else:  # odd keys are quoted so that the line stays `path: message`, as is an unknown root field
-                unknown_root = e["type"] == "extra_forbidden" and not path and len(loc) == 1
-                path = key_path(path, str(p), quote=odd_key or unknown_root)
-        path = path or "(root)"
-        msg = " ".join(e["msg"].removeprefix("Value error, ").split())
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "string_pattern_mismatch":
-            shown = json.dumps(e["input"])
-            shown = shown if len(shown) <= 80 else shown[:77] + '..."'
-            msg = f"{shown} {syntax.DESCRIPTIONS.get(str((e.get('ctx') or {}).get('pattern')), msg)}"
-        out.append(f"{path}: {msg}")
-    return list(dict.fromkeys(out))
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -929,9 +885,22 @@ def _maxtext(
     return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 
+def _resolve_problems(job: RLJob) -> list[str]:
+    """The problems the plan finds in a job (none: it resolves)."""
+    try:
+        resolve(job)
+    except PlanError as e:
+        return e.problems
+    return []
+
+
 def parse_manifest(text: str) -> RLJob:
     """An RLJob from YAML text (one document), bounded and checked as the API server checks it; PlanError
-    with every problem as a `path: message` line (rljob.recipes.manifest)."""
-    from rljob.recipes import manifest
+    with every problem as a `path: message` line, the plan's of the rest of a manifest with a bad part
+    too (rljob.recipes.manifest)."""
+    return manifest.parse_text(text, check=_resolve_problems)
 
-    return manifest.parse_text(text)
+
+def parse_object(doc: Any) -> RLJob:
+    """An RLJob from a document (a manifest's data or an API body), as :func:`parse_manifest`."""
+    return manifest.parse_object(doc, check=_resolve_problems)
