@@ -1,9 +1,10 @@
 """LoRA targets: which projections of which MaxText decoder block the trainer can wrap and export.
 
-One table for the plan (``rljob validate`` and the admission webhook refuse a manifest with these
-problems) and the trainer (``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse the same at start, with
-the same field). ``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText
-modules they map to (``query``...).
+One check, over the rows of rljob.recipes.families (each block's targets, expert LoRA, refusal), for the
+plan (``rljob validate`` and the admission webhook refuse a manifest with these problems) and the trainer
+(``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse the same at start, with the same field).
+``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText modules they map to
+(``query``...).
 
 A target counts only where the decoder has a module of that name that qwix can wrap (or, for ``experts``,
 routed experts the trainer wraps itself) and whose adapter the trainer exports to PEFT under the Hugging
