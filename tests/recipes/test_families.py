@@ -47,3 +47,13 @@ def test_layer_cycles_are_the_registrys() -> None:
 def test_family_lookup_ignores_case() -> None:
     assert families.family("Gemma3") is families.FAMILIES["gemma3"]
     assert families.family(None) is None and families.family("no-such-block") is None
+
+
+def test_the_samplers_pow2_families_are_the_registrys() -> None:
+    from rljob.sampler import vllm
+
+    assert sorted(vllm.POW2_BATCHED_TOKENS_FAMILIES) == sorted(("qwen3.5", "qwen3_5", "gemma4", "gemma-4"))
+    assert vllm.needs_pow2_batched_tokens(["Qwen/Qwen3.5-397B-A17B"]) and vllm.needs_pow2_batched_tokens(
+        ["google/gemma-4-31b"]
+    )
+    assert not vllm.needs_pow2_batched_tokens(["Qwen/Qwen3-8B", "qwen3-8b"])
