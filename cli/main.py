@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rljob.recipes import failure
+from rljob.recipes import failure, naming
 
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
@@ -256,7 +256,7 @@ def explain(run: RunConfig) -> str:
             f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
             f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
         )
-    for role in ("trainer", "sampler"):
+    for role in (naming.TRAINER, naming.SAMPLER):
         summary = _overrides(getattr(spec, role).template)
         if summary:
             lines.insert(lines.index(f"dataset: {_dataset(run)}"), f"{role} pod overrides: {summary}")

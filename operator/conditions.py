@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from rljob.recipes import naming
+from rljob.recipes import naming, runconfig
 
 # ------------------------------------------------------------------------------ who we are on the API
 FIELD_MANAGER: Final = "rljob-operator"
@@ -53,7 +53,7 @@ watches these Jobs, and reads a failed preflight pod's termination message inste
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 """Set by the Job controller on a Job's pods."""
 
-PROGRESS_KEY: Final = "progress.json"
+PROGRESS_KEY: Final = runconfig.PROGRESS_KEY
 """Key of the trainer's report in the `<rljob>-progress` ConfigMap (contract 4)."""
 
 # ----------------------------------------------------------------------------------- condition types
@@ -145,5 +145,5 @@ DISRUPTION_PREEMPTION: Final = frozenset({"DeletionByPodGC", "PreemptionBySchedu
 DISRUPTION_MAINTENANCE: Final = frozenset({"EvictionByEvictionAPI", "DeletionByTaintManager"})
 
 # Roles: the replicatedJob names the renderer writes.
-ROLE_TRAINER: Final = "trainer"
-ROLE_SAMPLER: Final = "sampler"
+ROLE_TRAINER: Final = naming.TRAINER
+ROLE_SAMPLER: Final = naming.SAMPLER
