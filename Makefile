@@ -111,6 +111,15 @@ demo:
 demo-down: venv
 	@$(PY) hack/demo.py --stop
 
+# The chip tier (tests/tpu, marker tpu): what only a TPU runs, asserted on a TPU. CI has none, so make test
+# collects and skips it. `make tpu-bundle` packs what it imports for a TPU machine without network (parts of
+# 60 MiB under .tpu-bundle/); hack/tpu/README.md says how to run it there (on a TPU VM with network:
+# `make venv`, then `JAX_PLATFORMS=tpu,cpu hack/tpu/run.sh` after `hack/tpu/bundle.sh`, or pytest directly).
+.PHONY: tpu-bundle
+tpu-bundle: venv
+	@hack/tpu/bundle.sh .tpu-bundle
+	@echo "then, on the TPU machine: copy .tpu-bundle/part.* to /tmp/tpu-parts/ and run hack/tpu/run.sh from the repo root (hack/tpu/README.md)"
+
 bench: venv
 	@for b in bench/*.py; do $(PY) $$b; done
 

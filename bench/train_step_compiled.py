@@ -219,6 +219,7 @@ def tunix_program(
     from maxtext.configs import pyconfig
     from maxtext.integration.tunix.tunix_adapter import TunixMaxTextAdapter
     from maxtext.utils import maxtext_utils
+    from rljob.recipes import tpu
     from rljob.trainer import compilecheck
     from rljob.trainer.base_checkpoint import logical_shardings
     from rljob.trainer.lora import lora_sharding_meta
@@ -235,7 +236,7 @@ def tunix_program(
         **_RUNTIME_KEYS,
         "num_vocab_tiling": 1,  # tunix reads the logits
         "max_target_length": batch.max_prompt + batch.max_completion,
-        "compile_topology": rc.trainer.tpu.type_name,
+        "compile_topology": tpu.maxtext_type(rc.trainer.tpu),
         "compile_topology_num_slices": rc.trainer.slices,
     }
     cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)

@@ -178,7 +178,12 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
     return Adapter(lora), f"TunixMaxTextAdapter without its vLLM mapping ({reason.splitlines()[0][:120]})"
 
 
-def tunix_examples(rollouts: list[Any], packed: bool, budget: int) -> list[Any]:
+def tunix_examples(
+    rollouts: list[Any], packed: bool, budget: int, micro_batch: int | None = None
+) -> list[Any]:
+    """tunix's TrainExamples of ``rollouts``: padded (one example, or ``micro_batch`` rollouts each, as its
+    RLTrainingConfig.training_micro_batch_size splits them), or packed to ``budget`` tokens a row."""
+    import jax
     import jax.numpy as jnp
     from tunix.rl import common
     from tunix.rl import utils as rl_utils
@@ -206,14 +211,20 @@ def tunix_examples(rollouts: list[Any], packed: bool, budget: int) -> list[Any]:
         old_per_token_logps=jnp.asarray(old),
     )
     if not packed:
-        return [example]
+        if not micro_batch:
+            return [example]
+        return [
+            jax.tree.map(lambda x, i=i: x[i : i + micro_batch], example) for i in range(0, b, micro_batch)
+        ]
     out: list[Any] = []
     for group in rl_utils.pack_sequences(iter([[example]]), budget, pad_id=0):
         out.extend(group)
     return out
 
 
-def tunix_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bool) -> dict[str, Any]:
+def tunix_arm(
+    keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bool, micro_batch: int | None = None
+) -> dict[str, Any]:
     import jax
     import optax
     from flax import nnx
@@ -222,7 +233,7 @@ def tunix_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, packed: bo
     from tunix.rl.grpo.grpo_learner import GRPOConfig
     from tunix.sft import peft_trainer
 
-    examples = tunix_examples(rollouts, packed, budget)
+    examples = tunix_examples(rollouts, packed, budget, micro_batch)
     model, adapter = tunix_model(keys)
     algo = GRPOConfig(num_generations=4, beta=0.0, epsilon=0.2)
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config

@@ -145,7 +145,8 @@ def _vllm_support(accelerator: str) -> str:
 
     gen = BY_ACCELERATOR[accelerator]
     if gen.vllm_tpu_support == "experimental":
-        return f"{gen.prefix} is experimental there (recommended: v7x, v6e, v5e)"
+        recommended = [g.prefix for g in BY_ACCELERATOR.values() if g.vllm_tpu_support == "recommended"]
+        return f"{gen.prefix} is experimental there (recommended: {', '.join(recommended)})"
     return f"{gen.prefix} is {gen.vllm_tpu_support}"
 
 

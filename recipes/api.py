@@ -25,12 +25,21 @@ from pydantic.config import JsonDict
 from rljob.recipes import syntax
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
 from rljob.recipes.defaults import text as _default
+from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
 KIND = "RLJob"
 PLURAL = "rljobs"
+_SPLIT = " or ".join(g.prefix for g in GENERATIONS.values() if g.split_containers)
+
+
+def _or(words: list[str]) -> str:
+    """'a', 'a or b', 'a, b or c'."""
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+
 _GS_ROOT = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/[^\s]*)?$")
 
 
@@ -53,22 +62,43 @@ class ApiModel(BaseModel):
 class TpuSlice(ApiModel):
     """A TPU slice written out: the GKE accelerator label value and the slice topology."""
 
-    accelerator: Literal["tpu-v5p-slice", "tpu7x"] = Field(
-        description="Value of the node label cloud.google.com/gke-tpu-accelerator: tpu-v5p-slice or tpu7x."
+    accelerator: str = Field(
+        description="Value of the node label cloud.google.com/gke-tpu-accelerator: "
+        + _or(list(BY_ACCELERATOR))
+        + ".",
+        max_length=64,
     )
     topology: str = Field(
-        description="Slice topology AxBxC (node label cloud.google.com/gke-tpu-topology), e.g. 2x2x1.",
+        description="Slice topology (node label cloud.google.com/gke-tpu-topology): AxB on "
+        + _or([g.accelerator for g in GENERATIONS.values() if g.dims == 2])
+        + " (e.g. 2x4), AxBxC on "
+        + _or([g.accelerator for g in GENERATIONS.values() if g.dims == 3])
+        + " (e.g. 2x2x1).",
         pattern=r"^[0-9]+x[0-9]+(x[0-9]+)?$",
         max_length=32,
     )
+
+    @field_validator("accelerator")
+    @classmethod
+    def _known_accelerator(cls, v: str) -> str:
+        if v not in BY_ACCELERATOR:
+            raise ValueError(f"Input should be {_or([repr(a) for a in BY_ACCELERATOR])}")
+        return v
 
 
 # In the CRD a `tpu` field holds either the shorthand string or the object form; a structural schema
 # cannot say "string or object", so the field is declared with x-kubernetes-preserve-unknown-fields
 # and its value is checked by the admission path (these models).
 _TPU_DESCRIPTION = (
-    "TPU slice shape: the xpk shorthand `v5p-16` / `tpu7x-256` (the number counts TensorCores, 2 per "
-    "chip) or the object {accelerator: tpu-v5p-slice | tpu7x, topology: AxBxC}."
+    "TPU slice shape: the xpk type name "
+    + " / ".join(f"`{g.prefix}-N`" for g in GENERATIONS.values())
+    + " (N counts TensorCores: "
+    + ", ".join(f"{g.tensorcores_per_chip} per {g.prefix} chip" for g in GENERATIONS.values())
+    + "; "
+    + ", ".join(f"`{g.maxtext_prefix}-N`" for g in GENERATIONS.values() if g.maxtext_prefix != g.prefix)
+    + " as MaxText names it) or the object {accelerator: "
+    + " | ".join(BY_ACCELERATOR)
+    + ", topology: AxB or AxBxC}."
 )
 TpuField = Annotated[
     Annotated[str, StringConstraints(max_length=32)] | TpuSlice,
@@ -403,8 +433,8 @@ class TrainerSpec(ApiModel):
         default=None,
         ge=1,
         le=2,
-        description="TPU containers per pod: 1, or 2 on 4-chip tpu7x hosts (2 chips each, one per NUMA node, "
-        "as xpk does). Default: 2 for the trainer on tpu7x, else 1.",
+        description=f"TPU containers per pod: 1, or 2 on 4-chip {_SPLIT} hosts (2 chips each, one per NUMA "
+        f"node, as xpk does). Default: 2 for the trainer on {_SPLIT}, else 1.",
     )
     micro_batch_size: int | None = Field(
         default=None,

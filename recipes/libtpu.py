@@ -27,6 +27,13 @@ MAX_VALUE: Final = 1024
 NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 SCOPED_VMEM: Final = "xla_tpu_scoped_vmem_limit_kib"
 UNKNOWN_FLAG: Final = re.compile(r"Unknown command line flag '([A-Za-z0-9_]+)'")
+# What JAX appends to LIBTPU_INIT_ARGS on a machine with TPU chips, before libtpu starts, unless the flag is
+# already there (jax/_src/cloud_tpu_init.py, ``cloud_tpu_init``; jax 0.12.0.1): a runtime flag, but JAX's
+# persistent compilation cache hashes LIBTPU_INIT_ARGS into every key (jax/_src/cache_key.py,
+# ``_hash_xla_flags``), and on a machine without chips JAX leaves the variable alone. The compile stage appends
+# it too, so the programs it compiles on a CPU machine are written under the key a trainer's chip looks up
+# (measured on a TPU v5e: with it the keys are equal; without it only the "XLA flags" part differed).
+TPU_MACHINE_FLAG: Final = "xla_tpu_use_enhanced_launch_barrier"
 
 
 def value_text(value: Any) -> str:
@@ -44,6 +51,15 @@ def resolve(flags: Mapping[str, Any] | None) -> dict[str, str]:
 def init_args(flags: Mapping[str, str]) -> str:
     """``LIBTPU_INIT_ARGS`` of the flags: ``--name=value`` separated by spaces ("" for none)."""
     return " ".join(f"--{k}={v}" for k, v in flags.items())
+
+
+def tpu_machine_args(flags: Mapping[str, str]) -> str:
+    """``LIBTPU_INIT_ARGS`` as a TPU machine's JAX leaves it for ``flags`` (the trainer containers' variable,
+    :func:`init_args`): what a compile on a machine without chips must set so that JAX's cache keys match."""
+    args = init_args(flags)
+    if f"--{TPU_MACHINE_FLAG}" not in args:
+        args += f" --{TPU_MACHINE_FLAG}=true"
+    return args.strip()
 
 
 def problems(flags: Mapping[str, Any] | None, accelerator: str | None) -> list[str]:

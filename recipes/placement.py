@@ -1,7 +1,8 @@
 """Where pods land: TPU node selectors, exclusive node pools, the TPU taint toleration.
 
 - nodeSelector cloud.google.com/gke-tpu-accelerator and cloud.google.com/gke-tpu-topology pick a node
-  pool of the right slice shape; a multi-host tpu7x slice also selects its pool's workload policy
+  pool of the right slice shape; a multi-host slice of a generation with workload policies (tpu7x) also
+  selects its pool's workload policy
   (cloud.google.com/placement-policy-name, named as xpk names it);
 - the JobSet annotation alpha.jobset.sigs.k8s.io/exclusive-topology: cloud.google.com/gke-nodepool on
   each replicatedJob's Job template gives every Job (one slice) a node pool of its own;

@@ -66,26 +66,29 @@ class TpuPlan(ApiModel):
     """One slice of one role, resolved from the catalog."""
 
     accelerator: str = Field(description="Node label cloud.google.com/gke-tpu-accelerator value.")
-    topology: str = Field(description="Node label cloud.google.com/gke-tpu-topology value (AxBxC).")
-    type_name: str = Field(description="xpk-style name, e.g. v5p-16 (TensorCores = 2 x chips).")
+    topology: str = Field(description="Node label cloud.google.com/gke-tpu-topology value (AxB or AxBxC).")
+    type_name: str = Field(
+        description="xpk-style name, e.g. v5p-16, v5litepod-16 (TensorCores: the generation's per chip x "
+        "chips)."
+    )
     machine_type: str = Field(description="GCE machine type of one host.")
     chips: int = Field(strict=True, ge=1, description="Chips in one slice.")
     hosts: int = Field(strict=True, ge=1, description="Hosts (VMs, pods) in one slice.")
     chips_per_host: int = Field(strict=True, ge=1, description="Chips per host.")
     devices_per_chip: int = Field(
-        strict=True, ge=1, description="JAX devices per chip (1 on v5p, 2 on tpu7x)."
+        strict=True, ge=1, description="JAX devices per chip (the generation's, rljob.recipes.generations)."
     )
     devices: int = Field(strict=True, ge=1, description="JAX devices in one slice.")
     containers_per_host: int = Field(
-        strict=True, ge=1, description="TPU containers per pod (2 on multi-chip tpu7x hosts)."
+        strict=True, ge=1, description="TPU containers per pod (2 on split 4-chip hosts)."
     )
     chips_per_container: int = Field(
         strict=True, ge=1, description="google.com/tpu requested by each TPU container."
     )
     placement_policy: str | None = Field(
         default=None,
-        description="GKE workload policy of a multi-host tpu7x slice's node pool (node label "
-        "cloud.google.com/placement-policy-name); None where pools are chosen by topology alone.",
+        description="GKE workload policy of a multi-host slice's node pool where the generation takes one "
+        "(node label cloud.google.com/placement-policy-name); None where pools are chosen by topology alone.",
     )
 
 

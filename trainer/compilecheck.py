@@ -56,8 +56,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rljob.recipes import libtpu
+from rljob.recipes import libtpu, tpu
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
+from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
 from rljob.recipes.runconfig import RunConfig
 
 __all__ = ["CHIPS", "Chip", "compile_run", "main", "resident_bytes", "roofline"]
@@ -80,14 +81,17 @@ class Chip:
         return self.hbm_bytes // self.devices
 
 
-# v5p: https://cloud.google.com/tpu/docs/v5p ("Peak compute per chip (bf16) 459 TFLOPs; HBM2e capacity
-# and bandwidth 95GB, 2765 GBps"; 95 GiB in the TPU7x page's comparison table), one JAX device per chip
-# (megacore).
-# TPU7x: https://cloud.google.com/tpu/docs/tpu7x (per chip: 2307 TFLOPs BF16, 192 GiB HBM, 7380 GBps HBM
-# bandwidth), two TensorCores per chip, each its own JAX device with half of the chip.
+# Every generation's figures per chip, from its row of the generation table (rljob.recipes.generations, each
+# figure cited there), keyed by the type-name prefix.
 CHIPS: dict[str, Chip] = {
-    "v5p": Chip(95 * GIB, 459e12, 2765e9, 1, "https://cloud.google.com/tpu/docs/v5p"),
-    "tpu7x": Chip(192 * GIB, 2307e12, 7380e9, 2, "https://cloud.google.com/tpu/docs/tpu7x"),
+    g.prefix: Chip(
+        g.hbm_gib_per_chip * GIB,
+        g.peak_bf16_tflops * 1e12,
+        g.hbm_gb_per_s * 1e9,
+        g.devices_per_chip,
+        g.spec_source,
+    )
+    for g in GENERATIONS.values()
 }
 
 _BATCH_DTYPES = {
@@ -101,18 +105,17 @@ _BATCH_DTYPES = {
 
 
 def generation(rc: RunConfig) -> str:
-    return rc.trainer.tpu.type_name.split("-")[0]
+    """The trainer's generation, by its type-name prefix (the key of :data:`CHIPS`)."""
+    return BY_ACCELERATOR[rc.trainer.tpu.accelerator].prefix
 
 
 def set_libtpu_flags(rc: RunConfig) -> None:
     """This process's LIBTPU_INIT_ARGS: the trainer's libtpu flags (spec.trainer.libtpuFlags), as the trainer
-    containers get them (rljob.recipes.render), so that libtpu compiles here what it compiles there. Read
-    when libtpu starts (the first topology)."""
-    args = libtpu.init_args(rc.trainer.libtpu_flags)
-    if args:
-        os.environ[libtpu.ENV] = args
-    else:
-        os.environ.pop(libtpu.ENV, None)
+    containers get them (rljob.recipes.render) and as JAX on their TPU machines completes them
+    (:func:`rljob.recipes.libtpu.tpu_machine_args`), so that libtpu compiles here what it compiles there and
+    JAX's persistent cache files the programs under the keys the trainer looks up. Read when libtpu starts
+    (the first topology)."""
+    os.environ[libtpu.ENV] = libtpu.tpu_machine_args(rc.trainer.libtpu_flags)
 
 
 def libtpu_flag_refusals(config: str, rc: RunConfig) -> list[str]:
@@ -146,7 +149,7 @@ def topology_devices(rc: RunConfig) -> list[Any]:
     from jax.experimental.topologies import get_topology_desc
     from maxtext.utils import accelerator_to_spec_map
 
-    hw = accelerator_to_spec_map.get_system_characteristics(rc.trainer.tpu.type_name)
+    hw = accelerator_to_spec_map.get_system_characteristics(tpu.maxtext_type(rc.trainer.tpu))
     return list(
         get_topology_desc(
             platform=hw.platform,
@@ -471,7 +474,9 @@ def compile_run(
     spec, step_cfg, _ = model_setup(rc, "config", None)
     mt = dict(keys if keys is not None else spec.maxtext)
     # MaxText derives the slice count and device count from the compile target (pyconfig: compile_topology).
-    mt.update(compile_topology=rc.trainer.tpu.type_name, compile_topology_num_slices=rc.trainer.slices)
+    mt.update(
+        compile_topology=tpu.maxtext_type(rc.trainer.tpu), compile_topology_num_slices=rc.trainer.slices
+    )
     spec = dataclasses.replace(spec, maxtext=mt, checkpoint=None)
     devices = topology_devices(rc)
     chip = CHIPS[generation(rc)]

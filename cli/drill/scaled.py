@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from rljob.common.ports import free_port
+from rljob.recipes import tpu
 
 from .cases import STORAGE, DrillFailed, jobset_of
 from .procs import Proc, launch, local_run_config, objects, start_storage, stop
@@ -54,15 +55,9 @@ def sampler_layout(model: str | None, devices: int, version: str) -> tuple[int, 
 
 def scaled_sampler_hosts(rc: Any) -> int:
     """Hosts of the scaled run's sampler replica: 1 for a single-host replica, else the full-size
-    replica's hosts, at most MAX_SAMPLER_HOSTS (and so at least 2)."""
-    hosts = int(rc.sampler.tpu.hosts)
-    return 1 if hosts <= 1 else min(MAX_SAMPLER_HOSTS, hosts)
-
-
-def _small_tpu_of(type_name: str, hosts: int) -> str:
-    """The slice of the generation of ``type_name`` with ``hosts`` 4-chip hosts (xpk names count 2
-    TensorCores a chip)."""
-    return f"{type_name.split('-')[0]}-{2 * 4 * hosts}"
+    replica's hosts, at most MAX_SAMPLER_HOSTS where the generation has such a slice (rljob.recipes.tpu.
+    scaled_slice)."""
+    return tpu.scaled_slice(rc.sampler.tpu, MAX_SAMPLER_HOSTS).hosts
 
 
 def _hosts(n: int) -> str:
@@ -73,27 +68,26 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     """The manifest with its counts shrunk (see the module docstring) and what was scaled."""
     import copy
 
-    hosts = min(MAX_HOSTS, rc.trainer.tpu.hosts)
-    containers = rc.trainer.tpu.containers_per_host
+    small = tpu.scaled_slice(rc.trainer.tpu, MAX_HOSTS)
+    hosts, containers = small.hosts, small.containers_per_host
     slices = min(2, rc.trainer.slices)
-    tpu = _small_tpu_of(rc.trainer.tpu.type_name, hosts)
-    devices_per_slice = 4 * hosts * rc.trainer.tpu.devices_per_chip
+    devices_per_slice = small.devices
     full = mesh_axes(rc)
     mesh = scaled_mesh({a: getattr(rc.trainer.ici, a) for a in full}, devices_per_slice)
-    sampler_hosts = scaled_sampler_hosts(rc)
-    sampler_tpu = _small_tpu_of(rc.sampler.tpu.type_name, sampler_hosts)
+    small_sampler = tpu.scaled_slice(rc.sampler.tpu, MAX_SAMPLER_HOSTS)
+    sampler_hosts = small_sampler.hosts
     out = copy.deepcopy(doc)
     spec = out.setdefault("spec", {})
     trainer = spec.setdefault("trainer", {})
-    trainer.update(tpu=tpu, slices=slices, containersPerHost=containers, mesh=dict(mesh))
+    trainer.update(tpu=small.type_name, slices=slices, containersPerHost=containers, mesh=dict(mesh))
     sampler = spec.setdefault("sampler", {})
     # The replica's devices, laid out as the plan requires (the CPU sampler ignores the layout).
     tp, ep = sampler_layout(
-        rc.spec.model.maxtext_model,
-        4 * sampler_hosts * rc.sampler.tpu.devices_per_chip,
-        rc.spec.trainer.maxtext_version,
+        rc.spec.model.maxtext_model, small_sampler.devices, rc.spec.trainer.maxtext_version
     )
-    sampler.update(tpu=sampler_tpu, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep)
+    sampler.update(
+        tpu=small_sampler.type_name, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep
+    )
     sampler.pop("dataParallel", None)
     spec["storage"] = {**spec.get("storage", {}), "root": STORAGE}
     spec["dataset"] = {"task": "successor"}
@@ -109,11 +103,11 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     # The miniature starts from random weights: a real checkpoint neither fits it nor is reachable here.
     had_checkpoint = bool((spec.get("model") or {}).pop("checkpoint", None)) or bool(rc.spec.model.checkpoint)
     scaled: dict[str, Any] = {
-        "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {tpu} x {slices} "
+        "trainer": f"{rc.trainer.tpu.type_name} x {rc.trainer.slices} -> {small.type_name} x {slices} "
         f"({hosts} hosts x {containers} containers per slice)",
         "mesh": f"{fmt_mesh(full)} -> {fmt_mesh(mesh)}",
         "sampler": f"{rc.sampler.tpu.type_name} x {rc.sampler.replicas} ({_hosts(rc.sampler.tpu.hosts)} per "
-        f"replica) -> {sampler_tpu} x 1 ({_hosts(sampler_hosts)}"
+        f"replica) -> {small_sampler.type_name} x 1 ({_hosts(sampler_hosts)}"
         + (": a Ray head and its workers)" if sampler_hosts > 1 else ")"),
         "rollouts": "2 groups x 4 of the toy successor task, 1 token each",
         **(

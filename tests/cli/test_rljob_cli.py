@@ -59,7 +59,9 @@ def test_plan_explains_sources(capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert "  mesh ici: fsdp 4" in lines
     assert "  replicas: 1, tensor x expert x data parallel 4 x 1 x 1, max model len 5120" in lines
-    vllm = "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: v7x, v6e, v5e)"
+    vllm = (
+        "  vLLM TPU backend (tpu-inference): v5p is experimental there (recommended: tpu7x, v5litepod, v6e)"
+    )
     assert vllm in lines
     keys = {
         ln.split()[0]: ln.split()[-1] for ln in lines if ln.startswith("  ") and ln.rstrip().endswith("]")
@@ -147,7 +149,8 @@ def test_recipes(capsys: pytest.CaptureFixture[str]) -> None:
             "v5p-9},"
             " storage: {root: gs://bkt}, lora: {rank: 7}}\n",
             [
-                "spec.sampler.tpu: 'v5p-9': N counts TensorCores (2 per chip) and must be even",
+                "spec.sampler.tpu: 'v5p-9': N counts TensorCores (2 per v5p chip) and must be a multiple "
+                "of 2",
                 "spec.lora.rank: 7 is not a vLLM LoRA rank (1, 8, 16, 32, 64, 128, 256, 320, 512)",
                 "spec.trainer.mesh: the axes multiply to 3 (fsdp 3) but must equal the 4 devices of one "
                 "slice",

@@ -19,6 +19,7 @@ of the doc at the end prove each check catches what it is for.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import re
 import shlex
 import subprocess
@@ -39,6 +40,10 @@ from rljob.recipes import naming
 from rljob.recipes import tpu as tpu_catalog
 
 REPO = Path(__file__).resolve().parents[2]
+# Every TPU machine type of the catalog: its generation and the chips of one host.
+MACHINES = {
+    machine: (gen, chips) for gen in tpu_catalog.GENERATIONS.values() for chips, machine in gen.machine_types
+}
 DOC = REPO / "docs" / "gke.md"
 TEXT = DOC.read_text()
 RLJOB = Path(sys.executable).parent / "rljob"
@@ -139,8 +144,7 @@ def doc_nodes(text: str = TEXT) -> list[dict[str, Any]]:
     """The nodes the doc's `gcloud container node-pools create` commands would make, as GKE labels them.
 
     A single-host pool names no topology: GKE labels its node with the machine type's whole slice
-    (2x2x1 for a 4-chip host)."""
-    by_machine = {g.machine_type: g for g in tpu_catalog.GENERATIONS.values()}
+    (2x2x1 for a 4-chip v5p host, 2x4 for an 8-chip v5e one)."""
     policies: dict[str, str] = {}
     nodes: list[dict[str, Any]] = []
     for argv, repeat in _commands(shell(text)):
@@ -149,8 +153,8 @@ def doc_nodes(text: str = TEXT) -> list[dict[str, Any]]:
         if argv[:4] != ["gcloud", "container", "node-pools", "create"]:
             continue
         flags = _flags(argv)
-        gen = by_machine[flags["machine-type"]]
-        single_host = tpu_catalog.topology_for_chips(gen.prefix, 4)
+        gen, chips = MACHINES[flags["machine-type"]]
+        single_host = tpu_catalog.topology_for_chips(gen.prefix, chips)
         topology = flags.get("tpu-topology") or policies.get(flags.get("placement-policy", "")) or single_host
         extra = (
             {"cloud.google.com/placement-policy-name": flags["placement-policy"]}
@@ -172,7 +176,7 @@ def doc_nodes(text: str = TEXT) -> list[dict[str, Any]]:
                             },
                         },
                         "status": {
-                            "allocatable": {"google.com/tpu": "4"},
+                            "allocatable": {"google.com/tpu": str(chips)},
                             "conditions": [{"type": "Ready", "status": "True"}],
                         },
                     }
@@ -184,7 +188,7 @@ def test_doc_node_pool_commands_are_well_formed() -> None:
     pools = tpu_pools(doc_nodes())
     assert len(pools) >= 4
     for pool in pools.values():
-        prefix = "v5p" if pool.accelerator == "tpu-v5p-slice" else "tpu7x"
+        prefix = tpu_catalog.BY_ACCELERATOR[pool.accelerator].prefix
         plan = tpu_catalog.plan(f"{prefix}-{pool.topology}")
         assert pool.nodes == plan.hosts, f"{pool.name}: {pool.nodes} nodes for {plan.type_name}"
         assert pool.name.startswith(plan.type_name), pool.name
@@ -205,15 +209,14 @@ IRONWOOD = "https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwoo
 
 def pool_problems(text: str) -> list[str]:
     """How each TPU node pool is created, by shape (sources: xpk's node pools, GKE's Ironwood page)."""
-    by_machine = {g.machine_type: g for g in tpu_catalog.GENERATIONS.values()}
     out = []
     for argv, _ in _commands(shell(text)):
         if argv[:4] != ["gcloud", "container", "node-pools", "create"]:
             continue
         flags, pool = _flags(argv), argv[4]
-        gen = by_machine.get(flags.get("machine-type", ""))
-        if gen is None:
+        if flags.get("machine-type", "") not in MACHINES:
             continue  # the machine type itself is checked by the flag table
+        gen, _ = MACHINES[flags["machine-type"]]
         has = {k for k in ("tpu-topology", "placement-type", "placement-policy") if k in flags}
         if flags.get("num-nodes") == "1":
             if has:  # xpk: "--tpu-topology should not be set for single-host node pools"
@@ -306,10 +309,7 @@ GCLOUD: dict[tuple[str, ...], tuple[str, set[str]]] = {
     ),
 }
 SHORT_FLAGS = {"-r": "recursive"}
-TPU_MACHINES = {g.machine_type for g in tpu_catalog.GENERATIONS.values()}
-TPU_MACHINES |= {
-    g.single_chip_machine_type for g in tpu_catalog.GENERATIONS.values() if g.single_chip_machine_type
-}
+TPU_MACHINES = set(MACHINES)
 
 
 @dataclass(frozen=True)
@@ -327,7 +327,7 @@ def _tpu_topology(value: str) -> bool:
 VALUE_RULES = [
     ValueRule(("container", "node-pools", "create"), "machine-type",
               lambda v: v in TPU_MACHINES or not v.startswith(("ct", "tpu")),
-              "a TPU machine type of rljob's catalog (recipes/tpu.py)"),
+              "a TPU machine type of rljob's catalog (recipes/generations.py)"),
     ValueRule(("container", "node-pools", "create"), "tpu-topology", _tpu_topology,
               "a topology of rljob's catalog"),
     ValueRule(("container", "node-pools", "create"), "placement-type", lambda v: v == "COMPACT",
@@ -461,7 +461,25 @@ def test_node_pools_are_created_as_their_shape_needs() -> None:
     assert pool_problems(TEXT) == []
 
 
-@pytest.mark.parametrize("tpu", ["tpu7x-2", "v5p-8", "tpu7x-8", "v5p-16", "v5p-128", "tpu7x-32", "tpu7x-512"])
+@pytest.mark.parametrize(
+    "tpu",
+    [
+        "tpu7x-2",
+        "v5p-8",
+        "tpu7x-8",
+        "v5p-16",
+        "v5p-128",
+        "tpu7x-32",
+        "tpu7x-512",
+        "v5litepod-1",
+        "v5litepod-4",
+        "v5litepod-8",
+        "v5litepod-16",
+        "v5litepod-256",
+        "v6e-8",
+        "v6e-64",
+    ],
+)
 def test_rljob_doctors_pool_commands_follow_the_same_rules(tpu: str) -> None:
     """The fix `rljob doctor` prints for a missing pool passes the doc's checks too."""
     plan = tpu_catalog.plan(tpu)
@@ -569,7 +587,7 @@ def version_problems(text: str) -> list[str]:
         for extra in re.findall(r"`([\w-]+)`", listed):
             if extra not in EXTRAS:
                 out.append(f"`{extra}`: no such extra in pyproject.toml")
-    for machine in re.findall(r"\b(ct5p-\w+-\w+|tpu7x-standard-\w+)\b", text):
+    for machine in re.findall(r"\b(ct\d\w*-\w+-\d+t|tpu\d\w*-standard-\d+t)\b", text):
         if machine not in TPU_MACHINES:
             out.append(f"machine type {machine}: not in the TPU catalog")
     for m in manifests(text):  # the samplers' TPU as vLLM's TPU backend lists it (the catalog)
@@ -862,3 +880,35 @@ def test_a_broken_conversion_command_is_caught(old: str, new: str, problem: str,
     assert old in TEXT
     found = conversion_problems(TEXT.replace(old, new, 1), tmp_path)
     assert any(problem in p for p in found), found
+
+
+def generation_rows(text: str = TEXT) -> list[str]:
+    """The rows of the doc's generation table, as written."""
+    lines = text[text.index("<!-- generation table -->") :].splitlines()[3:]
+    return [line for line in itertools.takewhile(lambda x: x.startswith("|"), lines)]
+
+
+def _generation_row(gen: tpu_catalog.Generation) -> str:
+    names = tpu_catalog.type_names(gen.prefix)
+    topos = tpu_catalog.topologies(gen.prefix)
+    also = f" (also `{gen.maxtext_prefix}-N`)" if gen.maxtext_prefix != gen.prefix else ""
+    shape = f"{topos[0]} ... {topos[-1]} (2-D)" if gen.dims == 2 else f"{topos[0]} ... (3-D)"
+    machines = ", ".join(f"{m} ({c})" for c, m in gen.machine_types)
+    cells = [
+        gen.prefix,
+        f"`{names[0]}` ... `{names[-1]}`{also}",
+        f"`{gen.accelerator}`",
+        shape,
+        machines,
+        f"{gen.tensorcores_per_chip} / {gen.devices_per_chip}",
+        f"{gen.hbm_gib_per_chip} GiB",
+        f"{gen.peak_bf16_tflops:g} TFLOP/s",
+        f"{gen.hbm_gb_per_s:g} GB/s",
+        gen.vllm_tpu_support,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def test_the_generation_table_is_the_catalogs() -> None:
+    """docs/gke.md's generation table: one row per row of recipes/generations.py, its figures the same."""
+    assert generation_rows() == [_generation_row(g) for g in tpu_catalog.GENERATIONS.values()]

@@ -117,3 +117,36 @@ def test_init_args_split_back_into_the_flags(flags: dict[str, Any]) -> None:
     args = libtpu.init_args(resolved)
     back = dict(tok[2:].split("=", 1) for tok in args.split())
     assert back == resolved == {k: libtpu.value_text(v) for k, v in flags.items()}
+
+
+_CLOUD_TPU_INIT = """
+import json, os, sys
+os.environ["JAX_FORCE_TPU_INIT"] = "1"  # run JAX's TPU-machine set-up on this CPU machine
+from jax._src import cloud_tpu_init
+cloud_tpu_init.cloud_tpu_init()
+print(json.dumps(os.environ.get("LIBTPU_INIT_ARGS", "")))
+"""
+
+
+@pytest.mark.jax
+@pytest.mark.parametrize(
+    "flags",
+    [{}, {"xla_tpu_scoped_vmem_limit_kib": "65472"}, {libtpu.TPU_MACHINE_FLAG: "false", "xla_x": "1"}],
+)
+def test_the_compile_stage_sets_what_jax_sets_on_a_tpu_machine(flags: dict[str, str]) -> None:
+    """JAX's persistent cache hashes LIBTPU_INIT_ARGS into its keys: the compile stage's variable must be, as a
+    set of flags, what JAX's own TPU-machine set-up (jax._src.cloud_tpu_init, run here by its own force
+    switch) makes of the trainer container's. Without it a program compiled here was looked up on a v5e chip
+    under another key and compiled again (hack/tpu/cache_probe.py)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, libtpu.ENV: libtpu.init_args(flags)}
+    out = subprocess.run(
+        [sys.executable, "-c", _CLOUD_TPU_INIT], env=env, capture_output=True, text=True, check=True, timeout=120
+    )
+    on_tpu_machine = json.loads(out.stdout.strip().splitlines()[-1])
+    assert sorted(on_tpu_machine.split()) == sorted(libtpu.tpu_machine_args(flags).split())
+    assert sorted(on_tpu_machine.split()) != sorted(libtpu.init_args(flags).split()) or libtpu.TPU_MACHINE_FLAG in flags

@@ -175,8 +175,7 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         "unknown recipe",
         {"recipe": "llama-9000"},
         [
-            "spec.recipe: unknown recipe 'llama-9000'; known: gemma4-31b-v5p, gpt-oss-20b-v5p, "
-            "llama3.1-8b-v5p, qwen3-30b-a3b-tpu7x, qwen3-8b-v5p, qwen3.5-397b-a17b-tpu7x",
+            "spec.recipe: unknown recipe 'llama-9000'; known: " + ", ".join(recipe_catalog.names()),
         ],
     ),
     (
@@ -200,9 +199,9 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "spec.trainer.tpu: 'v5p-12': no v5p slice has 6 chips; valid sizes start v5p-8, v5p-16, "
             "v5p-32, v5p-64, "
             "v5p-128, v5p-256, v5p-384, v5p-512, ...",
-            "spec.sampler.tpu: unknown TPU type 'v4-8'; expected v5p-N or tpu7x-N (N = TensorCores = 2 x "
-            "chips), "
-            "or {accelerator, topology}",
+            "spec.sampler.tpu: unknown TPU type 'v4-8'; expected v5p-N, tpu7x-N, v5litepod-N, v6e-N (N = "
+            "TensorCores: 2 per v5p chip, 2 per tpu7x chip, 1 per v5litepod chip, 1 per v6e chip), or "
+            "{accelerator, topology}",
         ],
     ),
     (
@@ -456,7 +455,8 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "algorithm": {"loss": "dpo"},
         },
         [
-            "spec.trainer.tpu.accelerator: Input should be 'tpu-v5p-slice' or 'tpu7x'",
+            "spec.trainer.tpu.accelerator: Input should be 'tpu-v5p-slice', 'tpu7x', "
+            "'tpu-v5-lite-podslice' or 'tpu-v6e-slice'",
             "spec.trainer.slices: Input should be greater than or equal to 1",
             "spec.trainer.bogus: unknown field",
             "spec.algorithm.loss: Input should be 'importance_sampling' or 'ppo'",
@@ -578,6 +578,8 @@ def test_vllm_tpu_support_of_each_generation() -> None:
     assert {p: g.vllm_tpu_support for p, g in GENERATIONS.items()} == {
         "v5p": "experimental",
         "tpu7x": "recommended",
+        "v5litepod": "recommended",
+        "v6e": "recommended",
     }
 
 

@@ -1,0 +1,179 @@
+"""One GRPO train step measured on a TPU chip: rljob's step against tunix's RL learner step, padded and
+packed, on the same full-size model, rollouts, LoRA and dtype.
+
+The arms are bench/train_step_vs_tunix.py's (the same code, there on a tiny model on the CPU), here on
+MaxText's ``qwen3-0.6b`` (bf16, Splash attention, scanned layers, LoRA rank 8 on every projection) and a
+GRPO batch of ``--rollouts`` rollouts in groups of 4 with RL's long-tailed lengths (prompts uniform in
+256..1024, completions log-uniform in 256..19,456, divided by ``--scale``):
+
+  rljob         rljob.trainer.train_step.Trainer: rows of ``budget`` tokens packed first-fit, one accumulate
+                call per row, the fused log-prob head (no [B, T, V] logits), then one apply.
+  tunix_padded  tunix 0.1.7's RL actor step (tunix.rl.trainer.Trainer with tunix.rl.algo_core.grpo_loss_fn,
+                what its GRPO learner runs by default): every rollout padded to the longest prompt and the
+                longest completion, one rollout per call (training_micro_batch_size 1: the only size at
+                which its [B, T, V] float32 logits fit this chip at these lengths), gradients accumulated.
+  tunix_packed  the same step on tunix's own packing (tunix.rl.utils.pack_sequences at the same budget).
+MaxText's own RL trainer (maxtext.trainers.post_train.rl.train_rl) trains with the tunix step above: its
+program is tunix_padded's (bench/train_step_compiled.py compiles it separately on the TPU compiler).
+
+Each arm runs in a process of its own (the chip's peak-memory counter only grows within one), two warm-up
+steps, then ``--repeats`` timed steps; per arm: the median step seconds, useful (non-pad) tokens/s, peak
+HBM (``memory_stats()['peak_bytes_in_use']``), MFU (MaxText's model FLOPs of the useful tokens over the chip's
+peak bf16 FLOP/s; the FLOPs per token are in the output), the tokens the arm computed (pads included).
+The last lines: rljob over the best peer (tokens/s, against the fastest peer) and over the leanest peer
+(peak HBM). Without a TPU: one line, skipped. Run on a TPU machine (hack/tpu/README.md):
+``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+ARMS = ("rljob", "tunix_padded", "tunix_packed")
+MODEL = "qwen3-0.6b"
+
+
+def emit(metric: str, value: object, **kw: object) -> None:
+    print(json.dumps({"bench": "train_step_chip", "metric": metric, "value": value, **kw}), flush=True)
+
+
+def _cpu_bench() -> Any:
+    """bench/train_step_vs_tunix.py (bench/ is not a package): its arms, rollout lengths and rollouts."""
+    spec = importlib.util.spec_from_file_location(
+        "train_step_vs_tunix", Path(__file__).with_name("train_step_vs_tunix.py")
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def keys(budget: int) -> dict[str, Any]:
+    return {
+        "model_name": MODEL,
+        "run_name": "rljob",
+        "base_output_directory": "",
+        "attention": "flash",
+        "dtype": "bfloat16",
+        "weight_dtype": "bfloat16",
+        "scan_layers": True,
+        "max_target_length": budget,
+        "per_device_batch_size": 1,
+        "remat_policy": "full",
+    }
+
+
+def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
+    """In this process: one arm's warm-up and timed steps on the chip."""
+    import jax
+    from rljob.trainer import compilecheck
+    from rljob.trainer.model import maxtext_config
+    from rljob.trainer.packing import align_up
+
+    cpu = _cpu_bench()
+    lengths = cpu.rollout_lengths(a.rollouts, a.scale, a.seed)
+    budget = align_up(19_456 // a.scale + 1024 // a.scale, 128)
+    k = keys(budget)
+    rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
+    if arm == "rljob":
+        built = cpu.rljob_arm(k, rollouts, budget)
+    else:
+        built = cpu.tunix_arm(k, rollouts, budget, packed=arm == "tunix_packed", micro_batch=1)
+    times = [built["step"]()[0] for _ in range(a.repeats)]
+    useful = sum(p + c for p, c in lengths)
+    cfg = maxtext_config(k)
+    flops = compilecheck.model_flops(cfg, float(useful), backward=True)
+    step = statistics.median(times)
+    chip = compilecheck.CHIPS.get("v5e") or compilecheck.Chip(16 * 2**30, 197e12, 819e9, 1, "v5e")
+    peak = int((jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
+    return {
+        "arm": arm,
+        "step_seconds": step,
+        "all_seconds": times,
+        "useful_tokens": useful,
+        "computed_tokens": built.get("row_tokens"),
+        "tokens_per_s": useful / step,
+        "peak_hbm_bytes": peak,
+        "mfu": flops / step / chip.peak_bf16_flops,
+        "model_flops_per_token": flops / useful,
+        "budget": budget,
+        "device": jax.devices()[0].device_kind,
+        **{k2: v for k2, v in built.items() if k2 in ("adapter", "example_shape", "calls", "rows")},
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rollouts", type=int, default=16)
+    ap.add_argument("--group", type=int, default=4)
+    ap.add_argument("--scale", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in this process (the parent runs each so)
+    a = ap.parse_args()
+    if a.arm:
+        print("ARM " + json.dumps(run_arm(a.arm, a)), flush=True)
+        return 0
+    env = dict(os.environ)
+    probe = "import jax; print(any(d.platform == 'tpu' for d in jax.devices()))"
+    has_tpu = "tpu" in env.get("JAX_PLATFORMS", "tpu") and subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False, timeout=300
+    ).stdout.strip().endswith("True")
+    if not has_tpu:
+        emit("skipped", "no TPU on this machine (a TPU machine: hack/tpu/README.md)")
+        return 0
+    ctx = {"model": MODEL, "rollouts": a.rollouts, "scale": a.scale, "repeats": a.repeats}
+    results: dict[str, dict[str, Any]] = {}
+    for arm in a.arms.split(","):
+        cmd = [sys.executable, __file__, "--arm", arm] + [
+            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=900)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ARM ")]
+        if proc.returncode != 0 or not lines:
+            tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
+            emit("arm_failed", tail, arm=arm, **ctx)
+            continue
+        r = json.loads(lines[-1][4:])
+        results[arm] = r
+        for metric in ("step_seconds", "tokens_per_s", "peak_hbm_bytes", "mfu"):
+            emit(
+                metric,
+                r[metric],
+                **ctx,
+                **{
+                    k: v
+                    for k, v in r.items()
+                    if k not in ("step_seconds", "tokens_per_s", "peak_hbm_bytes", "mfu")
+                },
+            )
+    peers = {k: v for k, v in results.items() if k != "rljob"}
+    if "rljob" in results and peers:
+        fastest = max(peers.values(), key=lambda r: r["tokens_per_s"])
+        leanest = min(peers.values(), key=lambda r: r["peak_hbm_bytes"])
+        emit(
+            "rljob_over_best_peer_tokens_ratio",
+            results["rljob"]["tokens_per_s"] / fastest["tokens_per_s"],
+            peer=fastest["arm"],
+            **ctx,
+        )
+        emit(
+            "rljob_over_best_peer_peak_hbm_ratio",
+            results["rljob"]["peak_hbm_bytes"] / leanest["peak_hbm_bytes"],
+            peer=leanest["arm"],
+            **ctx,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,133 @@
+"""The chip tier's run config (examples/qwen3-0.6b-v5e-1.yaml: Qwen3-0.6B on one v5e chip) trained on the
+chip as the trainer pod trains it, beside what the compile stage predicted for it on a CPU machine.
+
+``hack/tpu/precompile.py`` runs first, on the CPU machine: it resolves the example, points its cache storage
+at ``.tpu-cache/store`` and runs the compile preflight's own command there (``python -m
+rljob.trainer.compilecheck --cache-dir``), which writes the trainer's programs to JAX's persistent cache under
+``{storage}/cache/jax-trainer/`` and its report (peak HBM per program, roofline) to
+``.tpu-cache/compile.json``.
+This test then does what ``rljob-trainer`` does (rljob.trainer.loop): restores that cache
+(rljob.common.caches.jax_compilation_cache), builds the policy and the step from the run config
+(``model_setup``), and steps. It asserts:
+- zero-compile start: the step's programs (accumulate, apply, the parity gate's scoring) are persistent-cache
+  hits, none compiled on the chip (the cache's misses are counted from JAX's own log lines);
+- the compile stage's predicted peak HBM is within PREDICTION_BAND of the chip's measured peak
+  (``memory_stats()``), and its roofline is compared with the measured step time (a figure, not a bound).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from fixtures.chip_models import lengths_for, rollouts
+
+CACHE = Path(".tpu-cache")
+STEPS = 5
+PREDICTION_BAND = (0.85, 1.25)
+_LOOKUP = re.compile(
+    r"PERSISTENT COMPILATION CACHE (MISS|HIT) for '([^']+)'|[Pp]ersistent compilation cache hit for '([^']+)'"
+)
+
+
+class _Lookups(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.seen: list[tuple[str, str]] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        m = _LOOKUP.search(record.getMessage())
+        if m:
+            self.seen.append(("hit", m[3]) if m[3] else (m[1].lower(), m[2]))
+
+
+def test_the_example_trains_on_the_chip_from_the_preflight_cache(chip: Any, record: Any) -> None:
+    if not (CACHE / "run.json").exists():
+        pytest.skip("no .tpu-cache/run.json: run hack/tpu/precompile.py on a CPU machine first")
+    import jax
+    from rljob.common import caches
+    from rljob.recipes.runconfig import RunConfig
+    from rljob.trainer.main import model_setup
+    from rljob.trainer.model import Policy
+    from rljob.trainer.packing import pack_rollouts
+    from rljob.trainer.train_step import Trainer
+
+    rc = RunConfig.load(str(CACHE / "run.json"))
+    predicted = json.loads((CACHE / "compile.json").read_text())["compile"]
+    lookups = _Lookups()
+    for name in ("jax._src.compiler", "jax._src.compilation_cache"):
+        lg = logging.getLogger(name)
+        lg.setLevel(logging.DEBUG)
+        lg.addHandler(lookups)
+    sync = caches.jax_compilation_cache(
+        caches.JAX_TRAINER, rc.storage.cache, Path(tempfile.mkdtemp()), jax.config.update, rc.trainer.maxtext
+    )
+    spec, step_cfg, _ = model_setup(rc, "config", STEPS + 1)
+    policy = Policy(spec)
+    trainer = Trainer(policy, step_cfg)
+    scored = policy.scoring_program()
+
+    def batch(seed: int) -> list[Any]:
+        rs = rollouts(policy.vocab_size, lengths_for(step_cfg.budget, step_cfg.rows, seed=seed), seed=seed)
+        packed = pack_rollouts(rs, step_cfg.pack_config())
+        for mb in packed:
+            args = [jax.numpy.asarray(a) for a in (mb.tokens, mb.positions, mb.segment_ids)]
+            mb.fields["old_logprobs"] = np.asarray(scored(policy.base, policy.lora0, *args), np.float32)
+        return packed
+
+    before_step = len(lookups.seen)
+    state = trainer.init_state()
+    state, _ = trainer.train_on_packed(state, batch(0))
+    first = lookups.seen[before_step:]
+    times = []
+    for i in range(STEPS):
+        packed = batch(1 + i)
+        t0 = time.perf_counter()
+        state, _ = trainer.train_on_packed(state, packed)
+        jax.block_until_ready(state.lora)
+        times.append(time.perf_counter() - t0)
+    sync.close()
+    step_s = statistics.median(times)
+    measured = int((chip.memory_stats() or {}).get("peak_bytes_in_use", 0))
+    progs = predicted["programs"]
+    peak = max(int(p["peak_bytes_per_device"]) for p in progs.values())
+    misses = sorted({n for kind, n in lookups.seen if kind == "miss"})
+    hits = sorted({n for kind, n in lookups.seen if kind == "hit"})
+    ctx = {"run": rc.name, "tpu": rc.trainer.tpu.type_name, "rows": step_cfg.rows, "budget": step_cfg.budget}
+    record(
+        "example_chip",
+        "cache_misses",
+        len([s for s in lookups.seen if s[0] == "miss"]),
+        **ctx,
+        misses=misses,
+        hits=hits,
+        first_step=first,
+    )
+    record("example_chip", "step_seconds_median", step_s, **ctx, all=times)
+    record("example_chip", "peak_hbm_measured_bytes", measured, **ctx)
+    record(
+        "example_chip",
+        "peak_hbm_predicted_bytes",
+        peak,
+        **ctx,
+        per_program={k: v["peak_bytes_per_device"] for k, v in progs.items()},
+    )
+    record("example_chip", "predicted_over_measured_peak", peak / max(measured, 1), **ctx)
+    record(
+        "example_chip",
+        "roofline_over_measured_seconds",
+        float(progs["accumulate"]["roofline_seconds"]) / step_s,
+        **ctx,
+    )
+    assert "jit__accumulate" in hits and "jit__apply" in hits, lookups.seen
+    assert not {"jit__accumulate", "jit__apply"} & set(misses), lookups.seen
+    lo, hi = PREDICTION_BAND
+    assert lo <= peak / measured <= hi, (peak, measured)
