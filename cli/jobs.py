@@ -25,10 +25,12 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-EXIT_OK = 0
+from rljob.recipes import failure, naming
+
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_CLUSTER = 1
-EXIT_BAD_INPUT = 2
-ROLES = ("trainer", "sampler")
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
+ROLES = (naming.TRAINER, naming.SAMPLER)
 TERMINAL = ("Succeeded", "Failed")
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -392,7 +394,7 @@ def _pods(s: Session, name: str, role: str) -> list[Any]:
         f"pods of rljob {s.namespace}/{name}",
         s.core.list_namespaced_pod,
         s.namespace,
-        label_selector=f"rljob.dev/rljob={name},rljob.dev/role={role}",
+        label_selector=f"{naming.RUN_LABEL}={name},{naming.ROLE_LABEL}={role}",
     ).items
     return sorted(pods, key=lambda p: p.metadata.name)
 

@@ -19,14 +19,16 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from rljob.recipes import failure, naming
+
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
     from rljob.recipes.podpolicy import PodPolicy
     from rljob.recipes.runconfig import RunConfig
 
-EXIT_OK = 0
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
 
 
 class _BadInput(Exception):
@@ -255,7 +257,7 @@ def explain(run: RunConfig) -> str:
             f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
             f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
         )
-    for role in ("trainer", "sampler"):
+    for role in (naming.TRAINER, naming.SAMPLER):
         summary = _overrides(getattr(spec, role).template)
         if summary:
             lines.insert(lines.index(f"dataset: {_dataset(run)}"), f"{role} pod overrides: {summary}")

@@ -15,9 +15,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rljob.operator import metrics
-from rljob.recipes import failure, manifest, naming
+from rljob.recipes import failure, naming
 from rljob.recipes.api import API_VERSION, KIND, RLJob, SamplerFailure
-from rljob.recipes.plan import PlanError
+from rljob.recipes.plan import PlanError, parse_object
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +57,8 @@ Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
 
 def parse(body: Mapping[str, Any]) -> RLJob:
     """The RLJob model of an API body (server-added metadata is ignored; status is not parsed): bounded
-    and strictly typed, PlanError with every problem (rljob.recipes.manifest.parse_object)."""
-    return manifest.parse_object(_parse_input(body))
+    and strictly typed, PlanError with every problem (rljob.recipes.plan.parse_object)."""
+    return parse_object(_parse_input(body))
 
 
 def _parse_input(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -261,7 +261,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
                 message += f": {said[-1][:500]}"
             klass, reason = (
                 (FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION)
-                if code == 2
+                if code == failure_rules.EXIT_BAD_CONFIG
                 else (FailureClass.CRASH, c.REASON_CRASHED)
             )
             return PodFailure(klass, reason, message, when, attempt, role, jobset_uid, *job)
@@ -358,7 +358,7 @@ def preflight_outcome(view: PreflightView, pod: PreflightPod | None) -> Prefligh
     ours = pod if pod is not None and pod.job == view.name else None
     code = ours.exit_code if ours is not None and ours.exit_code is not None else view.exit_code
     lines = [x.strip() for x in (ours.message if ours else "").splitlines() if x.strip()]
-    if code == 2:
+    if code == failure_rules.EXIT_BAD_CONFIG:
         text = "\n".join(lines) or f"Job {view.name}: {view.message}"
         return PreflightStatus(job=view.name, state=PreflightState.DOES_NOT_FIT, message=text[:4000])
     if ours is not None and ours.oom_limit is not None:

@@ -366,8 +366,9 @@ class PreflightSpec(ApiModel):
     compile: bool | None = Field(
         default=None,
         description="Run the preflight. It costs one CPU pod of the trainer image (no TPU) with `cpu` and "
-        "`memory` below, for the length of the compile: the full-size Qwen3.5-397B compile used under 4 GB "
-        "resident and about 20 CPU-minutes, Qwen3-8B about 1-2 CPU-minutes. It buys: a run that does not "
+        "`memory` below, for the length of the compile: on a 2-core machine the full-size Qwen3.5-397B "
+        "programs took about 23 minutes and reached 9.3 GB resident (that recipe sets `memory` 16Gi), "
+        "Qwen3-8B's 2 to 7 minutes (docs/drill.md). It buys: a run that does not "
         "fit its TPU's HBM is refused (Ready=False, reason CompileDoesNotFit, one line per problem naming "
         "the field, and a Warning event) before any TPU is requested, and the compiled programs are written "
         "to JAX's persistent compilation cache under spec.storage's cache/ (jax-trainer/), which the trainer "

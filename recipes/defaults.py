@@ -33,7 +33,7 @@ DEFAULTS: dict[str, Any] = {
         "maxtextVersion": maxtext_keys.DEFAULT_VERSION,
         "image": DEFAULT_TRAINER_IMAGE,
         "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
-        # The full-size Qwen3.5-397B compile stayed under 4 GB resident (docs/drill.md).
+        # A recipe whose compile needs more sets its own: Qwen3.5-397B's reached 9.3 GB (docs/drill.md).
         "preflight": {"compile": False, "cpu": "4", "memory": "8Gi"},
     },
     "sampler": {

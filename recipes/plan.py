@@ -7,7 +7,6 @@ each a line `spec.path: message`. Nothing here does I/O beyond the package's own
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +18,7 @@ from rljob.recipes import (
     fit,
     libtpu,
     lora_targets,
+    manifest,
     maxtext_keys,
     maxtext_policy,
     mesh,
@@ -30,13 +30,19 @@ from rljob.recipes import (
     sampler_layout,
     service_keys,
     startup,
-    syntax,
     tpu,
 )
 from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec, SamplerFailure
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
+
+# PlanError and pydantic's errors as `path: message` lines live below the plan and the manifest parser,
+# which both raise them; re-exported here for the callers of the plan.
+from rljob.recipes.problems import MAX_PROBLEM_CHARS as MAX_PROBLEM_CHARS
+from rljob.recipes.problems import MAX_PROBLEMS as MAX_PROBLEMS
+from rljob.recipes.problems import PlanError as PlanError
+from rljob.recipes.problems import pydantic_problems as pydantic_problems
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
@@ -81,62 +87,12 @@ DERIVED_KEYS: dict[str, str] = {
     },
 }
 
-# Location parts pydantic adds for the members of a union (not keys of the manifest).
-_UNION_STR = frozenset({"str", "constrained-str"})
-_UNION_PARTS = _UNION_STR | {"TpuSlice"}
 # Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
 MAX_KEY_HINTS = 10
 
 # Where each maxtext key came from, lowest precedence first; "derived": no layer set it and MaxText's
 # default would not run, so the plan filled the value that does (RunConfig.derived says why).
 SOURCES = ("rljob", "recipe", "profile", "manifest", "derived")
-
-
-# A refusal lists at most this many problems, each at most this long (a webhook answer, a terminal screen).
-MAX_PROBLEMS = 50
-MAX_PROBLEM_CHARS = 1000
-
-
-class PlanError(ValueError):
-    """The manifest cannot run; `problems` holds every reason as `spec.path: message`."""
-
-    def __init__(self, problems: list[str]) -> None:
-        lines = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..." for p in problems]
-        if len(lines) > MAX_PROBLEMS:
-            more = len(lines) - MAX_PROBLEMS + 1
-            lines = [*lines[: MAX_PROBLEMS - 1], f"spec: and {more} more problems (fix the ones above first)"]
-        super().__init__("\n".join(lines))
-        self.problems = lines
-
-
-def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
-    """A pydantic ValidationError as `path: message` lines (camelCase paths, as in the manifest)."""
-    out = []
-    errors = err.errors(include_url=False)
-    for e in errors:
-        loc = list(e["loc"])
-        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and _UNION_STR.intersection(loc):
-            continue  # the shorthand branch of a `str | object` union, given an object
-        path = prefix
-        for i, p in enumerate(loc):
-            odd_key = e["type"] == "invalid_key" and i == len(loc) - 1
-            if type(p) is int and not odd_key:
-                path = f"{path or '(root)'}[{p}]"
-            elif p == "[key]" or p in _UNION_PARTS or str(p).startswith("function-"):
-                continue
-            else:  # odd keys are quoted so that the line stays `path: message`, as is an unknown root field
-                unknown_root = e["type"] == "extra_forbidden" and not path and len(loc) == 1
-                path = key_path(path, str(p), quote=odd_key or unknown_root)
-        path = path or "(root)"
-        msg = " ".join(e["msg"].removeprefix("Value error, ").split())
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "string_pattern_mismatch":
-            shown = json.dumps(e["input"])
-            shown = shown if len(shown) <= 80 else shown[:77] + '..."'
-            msg = f"{shown} {syntax.DESCRIPTIONS.get(str((e.get('ctx') or {}).get('pattern')), msg)}"
-        out.append(f"{path}: {msg}")
-    return list(dict.fromkeys(out))
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -435,11 +391,11 @@ def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
         keyset = maxtext_keys.load(_version(spec))
     except KeyError:
         return None
-    model = keyset.models.get(str(spec.model.maxtext_model))
-    if model is None:
+    if str(spec.model.maxtext_model) not in keyset.models:
         return None
-    default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
-    return lora_targets.decoder_block(keys, {**default, **model})
+    return str(
+        maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))("decoder_block") or ""
+    ).lower()
 
 
 def _pad_align_below(segment_align: int, budget: int) -> int | None:
@@ -532,6 +488,7 @@ def _sampler(
         spec.sampler.tensor_parallel,
         spec.sampler.expert_parallel if layers.sets(job, "sampler", "expertParallel") else None,
         spec.sampler.data_parallel,
+        _version(spec),
     )
     tp, ep, dp = layout.tp, layout.ep, layout.dp
     spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
@@ -742,10 +699,7 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
         keyset = maxtext_keys.load(version)
     except KeyError:
         return out  # reported by _maxtext
-    model = keyset.models.get(str(spec.model.maxtext_model), {})
-
-    def get(k: str) -> Any:
-        return keys[k] if k in keys else model.get(k, keyset.defaults.get(k))
+    get = maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))
 
     path = "spec.trainer.maxtext"
     attention = str(get("attention"))
@@ -811,16 +765,15 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     assert spec.lora is not None and spec.model is not None and spec.trainer is not None
     targets = spec.lora.targets or []
     block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
-    q_lora_rank = None
+    q_lora_rank, sliced = None, False
     if keys is not None:
         if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
-        model = maxtext_keys.load(_version(spec)).models.get(str(spec.model.maxtext_model), {})
-        q_lora_rank = keys.get("q_lora_rank", model.get("q_lora_rank", 0))
+        get = maxtext_keys.effective(keys, maxtext_keys.load(_version(spec)), str(spec.model.maxtext_model))
+        q_lora_rank, sliced = get("q_lora_rank") or 0, get("use_sliced_mla_proj") or False
     found = lora_targets.problems(block, targets)
     if not found:
-        sliced = (keys or {}).get("use_sliced_mla_proj", False)
         found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
     found += lora_targets.sampler_problems(block, targets)
     return [f"{field}: {message}" for field, message in found]
@@ -949,9 +902,22 @@ def _maxtext(
     return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 
+def _resolve_problems(job: RLJob) -> list[str]:
+    """The problems the plan finds in a job (none: it resolves)."""
+    try:
+        resolve(job)
+    except PlanError as e:
+        return e.problems
+    return []
+
+
 def parse_manifest(text: str) -> RLJob:
     """An RLJob from YAML text (one document), bounded and checked as the API server checks it; PlanError
-    with every problem as a `path: message` line (rljob.recipes.manifest)."""
-    from rljob.recipes import manifest
+    with every problem as a `path: message` line, the plan's of the rest of a manifest with a bad part
+    too (rljob.recipes.manifest)."""
+    return manifest.parse_text(text, check=_resolve_problems)
 
-    return manifest.parse_text(text)
+
+def parse_object(doc: Any) -> RLJob:
+    """An RLJob from a document (a manifest's data or an API body), as :func:`parse_manifest`."""
+    return manifest.parse_object(doc, check=_resolve_problems)

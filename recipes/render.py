@@ -138,7 +138,7 @@ def run_labels(rljob: str) -> dict[str, str]:
         "app.kubernetes.io/name": "rljob",
         "app.kubernetes.io/instance": rljob,
         "app.kubernetes.io/managed-by": "rljob",
-        "rljob.dev/rljob": rljob,
+        naming.RUN_LABEL: rljob,
     }
 
 
@@ -146,7 +146,7 @@ def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
     out = run_labels(run.name)
     if role:
         out["app.kubernetes.io/component"] = role
-        out["rljob.dev/role"] = role
+        out[naming.ROLE_LABEL] = role
     return out
 
 
@@ -164,8 +164,8 @@ def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
     return [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
         _run_token(run, RUN_TOKEN_ENV),
-        {"name": "RLJOB_NAME", "value": run.name},
-        {"name": "RLJOB_ROLE", "value": role},
+        {"name": topology.NAME_ENV, "value": run.name},
+        {"name": topology.ROLE_ENV, "value": role},
         {"name": "POD_NAME", **_field("metadata.name")},
         {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
         {"name": "JOBSET_NAME", **_field(f"metadata.labels['{JOBSET_LABELS}/jobset-name']")},
@@ -200,7 +200,7 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
         ]
         ports: list[dict[str, Any]] = []
         if role == naming.TRAINER:
-            env.append({"name": "JAX_COORDINATOR_ADDRESS", "value": run.endpoints.coordinator})
+            env.append({"name": topology.COORDINATOR_ENV, "value": run.endpoints.coordinator})
             if run.trainer.libtpu_flags:
                 env.append({"name": libtpu.ENV, "value": libtpu.init_args(run.trainer.libtpu_flags)})
             if run.trainer.slices > 1:
@@ -360,8 +360,8 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
     own = {**labels(run, "preflight"), naming.PREFLIGHT_LABEL: "true"}
     env = [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
-        {"name": "RLJOB_NAME", "value": run.name},
-        {"name": "RLJOB_ROLE", "value": "preflight"},
+        {"name": topology.NAME_ENV, "value": run.name},
+        {"name": topology.ROLE_ENV, "value": "preflight"},
         {"name": "POD_NAME", **_field("metadata.name")},
         {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
         # JAX's own backend stays on the CPU; libtpu compiles for the topology (trainer/compilecheck.py).
@@ -485,8 +485,8 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
     if svc is None:
         return []
     selector = {
-        "rljob.dev/rljob": run.name,
-        "rljob.dev/role": naming.TRAINER,
+        naming.RUN_LABEL: run.name,
+        naming.ROLE_LABEL: naming.TRAINER,
         f"{JOBSET_LABELS}/jobset-name": run.job_set_name,
         f"{JOBSET_LABELS}/job-index": "0",
         "batch.kubernetes.io/job-completion-index": "0",

@@ -117,7 +117,7 @@ def token_weights(
     if mode == "token":
         return m / jnp.maximum(m.sum(), 1.0)
     if mode != "sequence":
-        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+        raise ValueError(f"loss weights mode: 'token' or 'sequence', got {mode!r}")
     idx = jnp.where(rollout_index >= 0, rollout_index, num_rollouts).reshape(-1)
     counts = jax.ops.segment_sum(m.reshape(-1), idx, num_segments=num_rollouts + 1)[:num_rollouts]
     n_seq = jnp.maximum((counts > 0).sum(), 1)
@@ -135,7 +135,7 @@ def rollout_loss_weights(
         total = max(float(sum(m.sum() for m in masks)), 1.0)
         return [m / np.float32(total) for m in masks]
     if mode != "sequence":
-        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+        raise ValueError(f"loss weights mode: 'token' or 'sequence', got {mode!r}")
     n_seq = max(sum(1 for m in masks if m.sum() > 0), 1)
     return [m / np.float32(max(float(m.sum()), 1.0) * n_seq) for m in masks]
 
@@ -155,7 +155,9 @@ class LossConfig:
         if self.kind not in ("importance_sampling", "ppo"):
             raise ValueError(f"algorithm.loss: 'importance_sampling' or 'ppo', got {self.kind!r}")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("algorithm.clip: bounds must be >= 0")
+            raise ValueError(
+                f"LossConfig clip_low, clip_high: must be >= 0, got {self.clip_low}, {self.clip_high}"
+            )
         if self.kl_coef < 0:
             raise ValueError(f"algorithm.klPenaltyCoef: must be >= 0, got {self.kl_coef}")
 

@@ -92,7 +92,7 @@ def _rendered(env: dict[str, str], rc: RunConfig | None) -> dict[str, str]:
         topology.CONTAINERS_ENV: str(tpu.containers_per_host),
         topology.CHIPS_ENV: str(tpu.chips_per_container),
         topology.COORDINATOR_ENV: rc.endpoints.coordinator,
-        "RLJOB_NAME": rc.name,
+        topology.NAME_ENV: rc.name,
     }
     return {**{k: v for k, v in defaults.items() if v}, **env}
 
@@ -173,7 +173,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps between checkpoints (default: MaxText key checkpoint_period, else 1)",
     )
-    p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
+    p.add_argument("--tensorboard-dir", default=os.environ.get(topology.TENSORBOARD_DIR_ENV))
     p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
     p.add_argument(
         "--eval-every",
@@ -337,6 +337,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             lora_targets=st["targets"],
             base_model=base_model,
             checkpoint=checkpoint,
+            maxtext_version=rc.spec.trainer.maxtext_version,
         )
         step_cfg = StepConfig(
             budget=budget,
