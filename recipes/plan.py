@@ -42,6 +42,7 @@ from rljob.recipes.runconfig import (
     CacheDisk,
     Endpoints,
     MeshPlan,
+    PreflightPlacement,
     ProgressTarget,
     ResolvedSpec,
     RunConfig,
@@ -291,7 +292,7 @@ def resolve(
     _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
-    return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived)
+    return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived, policy)
 
 
 def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
@@ -675,11 +676,25 @@ def _names(
 
 
 def _run_config(
-    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob, derived: dict[str, str]
+    spec: RLJobSpec,
+    trainer_plan: TrainerPlan,
+    sampler_plan: SamplerPlan,
+    job: RLJob,
+    derived: dict[str, str],
+    policy: podpolicy.PodPolicy,
 ) -> RunConfig:
     """The RunConfig of a resolved spec without problems."""
-    assert spec.storage and spec.storage.root
+    assert spec.storage and spec.storage.root and spec.trainer
     name, ns = job.metadata.name, job.metadata.namespace
+    preflight = None
+    if spec.trainer.preflight is not None and spec.trainer.preflight.compile:
+        preflight = PreflightPlacement(
+            node_selector=dict(policy.preflight_node_selector),
+            tolerations=[
+                t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for t in policy.preflight_tolerations
+            ],
+        )
     return RunConfig(
         name=name,
         namespace=ns,
@@ -693,6 +708,7 @@ def _run_config(
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
+        preflight=preflight,
         derived=dict(sorted(derived.items())) or None,
     )
 
