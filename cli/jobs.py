@@ -22,6 +22,7 @@ import json
 import sys
 import threading
 import time
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
@@ -44,6 +45,33 @@ class JobError(Exception):
 
 
 # --------------------------------------------------------------------------------------- formatting
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every control or format character (an escape sequence's ESC,
+    a carriage return, a bidi override) written as its escape (``\\x1b``, ``\\u202e``), a newline or tab as
+    a space. A status message can hold a container's log (terminationMessagePolicy FallbackToLogsOnError):
+    printed raw, its escapes would drive the reader's terminal and its newlines forge lines of the output."""
+    out = []
+    for ch in text:
+        if ch in "\n\t":
+            out.append(" ")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(ascii(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def printable_tree(value: Any) -> Any:
+    """``value`` (an API object) with every string in it, keys included, made printable."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v) for v in value]
+    return value
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -90,7 +118,7 @@ def table(items: list[dict[str, Any]], wide: bool = False, all_namespaces: bool 
     if wide:
         head += ["JOBSET", "LAST-FAILURE", "URL"]
     rows = [head]
-    for obj in items:
+    for obj in printable_tree(items):
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         progress = status.get("progress") or {}
         row = [
@@ -149,7 +177,8 @@ def _sampler_restarts(restarts: dict[str, Any], sampler_failure: str | None = No
 def describe(
     obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "", profile: str = ""
 ) -> str:
-    """The human-readable status of one RLJob."""
+    """The human-readable status of one RLJob; every string from the cluster made printable."""
+    obj = printable_tree(obj)
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = status.get("progress") or {}
     restarts = status.get("restarts") or {}
@@ -316,7 +345,7 @@ def _wait(s: Session, name: str, timeout: float) -> int:
     start = time.monotonic()
     last = None
     while True:
-        status = s.get(name).get("status") or {}
+        status = printable_tree(s.get(name).get("status") or {})
         phase = status.get("phase") or "Pending"
         roles = status.get("roles") or {}
         ready = " ".join(

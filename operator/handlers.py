@@ -125,10 +125,13 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     kube = k8s.Kube(login)
     gate = GATE[0] = RestartJobGate(config.jobset_restart_job)
     await gate.probe(kube, config.namespaces[0] if config.namespaces else "default")
+    # The metrics endpoint's reviews go through a client of their own (two connections): a flood of callers
+    # never queues behind, nor ahead of, the reconcile's requests.
+    memo.metrics_kube = k8s.Kube(login, max_connections=2, timeout_s=10.0)
     memo.metrics_runner = await metrics.start_server(
         config.metrics_addr,
         config.metrics_port,
-        auth=metrics.Authorizer(kube.review) if config.metrics_auth else None,
+        auth=metrics.Authorizer(memo.metrics_kube.review) if config.metrics_auth else None,
         ssl_context=_ssl(config.metrics_cert, config.metrics_key),
     )
     reconciler = Reconciler(
@@ -157,6 +160,9 @@ async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
     runner = memo.get("metrics_runner")
     if runner is not None:
         await runner.cleanup()
+    metrics_kube: k8s.Kube | None = memo.get("metrics_kube")
+    if metrics_kube is not None:
+        await metrics_kube.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

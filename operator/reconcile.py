@@ -213,7 +213,12 @@ class Reconciler:
                 self.queue.add(key)
             return
         failure = classify_pod(body)
-        if key is not None and failure is not None and self.caches.put_failure(key, failure):
+        if failure is None or key is None:
+            return
+        js = self.caches.jobsets.get(key)
+        if js is None or not js.owns_pod(body):
+            return  # not a pod of the run's JobSet: its label alone does not make it one
+        if self.caches.put_failure(key, failure):
             self.queue.add(key)
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -347,7 +352,7 @@ class Reconciler:
             report = _parse_progress(progress.report)
         pod_create = await self._pod_create_error(key, js, prior, latched, created)
         failure = self.caches.failures.get(key)
-        if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
+        if failure is not None and (js is None or failure.jobset_uid != js.uid):
             failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
         max_restarts, max_sampler_restarts = plan.max_restarts, plan.max_sampler_restarts
         if plan.error is not None and js is not None and js.max_restarts is not None:
@@ -430,7 +435,7 @@ class Reconciler:
         except k8s.ApiError as exc:  # e.g. an operator installed without `list events`: say nothing
             logger.debug("listing FailedCreate events in %s: %s", key[0], exc)
             events = []
-        message = pod_create_error(events, js.name, datetime.now(UTC))
+        message = pod_create_error(events, js, datetime.now(UTC))
         self._pod_create[key] = (now, message)
         self.queue.add_after(key, POD_CREATE_POLL_S)
         return message

@@ -84,12 +84,17 @@ def _label_int(labels: Mapping[str, Any], key: str) -> int:
         return 0
 
 
-def controller_uid(meta: Mapping[str, Any]) -> str:
-    """The uid of an object's controller owner reference ("" when it has none)."""
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's controller owner reference ({} when it has none)."""
     for ref in meta.get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller"):
-            return str(ref.get("uid") or "")
-    return ""
+            return ref
+    return {}
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The uid of an object's controller owner reference ("" when it has none)."""
+    return str(controller_ref(meta).get("uid") or "")
 
 
 # --------------------------------------------------------------------------------- JobSet projection
@@ -181,6 +186,27 @@ class JobSetView:
             sampler_failure=failure_rules.sampler_failure_of(body),
             job_restarts=job_restarts,
             counted_job_restarts=counted_job_restarts,
+        )
+
+    @property
+    def job_names(self) -> frozenset[str]:
+        """The names of this JobSet's Jobs: ``<jobset>-<replicatedJob>-<index>`` (JobSet's naming)."""
+        return frozenset(
+            f"{self.name}-{role}-{i}" for role, shape in self.roles.items() for i in range(shape.replicas)
+        )
+
+    def owns_pod(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod`` is one of this JobSet's: its controller is one of the JobSet's Jobs by name and its
+        jobset-uid label is this JobSet's uid. A label alone is not enough: anyone who creates pods in the
+        namespace can label one with another run's name."""
+        meta = pod.get("metadata") or {}
+        owner = controller_ref(meta)
+        return (
+            bool(self.uid)
+            and (meta.get("labels") or {}).get(c.JOBSET_UID_LABEL) == self.uid
+            and owner.get("kind") == "Job"
+            and str(owner.get("apiVersion", "")).startswith("batch/")
+            and owner.get("name") in self.job_names
         )
 
     def job_restarts_of(self, role: str, index: int) -> int:
@@ -436,16 +462,18 @@ class Derived:
 POD_CREATE_ERROR_WINDOW_S = 10 * 60
 
 
-def pod_create_error(events: Sequence[Mapping[str, Any]], jobset: str, now: datetime) -> str | None:
-    """The message of the newest recent FailedCreate event (core/v1) of a Job of JobSet ``jobset`` (its
-    Jobs are named ``<jobset>-<replicatedJob>-<index>``), or None."""
+def pod_create_error(events: Sequence[Mapping[str, Any]], jobset: JobSetView, now: datetime) -> str | None:
+    """The message of the newest recent FailedCreate event (core/v1) of a Job of ``jobset``, matched by the
+    Job's exact name (``<jobset>-<replicatedJob>-<index>``: a name prefix would take RLJob ``a-b``'s events
+    for RLJob ``a``'s), or None."""
     newest: tuple[datetime, str] | None = None
+    jobs = jobset.job_names
     for ev in events:
         obj = ev.get("involvedObject") or {}
         if ev.get("reason") != "FailedCreate" or obj.get("kind") != "Job":
             continue
         name = str(obj.get("name") or "")
-        if not name.startswith(f"{jobset}-"):
+        if name not in jobs:
             continue
         series = ev.get("series") or {}
         when = (

@@ -49,6 +49,7 @@ from rljob.recipes.runconfig import (
     CacheDisk,
     Endpoints,
     MeshPlan,
+    PreflightPlacement,
     ProgressTarget,
     ResolvedSpec,
     RunConfig,
@@ -257,7 +258,7 @@ def resolve(
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
     return _run_config(
-        spec, trainer_plan, sampler_plan, job, layers.derived, failure.sampler_failure(restart_job)
+        spec, trainer_plan, sampler_plan, job, layers.derived, failure.sampler_failure(restart_job), policy
     )
 
 
@@ -649,10 +650,20 @@ def _run_config(
     job: RLJob,
     derived: dict[str, str],
     sampler_failure: SamplerFailure,
+    policy: podpolicy.PodPolicy,
 ) -> RunConfig:
     """The RunConfig of a resolved spec without problems."""
-    assert spec.storage and spec.storage.root
+    assert spec.storage and spec.storage.root and spec.trainer
     name, ns = job.metadata.name, job.metadata.namespace
+    preflight = None
+    if spec.trainer.preflight is not None and spec.trainer.preflight.compile:
+        preflight = PreflightPlacement(
+            node_selector=dict(policy.preflight_node_selector),
+            tolerations=[
+                t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for t in policy.preflight_tolerations
+            ],
+        )
     return RunConfig(
         name=name,
         namespace=ns,
@@ -667,6 +678,7 @@ def _run_config(
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
         sampler_failure=sampler_failure,
+        preflight=preflight,
         derived=dict(sorted(derived.items())) or None,
     )
 

@@ -52,6 +52,7 @@ from rljob.recipes.runconfig import (
     RUN_TOKEN_SECRET_KEY,
     SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
+    PreflightPlacement,
 )
 from rljob.recipes.tpu import TPU_RESOURCE
 
@@ -338,9 +339,10 @@ TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePa
 
 def preflight_digest(run: RunConfig) -> str:
     """What the compile preflight compiles, as hex digits: the run config without the two fields that may
-    change while a run exists (spec.suspend, spec.queueName), which compile nothing."""
+    change while a run exists (spec.suspend, spec.queueName) and the preflight's placement (the operator's
+    pod policy), which compile nothing."""
     spec = run.spec.model_copy(update={"suspend": False, "queue_name": None})
-    stable = run.model_copy(update={"spec": spec})
+    stable = run.model_copy(update={"spec": spec, "preflight": None})
     text = stable.model_dump_json(exclude_none=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[: naming.PREFLIGHT_DIGEST]
 
@@ -349,14 +351,16 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
     """The compile preflight (spec.trainer.preflight.compile): a Job of one CPU pod of the trainer image
     running `python -m rljob.trainer.compilecheck` on the run ConfigMap, mounted as the trainer's is, with
     the trainer template's env, envFrom, volumes and ServiceAccount (its storage credentials) and the
-    trainer pods' security contexts; no TPU, no TPU node selector or toleration. It writes JAX's persistent
-    compilation cache to `{storage}/cache/jax-trainer/` (rljob.common.caches) and, on a refusal, one line
-    per problem to its termination log. None when the preflight is off."""
+    trainer pods' security contexts; no TPU, no TPU node selector or toleration: the nodes the operator's
+    pod policy names (RunConfig.preflight: by default those that run the GKE metadata server). It writes
+    JAX's persistent compilation cache to `{storage}/cache/jax-trainer/` (rljob.common.caches) and, on a
+    refusal, one line per problem to its termination log. None when the preflight is off."""
     pf = run.spec.trainer.preflight
     if not pf.compile:
         return None
     template = _template(run, naming.TRAINER)
     disk = _cache_disk(run, naming.TRAINER)
+    placement = run.preflight or PreflightPlacement(node_selector={}, tolerations=[])
     own = {**labels(run, "preflight"), naming.PREFLIGHT_LABEL: "true"}
     env = [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
@@ -398,6 +402,8 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
         container_security=podspec.container_security_context(),
         termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
         priority_class_name=run.spec.priority_class_name,
+        node_selector=placement.node_selector,
+        tolerations=placement.tolerations,
         image=run.spec.trainer.image,
         command=command,
         env=env + overrides.env(template),

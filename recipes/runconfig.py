@@ -376,6 +376,14 @@ class ResolvedSpec(_Resolved):
     priority_class_name: str | None = Field(default=None, description="PriorityClass; None: none.")
 
 
+class PreflightPlacement(ApiModel):
+    """Where the compile preflight's pod may run: the operator's pod policy (preflightNodeSelector,
+    preflightTolerations), not the manifest."""
+
+    node_selector: dict[str, str] = Field(description="The preflight pod's nodeSelector.")
+    tolerations: list[dict[str, Any]] = Field(description="The preflight pod's tolerations.")
+
+
 class RunConfig(ApiModel):
     """Everything a trainer or sampler process needs to run, resolved by rljob.recipes.plan."""
 
@@ -395,6 +403,11 @@ class RunConfig(ApiModel):
         description="What a sampler crash restarts (rljob.recipes.failure): the sampler Job alone, or the "
         "whole run where the cluster's JobSet refuses the failure action RestartJob (the plan's input "
         "`restart_job`)."
+    )
+    preflight: PreflightPlacement | None = Field(
+        default=None,
+        description="The compile preflight's placement (from the operator's pod policy); None when "
+        "spec.trainer.preflight.compile is off.",
     )
     derived: dict[str, str] | None = Field(
         default=None,

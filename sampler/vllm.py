@@ -96,7 +96,7 @@ def build_command(
         "serve",
         model,
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",
         str(port),
         "--tensor-parallel-size",

@@ -125,6 +125,40 @@ def test_describe() -> None:
     )
 
 
+HOSTILE_MESSAGES = [
+    # (what a container's log can put in a status message, how `rljob status` prints it)
+    ("\x1b[2J\x1b[31mboom", "\\x1b[2J\\x1b[31mboom"),  # clear the screen, red
+    ("\x1b]8;;http://x\x07link\x1b]8;;\x07", "\\x1b]8;;http://x\\x07link\\x1b]8;;\\x07"),  # OSC 8 link
+    ("ok\rPhase:       Succeeded", "ok\\rPhase:       Succeeded"),  # overwrite the line
+    ("boom\nPhase:       Succeeded", "boom Phase:       Succeeded"),  # forge a line
+    (
+        "a\u202eb\u2028c\x9bd\x7f",
+        "a\\u202eb\\u2028c\\x9bd\\x7f",
+    ),  # bidi override, line separator, C1 CSI, DEL
+]
+
+
+@pytest.mark.parametrize(("raw", "shown"), HOSTILE_MESSAGES)
+def test_status_and_list_print_no_terminal_control(raw: str, shown: str) -> None:
+    """Condition and failure messages (and every other string of the object) are printed with their control
+    characters escaped and newlines as spaces: nothing from a container's log reaches the terminal raw."""
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
+    status = {
+        **base,
+        "lastFailure": {**base["lastFailure"], "message": raw},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "Crashed", "message": raw}],
+    }
+    obj = {**OBJ, "status": status}
+    text = jobs.describe(obj, [])
+    assert f"Last failure: crash Exit1 at 2026-01-01T00:05:00Z: {shown}\n" in text
+    assert f"  Ready=False Crashed: {shown}\n" in text
+    assert all(ch == "\n" or ch.isprintable() for ch in text)
+    assert len(text.splitlines()) == len(jobs.describe(OBJ, []).splitlines())  # no forged line
+    named = {**obj, "metadata": {**OBJ["metadata"], "name": raw}}  # type: ignore[dict-item]
+    listed = jobs.table([named], wide=True)
+    assert all(ch == "\n" or ch.isprintable() for ch in listed) and len(listed.splitlines()) == 2
+
+
 def test_describe_counts_the_steps_the_plan_resolves() -> None:
     """Without spec.algorithm.steps the total is the recipe's, or the defaults table's."""
     from rljob.recipes import defaults, recipe_catalog
