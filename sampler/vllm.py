@@ -92,6 +92,10 @@ def build_command(
         "vllm",
         "serve",
         model,
+        # The revision the trainer converts and trains (spec.model.revision): both roles start from the
+        # same weights, which the step-0 parity gate then checks.
+        "--revision",
+        spec.model.revision,
         "--host",
         "0.0.0.0",
         "--port",
