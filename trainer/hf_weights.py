@@ -175,20 +175,19 @@ def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report)
     loader = to_maxtext.LazyHFLoader(str(hf_dir), None, save_dtype=save_dtype)
     total = len(loader.shard_map) if None not in loader.shard_map else _count_tensors(hf_dir)
     start = time.monotonic()
-    read = 0
+    read: set[str] = set()  # distinct HF tensors read (a composite MaxText leaf reads some twice)
     last = [0.0]
 
     def getter(key: str) -> Any:
-        nonlocal read
         try:
             out = loader.get_tensor(key)
         except ValueError as e:
             raise WeightsError(f"{NAME_FIELD}: {label}: {e}") from e
-        read += 1
+        read.add(key)
         now = time.monotonic()
-        if now - last[0] >= 5.0 or read == total:
+        if now - last[0] >= 5.0 or len(read) == total:
             last[0] = now
-            report(f"converting {label}: {read}/{total} tensors, {now - start:.0f} s")
+            report(f"converting {label}: {len(read)}/{total} tensors, {now - start:.0f} s")
         return out
 
     weights: list[Any] = [None] * len(abstract)
@@ -218,8 +217,8 @@ def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report)
     except ValueError as e:  # LazyTensor's shape check: the files are not this model's
         first = str(e).splitlines()[0]
         raise WeightsError(f"{NAME_FIELD}: {label}: does not match the model: {first}") from e
-    report(f"converted {label}: {read}/{total} tensors, {time.monotonic() - start:.0f} s")
-    return read
+    report(f"converted {label}: {len(read)}/{total} tensors, {time.monotonic() - start:.0f} s")
+    return len(read)
 
 
 def _count_tensors(hf_dir: Path) -> int:

@@ -12,9 +12,11 @@ Contexts:
   RunConfig.progress.file.
 
 ``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
-the packed shape for a small one, keeping everything else of the run config. Either way the frozen base
-weights come from spec.model.checkpoint when the run config names one (a converted MaxText checkpoint,
-which must fit the model built; rljob.trainer.base_checkpoint), else from a random initialization.
+the packed shape for a small one, keeping everything else of the run config. With the run config's model
+the frozen base weights come from spec.model.checkpoint when the run config names one (a converted MaxText
+checkpoint, which must fit the model built; rljob.trainer.base_checkpoint), else from the trainer's own
+conversion of spec.model.name at spec.model.revision, cached in storage (prepare_base_weights,
+rljob.trainer.hf_weights); the tiny model's come from spec.model.checkpoint, else a random initialization.
 ``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
 RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and runs
 :func:`rljob.trainer.loop.run_loop` with the parsed options.

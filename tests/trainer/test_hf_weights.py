@@ -83,7 +83,8 @@ def _rope(x: np.ndarray, pos: np.ndarray, theta: float) -> np.ndarray:
     cos = np.concatenate([np.cos(ang)] * 2, -1)[:, None, :]
     sin = np.concatenate([np.sin(ang)] * 2, -1)[:, None, :]
     half = np.concatenate([-x[..., d // 2 :], x[..., : d // 2]], -1)
-    return x * cos + half * sin
+    out: np.ndarray = x * cos + half * sin
+    return out
 
 
 def _hf_logits(t: dict[str, np.ndarray], hf_cfg: Any, tokens: np.ndarray) -> np.ndarray:
@@ -195,3 +196,96 @@ def test_a_second_start_reuses_the_conversion_and_a_partial_one_is_redone(
     redone = ensure_converted(bw, cfg, **run)  # type: ignore[arg-type]
     assert not redone.hit and (fetch.calls, len(converts)) == (2, 2)
     assert marker.is_file() and not leftover.exists()
+
+
+# Hugging Face config keys -> the MaxText config attribute of the miniature that sizes them.
+_HF_SIZES = {
+    "hidden_size": "emb_dim",
+    "intermediate_size": "mlp_dim",
+    "moe_intermediate_size": "moe_mlp_dim",
+    "num_hidden_layers": "num_decoder_layers",
+    "num_attention_heads": "num_query_heads",
+    "num_key_value_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "vocab_size": "vocab_size",
+    "num_experts": "num_experts",
+    "num_local_experts": "num_experts",
+    "n_routed_experts": "num_experts",
+    "num_experts_per_tok": "num_experts_per_tok",
+    "kv_lora_rank": "kv_lora_rank",
+    "q_lora_rank": "q_lora_rank",
+    "qk_nope_head_dim": "qk_nope_head_dim",
+    "qk_rope_head_dim": "qk_rope_head_dim",
+    "v_head_dim": "v_head_dim",
+    "first_k_dense_replace": "first_num_dense_layers",
+    "sliding_window": "sliding_window_size",
+    "global_head_dim": "global_head_dim",
+    "num_global_key_value_heads": "global_num_kv_heads",
+}
+
+
+def _sized(hf: dict[str, Any], cfg: Any) -> dict[str, Any]:
+    out = dict(hf)
+    for key, attr in _HF_SIZES.items():
+        if key in out and getattr(cfg, attr, None) not in (None, 0):
+            out[key] = int(getattr(cfg, attr))
+    if isinstance(out.get("layer_types"), list):
+        out["layer_types"] = out["layer_types"][: int(cfg.num_decoder_layers)]
+    if isinstance(out.get("text_config"), dict):
+        out["text_config"] = _sized(out["text_config"], cfg)
+    return out
+
+
+def _write_family(directory: Path, model: str, cfg: Any) -> int:
+    """config.json (MaxText's copy of the family's Hugging Face config, sized as the miniature) and random
+    safetensors under the names and shapes MaxText's conversion lists for it; returns the tensor count."""
+    from maxtext.checkpoint_conversion.utils.hf_model_configs import HF_MODEL_CONFIGS
+    from maxtext.checkpoint_conversion.utils.hf_shape import HF_SHAPE
+    from safetensors.numpy import save_file
+
+    hf = _sized(HF_MODEL_CONFIGS[model].to_dict(), cfg)
+    hf.pop("quantization_config", None)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf))
+    rng = np.random.default_rng(11)
+    shapes = HF_SHAPE[model](hf)
+    tensors = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
+    save_file(tensors, str(directory / "model.safetensors"))
+    return len(tensors)
+
+
+# The families rljob trains besides qwen3-8b above (recipes/miniature.py: one miniature per family),
+# except those whose MaxText 0.2.5 conversion of this test's sized config does not run yet: Mixtral
+# (MaxText's stacked router kernel comes out (layers, emb, experts) for a scanned (emb, layers, experts)
+# target), DeepSeek (MaxText's mapping has no entry for DeepSeek-V3's MoEBiasVar gate bias; V2-Lite's
+# sized config does not reshape) and Qwen3.5 (its sized text_config does not build the shapes).
+NOT_YET = {"mixtral-8x7b", "deepseek2-16b", "deepseek3-671b", "qwen3.5-397b-a17b"}
+FAMILIES = [m for m in miniature.MODELS if m != MODEL and m not in NOT_YET]
+ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", FAMILIES)
+def test_every_family_converts_and_loads_into_the_trainer(tmp_path: Path, model: str) -> None:
+    keys = {"model_name": model, **miniature.miniature_overrides(model), **CPU_KEYS, "max_target_length": 32}
+    cfg = maxtext_config(keys)
+    count = _write_family(tmp_path / "hf", model, cfg)
+    directory = str(tmp_path / "store" / model)
+    bw = BaseWeights(f"org/{model}", "main", "0.2.5", f"{directory}/0/items", directory)
+    done = ensure_converted(
+        bw,
+        cfg,
+        process_index=0,
+        local_dir=tmp_path / "local",
+        report=lambda _: None,
+        fetch=_Fetch(tmp_path / "hf"),
+    )
+    assert not done.hit and 0 < done.tensors <= count
+    # The trainer's restore compares every leaf's tree path and shape with the model's before reading.
+    policy = Policy(
+        ModelSpec(maxtext=keys, lora_rank=4, lora_alpha=8.0, lora_targets=ATTENTION, checkpoint=bw.checkpoint)
+    )
+    tokens = np.array([[5, 17, 200, 3, 99, 42, 7, 128]], np.int32)
+    pos = np.arange(tokens.shape[1], dtype=np.int32)[None]
+    got = np.asarray(policy.logits(policy.lora0, tokens, pos, np.ones_like(tokens)))
+    assert np.isfinite(got).all() and np.abs(got).max() > 0
