@@ -191,6 +191,8 @@ def describe(
         f"Restarts:    {restarts.get('used', 0)} used, {restarts.get('left', '?')} left"
         + _sampler_restarts(restarts, status.get("samplerFailure")),
     ]
+    if progress.get("message"):
+        lines.append(f"Trainer:     {progress['message']}")
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
     if profile:

@@ -204,13 +204,15 @@ def explain(run: RunConfig) -> str:
             if spec.recipe
             else ""
         ),
-        f"model: {spec.model.name} (MaxText {spec.model.maxtext_model})",
+        f"model: {spec.model.name}@{spec.model.revision} (MaxText {spec.model.maxtext_model})",
         "  base weights: "
         + (
-            spec.model.checkpoint
+            f"{spec.model.checkpoint} (spec.model.checkpoint)"
             if spec.model.checkpoint
-            else "RANDOM (no spec.model.checkpoint): a smoke test, not a post-training run"
+            else f"{spec.model.name}@{spec.model.revision} from Hugging Face, converted by the trainer "
+            f"once into {run.storage.converted}"
         ),
+        f"  sampler serves: {spec.model.name}@{spec.model.revision}",
         "trainer:",
         f"  tpu: {t.tpu.type_name} = {t.tpu.accelerator} {t.tpu.topology}, machine {t.tpu.machine_type}",
         f"  per slice: {t.tpu.chips} chips, {t.tpu.hosts} hosts, {t.tpu.devices} JAX devices "

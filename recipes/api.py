@@ -124,13 +124,23 @@ class ModelSpec(ApiModel):
         max_length=syntax.MAXTEXT_MODEL_MAX,
         pattern=syntax.MAXTEXT_MODEL,
     )
+    revision: str | None = Field(
+        default=None,
+        description="Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both "
+        "roles load: the trainer converts it into MaxText's layout and the sampler serves it. A branch "
+        "can move between two starts; a commit hash pins the weights. " + _default("model.revision"),
+        min_length=1,
+        max_length=syntax.HF_REVISION_MAX,
+        pattern=syntax.HF_REVISION,
+    )
     checkpoint: str | None = Field(
         default=None,
         description="gs:// path of the base weights as a MaxText checkpoint (load_parameters_path: the "
         "step's items directory that maxtext.checkpoint_conversion.to_maxtext writes, e.g. "
-        "gs://BUCKET/qwen3-8b/0/items). The trainer loads it before applying LoRA and refuses one that "
-        "does not fit the model (exit 2). Without it the base weights are randomly initialized: a smoke "
-        "test of the machinery, not a post-training run.",
+        "gs://BUCKET/qwen3-8b/0/items), converted from spec.model.name at spec.model.revision (the "
+        "sampler serves those). The trainer loads it before applying LoRA and refuses one that does not "
+        "fit the model (exit 2). Without it the trainer converts spec.model.name's Hugging Face weights "
+        "itself, once, into {storage.root}/cache/converted/ (shared by every run under that root).",
         pattern=r"^gs://[^/\s]+(/\S*)?$",
         max_length=syntax.PATH_MAX,
     )
@@ -1039,6 +1049,13 @@ class ProgressReport(ApiModel):
         default=None, ge=0, description="Newest published adapter version N (v{N}/)."
     )
     update_time: datetime | None = Field(default=None, description="When the report was written.")
+    message: str | None = Field(
+        default=None,
+        max_length=512,
+        description="What the trainer is doing before its first step, with its progress and time (the "
+        "base weights' conversion: 'converting Qwen/Qwen3-8B@main: 120/399 tensors, 41 s'); cleared by "
+        "the first step's report.",
+    )
 
 
 class PreflightState(StrEnum):

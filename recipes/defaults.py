@@ -28,6 +28,7 @@ DEFAULT_DATASET_OBJECT = "data/train.jsonl"
 # Plain defaults of the spec (camelCase, as in a manifest). "service" applies only to a spec that sets
 # spec.service (rljob.recipes.plan.merged_spec).
 DEFAULTS: dict[str, Any] = {
+    "model": {"revision": "main"},
     "trainer": {
         "slices": 1,
         "maxtextVersion": maxtext_keys.DEFAULT_VERSION,

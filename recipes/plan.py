@@ -671,7 +671,7 @@ def _run_config(
         spec=_resolved(spec),
         trainer=trainer_plan,
         sampler=sampler_plan,
-        storage=storage_paths(spec.storage.root, job),
+        storage=storage_paths(spec.storage.root, job).model_copy(update={"converted": _converted(spec)}),
         endpoints=Endpoints(
             samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
@@ -691,6 +691,12 @@ def _resolved(spec: RLJobSpec) -> ResolvedSpec:
         data["trainer"].pop(key, None)
     data["sampler"].pop("tpu", None)  # resolved into RunConfig.sampler
     return ResolvedSpec.model_validate(data)
+
+
+def _converted(spec: RLJobSpec) -> str:
+    """StoragePaths.converted of a resolved spec."""
+    assert spec.model and spec.model.name and spec.model.revision and spec.storage and spec.storage.root
+    return converted_dir(spec.storage.root, spec.model.name, spec.model.revision, _version(spec))
 
 
 def _version(spec: RLJobSpec) -> str:
@@ -818,6 +824,15 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
                 f"fits every kernel: {fits})"
             )
     return out
+
+
+CONVERTED_DIR = "cache/converted"
+
+
+def converted_dir(root: str, model: str, revision: str, maxtext_version: str) -> str:
+    """Where the MaxText checkpoint converted from a Hugging Face model lives under a storage root, keyed
+    by everything that changes its bytes: the model, its revision and the MaxText version converting."""
+    return f"{root.rstrip('/')}/{CONVERTED_DIR}/{model}@{revision}/maxtext-{maxtext_version}"
 
 
 def storage_paths(root: str, job: RLJob) -> StoragePaths:

@@ -173,7 +173,14 @@ class StoragePaths(ApiModel):
     checkpoints: str = Field(description="Trainer checkpoints (orbax).")
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")
-    cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
+    cache: str = Field(description="Caches of this run (compilation caches, the sampler's model download).")
+    converted: str | None = Field(
+        default=None,
+        description="The MaxText checkpoint converted from spec.model.name at spec.model.revision: "
+        "{storage.root}/cache/converted/<name>@<revision>/maxtext-<version> (converted_dir), shared by "
+        "every run under the same storage root; the trainer converts into it once, when spec.model."
+        "checkpoint is unset. None only where no model is resolved (rljob status's own paths).",
+    )
     tensorboard: str = Field(
         description="TensorBoard event files of the trainer's step metrics (reward, loss, KL, policy lag, "
         "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
@@ -224,8 +231,11 @@ class ResolvedModel(_Resolved):
 
     name: str = Field(description="Hugging Face model id.")
     maxtext_model: str = Field(description="MaxText model_name (default: the id's last part, lowercased).")
+    revision: str = Field(description="Hugging Face revision of `name` that both roles load.")
     checkpoint: str | None = Field(
-        default=None, description="Base weights (MaxText checkpoint); None: randomly initialized."
+        default=None,
+        description="Base weights (a MaxText checkpoint converted from `name`); None: the trainer "
+        "converts `name` into StoragePaths.converted.",
     )
 
 

@@ -95,6 +95,10 @@ def build_command(
         "vllm",
         "serve",
         model,
+        # The revision the trainer converts and trains (spec.model.revision): both roles start from the
+        # same weights, which the step-0 parity gate then checks.
+        "--revision",
+        spec.model.revision,
         "--host",
         "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",

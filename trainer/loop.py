@@ -109,6 +109,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         checkpoint_every,
         max_non_finite_steps,
         model_setup,
+        prepare_base_weights,
         profile,
     )
     from rljob.trainer.model import Policy
@@ -136,6 +137,12 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         )
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
+            early = Reporter(
+                sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
+                if jax.process_index() == 0
+                else None
+            )
+            prepare_base_weights(rc, model_spec.maxtext, lambda line: early.update(message=line))
         elif args.model == "miniature":
             model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
             step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]), steps)

@@ -12,9 +12,11 @@ Contexts:
   RunConfig.progress.file.
 
 ``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
-the packed shape for a small one, keeping everything else of the run config. Either way the frozen base
-weights come from spec.model.checkpoint when the run config names one (a converted MaxText checkpoint,
-which must fit the model built; rljob.trainer.base_checkpoint), else from a random initialization.
+the packed shape for a small one, keeping everything else of the run config. With the run config's model
+the frozen base weights come from spec.model.checkpoint when the run config names one (a converted MaxText
+checkpoint, which must fit the model built; rljob.trainer.base_checkpoint), else from the trainer's own
+conversion of spec.model.name at spec.model.revision, cached in storage (prepare_base_weights,
+rljob.trainer.hf_weights); the tiny model's come from spec.model.checkpoint, else a random initialization.
 ``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
 RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and runs
 :func:`rljob.trainer.loop.run_loop` with the parsed options.
@@ -321,9 +323,13 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
         budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
         st.update(groups=4, group_size=4)
     else:
+        from rljob.trainer.hf_weights import base_weights
+
         keys = dict(rc.trainer.maxtext)
         budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
         base_model = rc.spec.model.name
+        # spec.model.checkpoint, else the conversion of spec.model.name that prepare_base_weights makes.
+        checkpoint = base_weights(rc).checkpoint
     align: dict[str, Any] = {"segment_align": st["segment_align"], "pad_align": st["pad_align"]}
     if model == "tiny" and align["pad_align"] >= budget:  # the tiny model's rows are 128 tokens
         align["pad_align"] = budget // 2
@@ -356,6 +362,39 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     except ValueError as e:
         raise BadConfig(str(e).splitlines()[0]) from e
     return spec, step_cfg, st
+
+
+def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> None:
+    """Before the policy of ``--model config`` is built: spec.model's weights converted into the storage
+    cache unless a complete conversion is there (process 0 converts, the others wait:
+    rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
+    ``report`` (a str callable) gets the conversion's progress lines; BadConfig names the field."""
+    import jax
+    from rljob.common import caches
+    from rljob.trainer.hf_weights import WeightsError, base_weights, check_source, ensure_converted
+    from rljob.trainer.model import maxtext_config
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        if report is not None:
+            report(line)
+
+    try:
+        bw = base_weights(rc)
+        if not bw.convert:
+            check_source(bw)
+            return
+        done = ensure_converted(
+            bw,
+            maxtext_config(maxtext),
+            process_index=jax.process_index(),
+            local_dir=caches.local_root(),
+            report=say,
+        )
+    except WeightsError as e:
+        raise BadConfig(str(e)) from e
+    if not done.hit:
+        say(f"base weights: converted {done.tensors} tensors in {done.seconds:.0f} s into {bw.directory}")
 
 
 def max_non_finite_steps(rc: RunConfig) -> int:
@@ -419,6 +458,9 @@ def run_main(args: argparse.Namespace) -> int:
 
     spec, step_cfg, st = model_setup(rc, args.model, args.steps)
     budget, rows, groups, group_size = step_cfg.budget, step_cfg.rows, st["groups"], st["group_size"]
+    reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
+    if args.model == "config":
+        prepare_base_weights(rc, spec.maxtext, lambda line: reporter.update(message=line))
     try:
         policy = Policy(spec)
     except CheckpointError as e:
@@ -426,7 +468,6 @@ def run_main(args: argparse.Namespace) -> int:
     trainer = Trainer(policy, step_cfg)
     tb_dir = args.tensorboard_dir or rc.storage.tensorboard  # under storage.root: outlives the pod
     steplog = StepLog(tb_dir if jax.process_index() == 0 else None, args.log_jsonl)
-    reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
     steplog.event(
         "start",
         model=args.model,

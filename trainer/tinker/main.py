@@ -47,7 +47,7 @@ def _service(rc: RunConfig) -> ResolvedService:
 def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, Any, str]:
     """(Engine, its StepConfig, the model's arch name) of the run config (``model``: "config" or "tiny");
     raises BadConfig naming the field."""
-    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.main import BadConfig, model_setup, prepare_base_weights
     from rljob.trainer.model import CheckpointError, Policy
     from rljob.trainer.sync import align
     from rljob.trainer.tinker.engine import Engine
@@ -68,6 +68,8 @@ def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, An
     else:
         spec, step_cfg, _ = model_setup(rc, "config", None)
         arch = str(rc.trainer.maxtext.get("model_name", ""))
+        if policy is None:
+            prepare_base_weights(rc, spec.maxtext)
     if policy is None:
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.sync)
     try:
