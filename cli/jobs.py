@@ -174,6 +174,14 @@ def _sampler_restarts(restarts: dict[str, Any], sampler_failure: str | None = No
     return f" (the run); sampler {sampler.get('used', 0)} used, {sampler.get('left', '?')} left"
 
 
+def _evaluation(ev: dict[str, Any]) -> str:
+    """The newest held-out evaluation (ProgressReport.evaluation) as `rljob status` shows it."""
+    out = f"step {ev.get('step')}: pass@{ev.get('passK')} {ev.get('passAtK', 0):.3f}"
+    if ev.get("majK"):
+        out += f", maj@{ev['majK']} {ev.get('majAtK', 0):.3f}"
+    return out + f", mean reward {ev.get('rewardMean', 0):.3f}"
+
+
 def describe(
     obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "", profile: str = ""
 ) -> str:
@@ -195,6 +203,8 @@ def describe(
         lines.append(f"Trainer:     {progress['message']}")
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
+    if progress.get("evaluation"):
+        lines.append(f"Evaluation:  {_evaluation(progress['evaluation'])}")
     if profile:
         lines.append(f"Profile:     {profile}")
     if status.get("jobSetName"):

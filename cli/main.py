@@ -240,11 +240,12 @@ def explain(run: RunConfig) -> str:
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
-    from rljob.recipes import disk, fit
+    from rljob.recipes import disk, fit, loop_options
 
     # Bytes per device of each role against its HBM (rljob.recipes.fit: the plan's fit check), then each
     # host's cache disk (rljob.recipes.disk).
     at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: "))
+    lines[at + 1 : at + 1] = loop_options.summary(spec)
     lines[at:at] = [
         *fit.summary(fit.of_run(run), s),
         disk.summary("trainer", t.cache_disk),

@@ -17,6 +17,7 @@ from rljob.recipes import (
     failure,
     fit,
     libtpu,
+    loop_options,
     lora_targets,
     manifest,
     maxtext_keys,
@@ -243,6 +244,7 @@ def resolve(
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
     _service(spec, problems)
+    problems += loop_options.problems(spec, lambda *path: layers.sets(job, *path))
     problems += service_keys.problems(spec)
     _lora(spec, problems)
     assert spec.trainer is not None

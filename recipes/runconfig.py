@@ -288,6 +288,26 @@ class ResolvedLora(_Resolved):
     rank: int = Field(ge=1, le=512, description="LoRA rank.")
     alpha: float = Field(gt=0, description="LoRA alpha (default 2 x rank).")
     targets: tuple[str, ...] = Field(min_length=1, description="Module names the adapter wraps.")
+    init_from: str | None = Field(default=None, description="The PEFT adapter it starts from; None: none.")
+
+
+class ResolvedSampling(_Resolved):
+    """spec.algorithm.sampling, resolved."""
+
+    temperature: float = Field(gt=0, description="Sampling temperature.")
+    top_p: float = Field(gt=0, le=1, description="Nucleus sampling's probability mass (1: off).")
+    top_k: int = Field(ge=0, description="Sample from the k most likely tokens (0: off).")
+    stop: tuple[str, ...] = Field(description="Stop strings (none: empty).")
+
+
+class ResolvedEvaluation(_Resolved):
+    """spec.evaluation, resolved."""
+
+    every: int = Field(ge=0, description="Evaluate every N steps (0: never).")
+    pass_k: _Count = Field(description="pass@k's k.")
+    maj_k: int = Field(ge=0, description="maj@k's k (0: not measured).")
+    samples: _Count = Field(description="Samples per held-out prompt.")
+    temperature: float = Field(ge=0, description="Sampling temperature (0: greedy).")
 
 
 class ResolvedAlgorithm(_Resolved):
@@ -306,6 +326,19 @@ class ResolvedAlgorithm(_Resolved):
     )
     kl_penalty_coef: float = Field(ge=0, description="Weight of the KL penalty (0: none).")
     advantage_normalization: Literal["mean", "std"] = Field(description="GRPO advantage normalization.")
+    clip_low: float = Field(ge=0, lt=1, description="Loss ppo: the ratio's lower bound is 1 - clipLow.")
+    clip_high: float = Field(ge=0, description="Loss ppo: the ratio's upper bound is 1 + clipHigh.")
+    importance_ratio: Literal["token", "sequence"] = Field(
+        description="The importance ratio per token, or per sequence (GSPO)."
+    )
+    loss_normalization: Literal["token", "sequence"] = Field(
+        description="One mean over the step's tokens, or over each completion's then over completions."
+    )
+    overlong_buffer: int = Field(
+        ge=0, description="Tokens of DAPO's overlong shaping below maxTokens (0: off)."
+    )
+    overlong_penalty: float = Field(gt=0, description="The reward a completion of maxTokens tokens loses.")
+    sampling: ResolvedSampling = Field(description="The rollouts' sampling parameters.")
 
 
 class ResolvedPacking(_Resolved):
@@ -378,6 +411,7 @@ class ResolvedSpec(_Resolved):
     algorithm: ResolvedAlgorithm = Field(description="The RL algorithm.")
     packing: ResolvedPacking = Field(description="Sequence packing.")
     dataset: ResolvedDataset = Field(description="Training prompts and their grading.")
+    evaluation: ResolvedEvaluation = Field(description="Evaluation during training.")
     service: ResolvedService | None = Field(default=None, description="Service mode; None: the RL loop.")
     storage: ResolvedStorage = Field(description="Run storage.")
     failure_policy: ResolvedFailurePolicy = Field(description="Retry policy.")
@@ -471,6 +505,7 @@ __all__ = [
     "ProgressTarget",
     "ResolvedAlgorithm",
     "ResolvedDataset",
+    "ResolvedEvaluation",
     "ResolvedFailurePolicy",
     "ResolvedLogprobs",
     "ResolvedLora",
@@ -478,6 +513,7 @@ __all__ = [
     "ResolvedPacking",
     "ResolvedPreflight",
     "ResolvedSampler",
+    "ResolvedSampling",
     "ResolvedService",
     "ResolvedSpec",
     "ResolvedStorage",

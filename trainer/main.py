@@ -180,8 +180,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--eval-every",
         type=int,
-        default=10,
-        help="sampler loop: evaluate held-out prompts every N steps (0: never)",
+        default=None,
+        help="sampler loop: evaluate held-out prompts every N steps (0: never); default "
+        "spec.evaluation.every",
     )
     p.add_argument(
         "--parity-threshold",
@@ -309,10 +310,24 @@ def profile(rc: RunConfig, tensorboard_dir: str | None) -> Any:
     return profile_settings(dict(rc.trainer.maxtext), tensorboard_dir or rc.storage.tensorboard)
 
 
+def loss_config(rc: RunConfig) -> Any:
+    """The train step's LossConfig from spec.algorithm: the loss, its clip bounds (clipLow, clipHigh), the
+    ratio's level (importanceRatio) and the KL penalty."""
+    from rljob.trainer.losses import LossConfig
+
+    alg = rc.spec.algorithm
+    return LossConfig(
+        kind=alg.loss,
+        clip_low=alg.clip_low,
+        clip_high=alg.clip_high,
+        ratio=alg.importance_ratio,
+        kl_coef=alg.kl_penalty_coef,
+    )
+
+
 def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
     """(ModelSpec, StepConfig, settings) of the run config (``model`` "config") or of the tiny CPU model
     with the config's other settings; raises BadConfig naming the field."""
-    from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, tiny_keys
     from rljob.trainer.train_step import StepConfig, model_problem
 
@@ -349,7 +364,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             budget=budget,
             rows=rows,
             **optimizer_options(rc, st["steps"]),
-            loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
+            loss=loss_config(rc),
             pad_position=st["pad_position"],
             max_segments=st["max_segments"],
             **align,

@@ -479,12 +479,34 @@ class PeftAdapter:
         (directory / "adapter_config.json").write_text(json.dumps(self.config(), indent=1))
 
     def load(self, directory: Path) -> LoraState:
-        from safetensors.numpy import load_file
+        return self.from_files(
+            (directory / "adapter_config.json").read_bytes(),
+            (directory / "adapter_model.safetensors").read_bytes(),
+            str(directory),
+        )
 
-        cfg = json.loads((directory / "adapter_config.json").read_text())
-        if int(cfg.get("r", -1)) != self.spec.lora_rank:
-            raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != model rank {self.spec.lora_rank}")
-        return self.from_peft(load_file(str(directory / "adapter_model.safetensors")))
+    def from_files(self, config: bytes, weights: bytes, where: str) -> LoraState:
+        """The LoRA state of a PEFT adapter's adapter_config.json and adapter_model.safetensors (the bytes
+        of each); ValueError, naming ``where``, when its rank, alpha or target modules are not this
+        model's adapter's or a tensor does not fit."""
+        from safetensors.numpy import load
+
+        try:
+            cfg = json.loads(config)
+        except ValueError as e:
+            raise ValueError(f"{where}: adapter_config.json is not JSON: {e}") from None
+        own = self.config()
+        for key in ("r", "lora_alpha", "target_modules"):
+            theirs: Any = cfg.get(key)
+            if key == "target_modules" and isinstance(theirs, list):
+                theirs = sorted(theirs)
+            if theirs != own[key]:  # JSON's 32 and 32.0 compare equal
+                raise ValueError(f"{where}: the adapter's {key} is {theirs!r}, this run's {own[key]!r}")
+        try:
+            tensors = load(weights)
+        except Exception as e:  # safetensors raises its own error types on a malformed file
+            raise ValueError(f"{where}: adapter_model.safetensors: {e}") from None
+        return self.from_peft(tensors)
 
     def config(self) -> dict[str, Any]:
         """adapter_config.json of the PEFT layout (what vLLM and peft read)."""

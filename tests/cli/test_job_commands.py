@@ -239,3 +239,25 @@ def test_status_names_the_profile_of_a_profiled_run() -> None:
     assert f"Profile:     {note}\n" in jobs.describe({**OBJ, **obj}, [], "", note)
     plain = {**obj, "spec": {**spec, "trainer": {"tpu": "v5p-8"}}}
     assert metrics.profile_note(plain) == "" and "Profile:" not in jobs.describe(OBJ, [])
+
+
+def test_describe_shows_the_newest_evaluation() -> None:
+    """status.progress.evaluation (the trainer's ProgressReport, rljob.trainer.evaluation.report)."""
+    from rljob.trainer.evaluation import report
+
+    ev = report(
+        20,
+        {
+            "eval_reward": 0.4,
+            "eval_pass_at_k": 0.625,
+            "eval_pass_k": 4.0,
+            "eval_maj_at_k": 0.5,
+            "eval_maj_k": 8.0,
+        },
+    )
+    assert ev is not None and report(21, {"reward_mean": 0.3}) is None  # a step without an evaluation
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
+    status = {**base, "progress": {**base["progress"], "evaluation": ev.model_dump(mode="json")}}
+    text = jobs.describe({**OBJ, "status": status}, [])
+    assert "Evaluation:  step 20: pass@4 0.625, maj@8 0.500, mean reward 0.400" in text
+    assert "Evaluation:" not in jobs.describe(OBJ, [])
