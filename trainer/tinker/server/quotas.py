@@ -32,6 +32,7 @@ __all__ = [
     "QuotaExceeded",
     "body_limit",
     "bounded",
+    "clip",
     "echo",
     "per_key_share",
 ]
@@ -54,12 +55,16 @@ def body_limit(path: str) -> int:
     return _BODY_LIMITS.get(path, BODY_LIMIT)
 
 
+def clip(text: str) -> str:
+    """``text`` cut to MAX_ECHO characters (saying how long it was): what a refusal repeats of a field."""
+    if len(text) <= MAX_ECHO:
+        return text
+    return f"{text[:MAX_ECHO]}... ({len(text)} characters)"
+
+
 def echo(value: object) -> str:
-    """``repr(value)``, cut to MAX_ECHO characters (and saying how long it was): what a refusal repeats."""
-    r = repr(value)
-    if len(r) <= MAX_ECHO:
-        return r
-    return f"{r[:MAX_ECHO]}... ({len(r)} characters)"
+    """``repr(value)``, clipped."""
+    return clip(repr(value))
 
 
 def bounded(message: str) -> str:

@@ -12,7 +12,7 @@ from aiohttp import web
 from rljob.common.storage import open_store
 from rljob.trainer.tinker.engine import RequestError, TrainingModel
 from rljob.trainer.tinker.server.auth import OWNER, not_found
-from rljob.trainer.tinker.server.quotas import echo
+from rljob.trainer.tinker.server.quotas import clip, echo
 from rljob.trainer.tinker.server.sampling_routes import SamplingRoutes
 from rljob.trainer.tinker.server.training import NAME
 
@@ -72,7 +72,7 @@ class RestRoutes(SamplingRoutes):
         run_id = request.match_info["run_id"]
         m = self.engine.models.get(run_id)
         if m is None or self.model_owner.get(run_id) != OWNER.get():
-            raise not_found(f"training_run_id: no live training client {echo(run_id)} of this API key")
+            raise not_found(f"training_run_id: no live training client {clip(run_id)} of this API key")
         return m
 
     async def get_training_run(self, request: web.Request) -> web.Response:
@@ -111,7 +111,7 @@ class RestRoutes(SamplingRoutes):
             return True
 
         if not await self._on_worker(work):
-            msg = f"checkpoint_id: {echo(run_id)} has no checkpoint {echo(checkpoint_id)} on this service"
+            msg = f"checkpoint_id: {clip(run_id)} has no checkpoint {clip(checkpoint_id)} on this service"
             return web.json_response({"error": msg}, status=404)
         return web.json_response({})
 
@@ -125,7 +125,7 @@ class RestRoutes(SamplingRoutes):
         entry = (await asyncio.to_thread(self._own_index, m.group("run"))).get(m.group("id"))
         if entry is None:
             return web.json_response(
-                {"error": f"tinker_path: no checkpoint {echo(body.tinker_path)}"}, status=404
+                {"error": f"tinker_path: no checkpoint {clip(body.tinker_path)}"}, status=404
             )
         c = entry["config"]
         return web.json_response(

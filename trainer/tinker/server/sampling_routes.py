@@ -22,7 +22,7 @@ from rljob.trainer.tinker import wire
 from rljob.trainer.tinker.engine import RequestError, TrainingModel
 from rljob.trainer.tinker.server.auth import OWNER, not_found
 from rljob.trainer.tinker.server.core import SamplingSession
-from rljob.trainer.tinker.server.quotas import QuotaExceeded, echo, per_key_share
+from rljob.trainer.tinker.server.quotas import QuotaExceeded, clip, echo, per_key_share
 from rljob.trainer.tinker.server.training import NAME, TrainingRoutes
 from safetensors.numpy import save as st_save
 from tinker import types
@@ -57,7 +57,7 @@ def sampling_problems(prompt: np.ndarray, sp: Any, vocab: int | None) -> list[st
     if int(sp.top_k) < -1:
         problems.append(f"sampling_params.top_k: {int(sp.top_k)}; -1 (off) or more")
     if sp.seed is not None and not 0 <= int(sp.seed) <= MAX_SEED:
-        problems.append(f"sampling_params.seed: {echo(int(sp.seed))}; 0..2^63-1")
+        problems.append(f"sampling_params.seed: {clip(str(int(sp.seed)))}; 0..2^63-1")
     stop = sp.stop
     if stop is not None and not isinstance(stop, str):
         if len(stop) > MAX_STOPS:
@@ -175,11 +175,11 @@ class SamplingRoutes(TrainingRoutes):
         index = await asyncio.to_thread(self._own_index, model_id)  # another key's weights: 404
         entry = index.get(f"sampler_weights/{name}")
         if entry is None:
-            raise RequestError(f"model_path: no sampler weights at {echo(model_path)}")
+            raise RequestError(f"model_path: no sampler weights at {clip(model_path)}")
         uri, adapter = self._sampler_version(entry, model_id, name)
         exists = await asyncio.to_thread(lambda: open_store(uri).exists(ADAPTER_CONFIG))
         if not exists:
-            raise RequestError(f"model_path: no sampler weights at {echo(model_path)}")
+            raise RequestError(f"model_path: no sampler weights at {clip(model_path)}")
         return SamplingSession(sid, self.cfg.base_model, model_path, adapter, uri, owner)
 
     async def get_sampler(self, request: web.Request) -> web.Response:
@@ -211,7 +211,7 @@ class SamplingRoutes(TrainingRoutes):
             session = self.sampling.get(req.sampling_session_id)
             if session is None or session.owner != OWNER.get():
                 raise not_found(
-                    f"sampling_session_id: {echo(req.sampling_session_id)} is not a sampler of this API key"
+                    f"sampling_session_id: {clip(req.sampling_session_id)} is not a sampler of this API key"
                 )
             session.used = time.time()
         else:

@@ -22,7 +22,7 @@ from rljob.trainer.tinker import wire
 from rljob.trainer.tinker.engine import RequestError
 from rljob.trainer.tinker.server.auth import OWNER, authenticate
 from rljob.trainer.tinker.server.futures import POLL_S
-from rljob.trainer.tinker.server.quotas import MAX_BODY, QuotaExceeded, body_limit, bounded, echo
+from rljob.trainer.tinker.server.quotas import MAX_BODY, QuotaExceeded, body_limit, bounded, clip
 from rljob.trainer.tinker.server.rest import RestRoutes
 from tinker import types
 
@@ -94,7 +94,7 @@ class Service(RestRoutes):
         if size <= limit and request.body_exists:  # no length, or a length that may lie: what came
             size = len(await request.read())  # (at most client_max_size: aiohttp answers 413 beyond)
         if size > limit:
-            msg = f"body: {size} bytes; {echo(request.path)} takes at most {limit}"
+            msg = f"body: {size} bytes; {clip(request.path)} takes at most {limit}"
             return web.json_response({"error": msg}, status=413)
         try:
             return await handler(request)
@@ -179,7 +179,7 @@ class Service(RestRoutes):
 
     async def unsupported(self, request: web.Request) -> web.Response:
         msg = (
-            f"{request.method} {echo(request.path)}: not supported by this Tinker service (rljob); "
+            f"{request.method} {clip(request.path)}: not supported by this Tinker service (rljob); "
             "docs/tinker.md lists what it serves"
         )
         return web.json_response({"error": msg}, status=404)
@@ -191,7 +191,7 @@ class Service(RestRoutes):
         f = self.futures.get(req.request_id, OWNER.get())
         if f is None:
             return web.json_response(
-                {"error": f"request {echo(req.request_id)} is unknown (expired, or the service restarted)"},
+                {"error": f"request {clip(req.request_id)} is unknown (expired, or the service restarted)"},
                 status=410,
             )
         try:

@@ -22,7 +22,7 @@ from rljob.trainer.tinker.engine import (
 )
 from rljob.trainer.tinker.server.auth import OWNER
 from rljob.trainer.tinker.server.core import ServiceCore
-from rljob.trainer.tinker.server.quotas import MAX_DATUMS_PER_REQUEST, MAX_TOKENS_PER_REQUEST, echo
+from rljob.trainer.tinker.server.quotas import MAX_DATUMS_PER_REQUEST, MAX_TOKENS_PER_REQUEST, clip, echo
 from tinker import types
 
 __all__ = ["NAME", "TrainingRoutes", "check_request_size"]
@@ -156,7 +156,7 @@ class TrainingRoutes(ServiceCore):
             p = req.optim_params
             if not isinstance(p, types.AdamParams):
                 kind = getattr(p, "type", type(p).__name__)
-                raise RequestError(f"optim_params: {echo(kind)} is not supported (AdamParams only)")
+                raise RequestError(f"optim_params: {clip(str(kind))} is not supported (AdamParams only)")
             hp = AdamHP(p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm)
             metrics = self.compute.optim_step(req.model_id, hp)
             m = self.engine.model(req.model_id)
