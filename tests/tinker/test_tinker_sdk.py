@@ -692,7 +692,7 @@ def test_a_failure_inside_the_service_answers_at_once(
     def broken(*_a: Any, **_k: Any) -> Any:
         raise OSError("storage unreachable")
 
-    monkeypatch.setattr(svc, "_index", broken)
+    monkeypatch.setattr(svc.state, "index", broken)  # the checkpoint index on storage
     rest = tinker.RestClient(base_url=served.url, api_key=API_KEY)
     t0 = time.monotonic()
     with pytest.raises(tinker.BadRequestError, match="failed in the service: OSError: storage unreachable"):
