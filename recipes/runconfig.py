@@ -31,6 +31,10 @@ NAMED_ADAPTERS_DIR = "tinker"
 # Secret spec.service.apiKeySecret names.
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
+# A service-mode trainer serves HTTPS when both are set: the PEM certificate chain and its private key (the
+# keys tls.crt and tls.key of a kubernetes.io/tls Secret, given through spec.trainer.template env).
+TLS_CERT_ENV = "RLJOB_TINKER_TLS_CERT"
+TLS_KEY_ENV = "RLJOB_TINKER_TLS_KEY"
 # The run's own token (rljob.common.credentials): from key RUN_TOKEN_SECRET_KEY of the Secret the operator
 # creates for each run (naming.credentials_secret), in every trainer and sampler container's env.
 RUN_TOKEN_ENV = "RLJOB_RUN_TOKEN"
@@ -498,6 +502,8 @@ __all__ = [
     "RUN_TOKEN_SECRET_KEY",
     "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
+    "TLS_CERT_ENV",
+    "TLS_KEY_ENV",
     "VLLM_API_KEY_ENV",
     "CacheDisk",
     "Endpoints",
