@@ -164,7 +164,7 @@ def _sampler_restarts(restarts: dict[str, Any], sampler_failure: str | None = No
     """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12);
     ` (the run, sampler crashes included)` when a sampler crash restarts the run (samplerFailure
     RestartRun: JobSet's feature gate RestartJob off)."""
-    from rljob.recipes.api import SamplerFailure
+    from rljob.recipes.failure import SamplerFailure
 
     if sampler_failure == SamplerFailure.RESTART_RUN:
         return " (the run, sampler crashes included: JobSet's gate RestartJob is off)"

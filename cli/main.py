@@ -274,7 +274,7 @@ def explain(run: RunConfig) -> str:
 def _restarts(run: RunConfig) -> list[str]:
     """The failure policy in force (rljob.recipes.failure) as the plan text shows it."""
     from rljob.recipes import failure
-    from rljob.recipes.api import SamplerFailure
+    from rljob.recipes.failure import SamplerFailure
 
     fp = run.spec.failure_policy
     if run.sampler_failure is SamplerFailure.RESTART_SAMPLER_JOB:

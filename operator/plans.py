@@ -16,7 +16,8 @@ from typing import Any
 
 from rljob.operator import metrics
 from rljob.recipes import failure, naming
-from rljob.recipes.api import API_VERSION, KIND, RLJob, SamplerFailure
+from rljob.recipes.api import API_VERSION, KIND, RLJob
+from rljob.recipes.failure import SamplerFailure
 from rljob.recipes.plan import PlanError, parse_object
 
 logger = logging.getLogger(__name__)

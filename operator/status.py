@@ -55,8 +55,8 @@ from rljob.recipes.api import (
     RoleRestarts,
     RolesStatus,
     RoleStatus,
-    SamplerFailure,
 )
+from rljob.recipes.failure import SamplerFailure
 
 REASON_JOBSET_DELETED = "JobSetDeleted"
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})

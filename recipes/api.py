@@ -25,6 +25,7 @@ from pydantic.config import JsonDict
 from rljob.recipes import syntax
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
 from rljob.recipes.defaults import text as _default
+from rljob.recipes.failure import SamplerFailure
 from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
 
 GROUP = "rljob.dev"
@@ -1103,14 +1104,6 @@ class Phase(StrEnum):
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
     SUSPENDED = "Suspended"
-
-
-class SamplerFailure(StrEnum):
-    """What a sampler crash restarts (rljob.recipes.failure): chosen by the plan from whether the cluster's
-    JobSet admits the failure action RestartJob (its feature gate RestartJob)."""
-
-    RESTART_SAMPLER_JOB = "RestartSamplerJob"  # that sampler Job alone, against maxSamplerRestarts
-    RESTART_RUN = "RestartRun"  # the whole run from its last checkpoint, against maxRestarts
 
 
 class FailureClass(StrEnum):

@@ -18,10 +18,19 @@ Contract 3:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
-from rljob.recipes.api import SamplerFailure
 from rljob.recipes.naming import JOBSET_GROUP, JOBSET_VERSION, SAMPLER, TRAINER
+
+
+class SamplerFailure(StrEnum):
+    """What a sampler crash restarts (rljob.recipes.failure): chosen by the plan from whether the cluster's
+    JobSet admits the failure action RestartJob (its feature gate RestartJob)."""
+
+    RESTART_SAMPLER_JOB = "RestartSamplerJob"  # that sampler Job alone, against maxSamplerRestarts
+    RESTART_RUN = "RestartRun"  # the whole run from its last checkpoint, against maxRestarts
+
 
 EXIT_OK = 0
 EXIT_BAD_CONFIG = 2

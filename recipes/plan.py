@@ -33,10 +33,11 @@ from rljob.recipes import (
     startup,
     tpu,
 )
-from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec, SamplerFailure
+from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
+from rljob.recipes.failure import SamplerFailure
 
 # PlanError and pydantic's errors as `path: message` lines live below the plan and the manifest parser,
 # which both raise them; re-exported here for the callers of the plan.

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
-from rljob.recipes.api import ApiModel, PodTemplate, SamplerFailure
+from rljob.recipes.api import ApiModel, PodTemplate
+from rljob.recipes.failure import SamplerFailure
 
 CONFIG_KEY = "run.json"
 CONFIG_DIR = "/etc/rljob"

@@ -9,7 +9,7 @@ import re
 
 import pytest
 from rljob.recipes import failure
-from rljob.recipes.api import SamplerFailure
+from rljob.recipes.failure import SamplerFailure
 
 JOB, RUN = SamplerFailure.RESTART_SAMPLER_JOB, SamplerFailure.RESTART_RUN
 # The failure actions JobSet v0.12.0 admits with its feature gate RestartJob off (its default).
