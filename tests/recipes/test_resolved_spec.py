@@ -30,6 +30,7 @@ OPTIONAL = {
     "service",  # the RL loop, not an API service
     "queueName",  # no Kueue queue
     "priorityClassName",  # no PriorityClass
+    "lora.initFrom",  # no warm start: the adapter starts at zero
 }
 
 
