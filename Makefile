@@ -133,9 +133,11 @@ cluster-build:
 	@hack/build.sh
 
 # KUEUE=1 (or RLJOB_KUEUE=1 in the environment): the Kueue manager too (hack/README.md).
+# JOBSET_RESTART_JOB=off (or RLJOB_JOBSET_RESTART_JOB_GATE=off): JobSet's feature gate RestartJob off, its default.
 KUEUE ?= $(RLJOB_KUEUE)
+JOBSET_RESTART_JOB ?= $(or $(RLJOB_JOBSET_RESTART_JOB_GATE),on)
 cluster-up:
-	@RLJOB_KUEUE=$(KUEUE) hack/cluster.sh up
+	@RLJOB_KUEUE=$(KUEUE) RLJOB_JOBSET_RESTART_JOB_GATE=$(JOBSET_RESTART_JOB) hack/cluster.sh up
 
 cluster-down:
 	@hack/cluster.sh down

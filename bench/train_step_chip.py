@@ -92,7 +92,8 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     cfg = maxtext_config(k)
     flops = compilecheck.model_flops(cfg, float(useful), backward=True)
     step = statistics.median(times)
-    chip = compilecheck.CHIPS.get("v5e") or compilecheck.Chip(16 * 2**30, 197e12, 819e9, 1, "v5e")
+    # This TPU's generation, from the accelerator type a TPU VM or GKE node exports (e.g. v5litepod-4).
+    chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "").rsplit("-", 1)[0]]
     peak = int((jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
     return {
         "arm": arm,

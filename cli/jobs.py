@@ -22,13 +22,16 @@ import json
 import sys
 import threading
 import time
+import unicodedata
 from datetime import UTC, datetime
 from typing import Any
 
-EXIT_OK = 0
+from rljob.recipes import failure, naming
+
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_CLUSTER = 1
-EXIT_BAD_INPUT = 2
-ROLES = ("trainer", "sampler")
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
+ROLES = (naming.TRAINER, naming.SAMPLER)
 TERMINAL = ("Succeeded", "Failed")
 SPARK = "▁▂▃▄▅▆▇█"
 
@@ -42,6 +45,33 @@ class JobError(Exception):
 
 
 # --------------------------------------------------------------------------------------- formatting
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every control or format character (an escape sequence's ESC,
+    a carriage return, a bidi override) written as its escape (``\\x1b``, ``\\u202e``), a newline or tab as
+    a space. A status message can hold a container's log (terminationMessagePolicy FallbackToLogsOnError):
+    printed raw, its escapes would drive the reader's terminal and its newlines forge lines of the output."""
+    out = []
+    for ch in text:
+        if ch in "\n\t":
+            out.append(" ")
+        elif unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(ascii(ch)[1:-1])
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def printable_tree(value: Any) -> Any:
+    """``value`` (an API object) with every string in it, keys included, made printable."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v) for v in value]
+    return value
 
 
 def sparkline(values: list[float], width: int = 60) -> str:
@@ -88,7 +118,7 @@ def table(items: list[dict[str, Any]], wide: bool = False, all_namespaces: bool 
     if wide:
         head += ["JOBSET", "LAST-FAILURE", "URL"]
     rows = [head]
-    for obj in items:
+    for obj in printable_tree(items):
         meta, status = obj.get("metadata") or {}, obj.get("status") or {}
         progress = status.get("progress") or {}
         row = [
@@ -130,18 +160,33 @@ def _steps(obj: dict[str, Any]) -> Any:
     return merged["algorithm"]["steps"]
 
 
-def _sampler_restarts(restarts: dict[str, Any]) -> str:
-    """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12)."""
+def _sampler_restarts(restarts: dict[str, Any], sampler_failure: str | None = None) -> str:
+    """`; sampler N used, M left` when the status counts sampler restarts apart (rljob >= JobSet v0.12);
+    ` (the run, sampler crashes included)` when a sampler crash restarts the run (samplerFailure
+    RestartRun: JobSet's feature gate RestartJob off)."""
+    from rljob.recipes.failure import SamplerFailure
+
+    if sampler_failure == SamplerFailure.RESTART_RUN:
+        return " (the run, sampler crashes included: JobSet's gate RestartJob is off)"
     sampler = restarts.get("sampler")
     if not isinstance(sampler, dict):
         return ""
     return f" (the run); sampler {sampler.get('used', 0)} used, {sampler.get('left', '?')} left"
 
 
+def _evaluation(ev: dict[str, Any]) -> str:
+    """The newest held-out evaluation (ProgressReport.evaluation) as `rljob status` shows it."""
+    out = f"step {ev.get('step')}: pass@{ev.get('passK')} {ev.get('passAtK', 0):.3f}"
+    if ev.get("majK"):
+        out += f", maj@{ev['majK']} {ev.get('majAtK', 0):.3f}"
+    return out + f", mean reward {ev.get('rewardMean', 0):.3f}"
+
+
 def describe(
     obj: dict[str, Any], history: list[tuple[int, float]] | None, history_note: str = "", profile: str = ""
 ) -> str:
-    """The human-readable status of one RLJob."""
+    """The human-readable status of one RLJob; every string from the cluster made printable."""
+    obj = printable_tree(obj)
     meta, status = obj.get("metadata") or {}, obj.get("status") or {}
     progress = status.get("progress") or {}
     restarts = status.get("restarts") or {}
@@ -152,10 +197,14 @@ def describe(
         f"Step:        {progress.get('step', 0)} of {steps}",
         f"Reward:      {_reward(progress) or '-'}",
         f"Restarts:    {restarts.get('used', 0)} used, {restarts.get('left', '?')} left"
-        + _sampler_restarts(restarts),
+        + _sampler_restarts(restarts, status.get("samplerFailure")),
     ]
+    if progress.get("message"):
+        lines.append(f"Trainer:     {progress['message']}")
     if progress.get("lastCheckpointStep") is not None:
         lines.append(f"Checkpoint:  step {progress['lastCheckpointStep']}")
+    if progress.get("evaluation"):
+        lines.append(f"Evaluation:  {_evaluation(progress['evaluation'])}")
     if profile:
         lines.append(f"Profile:     {profile}")
     if status.get("jobSetName"):
@@ -285,7 +334,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     job.metadata.namespace = args.namespace or (
         job.metadata.namespace if "namespace" in job.metadata.model_fields_set else s.namespace
     )
-    _resolve(job)  # every problem at once, exit 2, before anything is sent
+    _resolve(job, args)  # every problem at once, exit 2, before anything is sent
     body = job.model_dump(mode="json", by_alias=True, exclude_unset=True, exclude_none=True)
     body["metadata"]["namespace"] = job.metadata.namespace
     body.pop("status", None)
@@ -308,7 +357,7 @@ def _wait(s: Session, name: str, timeout: float) -> int:
     start = time.monotonic()
     last = None
     while True:
-        status = s.get(name).get("status") or {}
+        status = printable_tree(s.get(name).get("status") or {})
         phase = status.get("phase") or "Pending"
         roles = status.get("roles") or {}
         ready = " ".join(
@@ -386,7 +435,7 @@ def _pods(s: Session, name: str, role: str) -> list[Any]:
         f"pods of rljob {s.namespace}/{name}",
         s.core.list_namespaced_pod,
         s.namespace,
-        label_selector=f"rljob.dev/rljob={name},rljob.dev/role={role}",
+        label_selector=f"{naming.RUN_LABEL}={name},{naming.ROLE_LABEL}={role}",
     ).items
     return sorted(pods, key=lambda p: p.metadata.name)
 

@@ -19,14 +19,16 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from rljob.recipes import failure, naming
+
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
     from rljob.recipes.podpolicy import PodPolicy
     from rljob.recipes.runconfig import RunConfig
 
-EXIT_OK = 0
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_INTERNAL = 1
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
 
 
 class _BadInput(Exception):
@@ -86,12 +88,14 @@ def _policy(path: str | None) -> PodPolicy:
         raise _BadInput(e.problems) from None
 
 
-def _resolve(job: RLJob, policy_path: str | None = None) -> RunConfig:
+def _resolve(job: RLJob, args: argparse.Namespace) -> RunConfig:
+    """The plan of `job` under the flags --pod-policy and --jobset-restart-job."""
     from rljob.recipes.plan import PlanError, resolve
 
-    policy = _policy(policy_path)
+    policy = _policy(getattr(args, "pod_policy", None))
+    restart_job = getattr(args, "jobset_restart_job", "enabled") == "enabled"
     try:
-        return resolve(job, policy)
+        return resolve(job, policy, restart_job=restart_job)
     except PlanError as e:
         raise _BadInput(e.problems) from None
 
@@ -99,7 +103,7 @@ def _resolve(job: RLJob, policy_path: str | None = None) -> RunConfig:
 def cmd_render(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     sys.stdout.write(render.to_yaml(render.objects(run)))
     return EXIT_OK
 
@@ -107,7 +111,7 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from rljob.recipes import render
 
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     render.jobset(run)
     print(
         f"{args.file}: valid: JobSet {run.namespace}/{run.job_set_name}, trainer {run.trainer.tpu.type_name} "
@@ -200,13 +204,15 @@ def explain(run: RunConfig) -> str:
             if spec.recipe
             else ""
         ),
-        f"model: {spec.model.name} (MaxText {spec.model.maxtext_model})",
+        f"model: {spec.model.name}@{spec.model.revision} (MaxText {spec.model.maxtext_model})",
         "  base weights: "
         + (
-            spec.model.checkpoint
+            f"{spec.model.checkpoint} (spec.model.checkpoint)"
             if spec.model.checkpoint
-            else "RANDOM (no spec.model.checkpoint): a smoke test, not a post-training run"
+            else f"{spec.model.name}@{spec.model.revision} from Hugging Face, converted by the trainer "
+            f"once into {run.storage.converted}"
         ),
+        f"  sampler serves: {spec.model.name}@{spec.model.revision}",
         "trainer:",
         f"  tpu: {t.tpu.type_name} = {t.tpu.accelerator} {t.tpu.topology}, machine {t.tpu.machine_type}",
         f"  per slice: {t.tpu.chips} chips, {t.tpu.hosts} hosts, {t.tpu.devices} JAX devices "
@@ -230,17 +236,16 @@ def explain(run: RunConfig) -> str:
         f"lr {spec.algorithm.learning_rate:g}{_schedule(spec.algorithm)}",
         f"dataset: {_dataset(run)}",
         f"storage: {run.storage.root}",
-        f"restarts: {spec.failure_policy.max_restarts} counted of the run (a trainer crash), "
-        f"{spec.failure_policy.max_sampler_restarts} of single sampler Jobs (a sampler crash; the trainer "
-        "keeps running); preemption/maintenance restarts are free; exit 2 fails at once",
+        *_restarts(run),
         f"endpoints: coordinator {run.endpoints.coordinator}; samplers {', '.join(run.endpoints.samplers)}",
         f"MaxText {t.maxtext_version} keys ({len(t.maxtext)}; source: rljob < recipe < profile < manifest):",
     ]
-    from rljob.recipes import disk, fit
+    from rljob.recipes import disk, fit, loop_options
 
     # Bytes per device of each role against its HBM (rljob.recipes.fit: the plan's fit check), then each
     # host's cache disk (rljob.recipes.disk).
     at = next(i for i, line in enumerate(lines) if line.startswith("algorithm: "))
+    lines[at + 1 : at + 1] = loop_options.summary(spec)
     lines[at:at] = [
         *fit.summary(fit.of_run(run), s),
         disk.summary("trainer", t.cache_disk),
@@ -255,7 +260,7 @@ def explain(run: RunConfig) -> str:
             f"service: {svc.api} API at {render.api_url(run)}, up to {svc.max_training_clients} training "
             f"clients, checkpoint every {svc.checkpoint_every} steps (no built-in RL loop)",
         )
-    for role in ("trainer", "sampler"):
+    for role in (naming.TRAINER, naming.SAMPLER):
         summary = _overrides(getattr(spec, role).template)
         if summary:
             lines.insert(lines.index(f"dataset: {_dataset(run)}"), f"{role} pod overrides: {summary}")
@@ -264,6 +269,25 @@ def explain(run: RunConfig) -> str:
         lines.append(f"  {k:<{width}}  {v!s:<24} [{t.maxtext_sources.get(k, '?')}]")
     lines += _derived(run)
     return "\n".join(lines) + "\n"
+
+
+def _restarts(run: RunConfig) -> list[str]:
+    """The failure policy in force (rljob.recipes.failure) as the plan text shows it."""
+    from rljob.recipes import failure
+    from rljob.recipes.failure import SamplerFailure
+
+    fp = run.spec.failure_policy
+    if run.sampler_failure is SamplerFailure.RESTART_SAMPLER_JOB:
+        budgets = (
+            f"{fp.max_restarts} counted of the run (a trainer crash), {fp.max_sampler_restarts} of single "
+            "sampler Jobs (a sampler crash; the trainer keeps running)"
+        )
+    else:
+        budgets = f"{fp.max_restarts} counted of the run (a trainer or sampler crash)"
+    return [
+        f"restarts: {budgets}; preemption/maintenance restarts are free; exit 2 fails at once",
+        f"  sampler failure: {run.sampler_failure} ({failure.explain(run.sampler_failure)})",
+    ]
 
 
 def _preflight(run: RunConfig) -> str:
@@ -311,7 +335,7 @@ def _schedule(alg: Any) -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    run = _resolve(_job(args.file), getattr(args, "pod_policy", None))
+    run = _resolve(_job(args.file), args)
     if args.output == "json":
         sys.stdout.write(run.model_dump_json(indent=2, exclude_none=True) + "\n")
     else:
@@ -356,6 +380,14 @@ def parser() -> argparse.ArgumentParser:
             "--pod-policy",
             metavar="FILE",
             help="the operator's pod policy (YAML: the chart's podPolicy values); default: the chart's",
+        )
+        sp.add_argument(
+            "--jobset-restart-job",
+            choices=("enabled", "disabled"),
+            default="enabled",
+            help="whether the cluster's JobSet admits the failure action RestartJob (its feature gate "
+            "RestartJob; `rljob doctor` tells): disabled plans a sampler crash as a restart of the whole run "
+            "(the operator's chart value jobset.restartJob); default: enabled",
         )
         if name == "plan":
             sp.add_argument("-o", "--output", choices=("text", "json"), default="text", help="text or json")

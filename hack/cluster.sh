@@ -6,7 +6,8 @@
 # the Kueue manager the same way (RLJOB_KUEUE=1 at `up`, or `kueue-up` on a running cluster).
 #
 #   hack/cluster.sh up        build what is missing, start (or reuse) the cluster, print `export KUBECONFIG=...`
-#                             (RLJOB_KUEUE=1: Kueue too, built first if missing)
+#                             (RLJOB_KUEUE=1: Kueue too, built first if missing; RLJOB_JOBSET_RESTART_JOB_GATE=off:
+#                             JobSet's feature gate RestartJob off, as JobSet ships it)
 #   hack/cluster.sh down      stop everything this script started and delete the cluster's state
 #   hack/cluster.sh status    exit 0 when the API server answers and the JobSet controller runs
 #   hack/cluster.sh kueue-up  build Kueue if missing and start it on the running cluster (no-op if it runs)
@@ -145,7 +146,12 @@ jobset_module_dir() {
 start_jobset() {
   mkdir -p "$JS_DIR" "$LOGS"
   make_certs
-  local port health moddir
+  local port health moddir restart_job_gate
+  case "${RLJOB_JOBSET_RESTART_JOB_GATE:-on}" in
+    on) restart_job_gate=true ;;
+    off) restart_job_gate=false ;;
+    *) die "RLJOB_JOBSET_RESTART_JOB_GATE: on or off, not ${RLJOB_JOBSET_RESTART_JOB_GATE}" ;;
+  esac
   port="$(free_port)"; health="$(free_port)"
   moddir="$(jobset_module_dir)"
   [ -d "$moddir/config/components" ] || die "JobSet module not found in the Go module cache ($moddir)"
@@ -175,9 +181,10 @@ metrics:
   bindAddress: "0"
 health:
   healthProbeBindAddress: 127.0.0.1:$health
-# rljob restarts a failed sampler Job alone (recipes/failure.py): alpha in JobSet v0.12.0.
+# rljob restarts a failed sampler Job alone (recipes/failure.py): alpha in JobSet v0.12.0, off by
+# default there; RLJOB_JOBSET_RESTART_JOB_GATE=off keeps JobSet's default (the operator then falls back).
 featureGates:
-  RestartJob: true
+  RestartJob: $restart_job_gate
 EOF
   # setsid: its own session, so it outlives this script and is stopped only through its pid file.
   setsid "$BIN/jobset-manager" --config "$JS_DIR/config.yaml" --kubeconfig "$KUBECONFIG_PATH" \

@@ -63,6 +63,7 @@ from fixtures.standin import PodRunner  # noqa: E402
 from kubernetes import config  # noqa: E402
 from kubernetes.client.exceptions import ApiException  # noqa: E402
 from rljob.common.ports import free_port  # noqa: E402
+from rljob.recipes import naming  # noqa: E402
 
 EXAMPLE = REPO / "examples" / "qwen3-8b-v5p.yaml"
 # Next to the state of the cluster it runs on (hack/cluster.sh: $RLJOB_CLUSTER_DIR, default .cache/cluster),
@@ -158,7 +159,7 @@ def delete_rljob(c: Cluster, ns: str, name: str) -> None:
             time.sleep(0.5)
         except ApiException:
             break
-    while c.core.list_namespaced_pod(ns, label_selector=f"rljob.dev/rljob={name}").items:
+    while c.core.list_namespaced_pod(ns, label_selector=f"{naming.RUN_LABEL}={name}").items:
         time.sleep(0.5)
 
 
@@ -286,7 +287,7 @@ def running_on_v5p(c: Cluster, ns: str, name: str) -> str | None:
         sys.exit(f"the RLJob ended {status['phase']}: {status}")
     if status.get("phase") != "Running":
         return f"phase {status.get('phase')}"
-    pods = c.core.list_namespaced_pod(ns, label_selector=f"rljob.dev/rljob={name}").items
+    pods = c.core.list_namespaced_pod(ns, label_selector=f"{naming.RUN_LABEL}={name}").items
     roles: dict[str, int] = {}
     for pod in pods:
         phase, node_name = pod_status(pod).phase, pod_spec(pod).node_name
@@ -295,7 +296,7 @@ def running_on_v5p(c: Cluster, ns: str, name: str) -> str | None:
         node = c.core.read_node(node_name)
         if labels_of(node).get("cloud.google.com/gke-tpu-accelerator") != V5P:
             return f"pod {name_of(pod)} is on {node_name}, not a v5p node"
-        role = labels_of(pod).get("rljob.dev/role", "?")
+        role = labels_of(pod).get(naming.ROLE_LABEL, "?")
         roles[role] = roles.get(role, 0) + 1
     if not roles.get("trainer") or not roles.get("sampler"):
         return f"pods per role: {roles}"

@@ -92,6 +92,11 @@ class Caches:
         self.phases: collections.Counter[str] = collections.Counter({p.value: 0 for p in Phase})
         for phase in self.phases:
             metrics.RLJOBS.labels(phase).set(0)
+        metrics.RUNS.source = self.statuses  # the series per RLJob (rljob_run_*)
+
+    def statuses(self) -> list[tuple[str, str, dict[str, Any]]]:
+        """(namespace, name, status) of every RLJob known, for the series per RLJob."""
+        return [(ns, name, entry.status or {}) for (ns, name), entry in list(self.rljobs.items())]
 
     def _count(self, old: RLJobEntry | None, new: RLJobEntry | None) -> None:
         before, after = _phase_of(old), _phase_of(new)

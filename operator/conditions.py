@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
+from rljob.recipes import naming, runconfig
+
 # ------------------------------------------------------------------------------ who we are on the API
 FIELD_MANAGER: Final = "rljob-operator"
 """Field manager of every write (server-side apply and patches): `kubectl get -o yaml --show-managed-fields`
@@ -17,7 +19,7 @@ shows exactly which fields the operator owns."""
 EVENT_COMPONENT: Final = "rljob-operator"
 
 # ----------------------------------------------------------------------------- labels and annotations
-LABEL_NAME: Final = "rljob.dev/rljob"
+LABEL_NAME: Final = naming.RUN_LABEL
 """On every child object and pod template (rljob.recipes.render.labels; the operator adds it to what it
 creates itself): the owning RLJob's name.
 The operator's watches select children by this label (server-side), so it never lists foreign objects."""
@@ -45,13 +47,13 @@ RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/restart-attempt"
 JOB_RESTART_ATTEMPT_LABEL: Final = "jobset.sigs.k8s.io/job-restart-attempt"
 JOB_INDEX_LABEL: Final = "jobset.sigs.k8s.io/job-index"
 
-PREFLIGHT_LABEL: Final = "rljob.dev/preflight"
+PREFLIGHT_LABEL: Final = naming.PREFLIGHT_LABEL
 """On the compile preflight's Job and pod (value "true", rljob.recipes.naming.PREFLIGHT_LABEL): the operator
 watches these Jobs, and reads a failed preflight pod's termination message instead of counting a failure."""
 JOB_NAME_LABEL: Final = "batch.kubernetes.io/job-name"
 """Set by the Job controller on a Job's pods."""
 
-PROGRESS_KEY: Final = "progress.json"
+PROGRESS_KEY: Final = runconfig.PROGRESS_KEY
 """Key of the trainer's report in the `<rljob>-progress` ConfigMap (contract 4)."""
 
 # ----------------------------------------------------------------------------------- condition types
@@ -143,5 +145,5 @@ DISRUPTION_PREEMPTION: Final = frozenset({"DeletionByPodGC", "PreemptionBySchedu
 DISRUPTION_MAINTENANCE: Final = frozenset({"EvictionByEvictionAPI", "DeletionByTaintManager"})
 
 # Roles: the replicatedJob names the renderer writes.
-ROLE_TRAINER: Final = "trainer"
-ROLE_SAMPLER: Final = "sampler"
+ROLE_TRAINER: Final = naming.TRAINER
+ROLE_SAMPLER: Final = naming.SAMPLER

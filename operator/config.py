@@ -35,6 +35,9 @@ class OperatorConfig:
     # What RLJobs' pods may ask for (RLJOB_POD_POLICY: JSON, the chart's podPolicy values; a bad one stops
     # the operator at start with podpolicy.PolicyError naming the field).
     pod_policy: podpolicy.PodPolicy = podpolicy.DEFAULT
+    # Whether the cluster's JobSet admits the failure action RestartJob (RLJOB_JOBSET_RESTART_JOB: auto,
+    # enabled or disabled; the chart's jobset.restartJob; rljob.operator.jobset_gate).
+    jobset_restart_job: str = "auto"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -56,4 +59,5 @@ class OperatorConfig:
             webhook_key=e.get("RLJOB_WEBHOOK_KEY", d.webhook_key),
             namespaces=tuple(n.strip() for n in e.get("RLJOB_NAMESPACES", "").split(",") if n.strip()),
             pod_policy=podpolicy.from_env(e),
+            jobset_restart_job=e.get("RLJOB_JOBSET_RESTART_JOB") or d.jobset_restart_job,
         )

@@ -34,6 +34,7 @@ import kopf
 from rljob.operator import conditions as c
 from rljob.operator import k8s, metrics
 from rljob.operator.config import OperatorConfig
+from rljob.operator.jobset_gate import RestartJobGate
 from rljob.operator.plans import PlanCache, warm_up
 from rljob.operator.reconcile import Reconciler
 from rljob.recipes import podpolicy
@@ -48,11 +49,15 @@ MUTABLE = frozenset({"suspend", "queueName"})
 PLANS = PlanCache()
 # The operator's pod policy (RLJOB_POD_POLICY), read at start-up: the webhook and the reconcile plan with it.
 POLICY: list[podpolicy.PodPolicy] = [podpolicy.DEFAULT]
+# Whether the cluster's JobSet admits the failure action RestartJob (RLJOB_JOBSET_RESTART_JOB), set at
+# start-up; when it changes, the plans made under the old answer are dropped.
+GATE: list[RestartJobGate] = [RestartJobGate()]
 
 
 def render_with_policy(job: RLJob) -> list[dict[str, Any]]:
-    """rljob.recipes.render.render under the operator's pod policy (the one Renderer of this process)."""
-    return render(job, POLICY[0])
+    """rljob.recipes.render.render under the operator's pod policy and what the cluster's JobSet admits
+    (the one Renderer of this process)."""
+    return render(job, POLICY[0], restart_job=GATE[0].admitted)
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
@@ -118,10 +123,15 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
     POLICY[0] = config.pod_policy
     warm_up(render_with_policy)  # before kopf serves the first admission request
     kube = k8s.Kube(login)
+    gate = GATE[0] = RestartJobGate(config.jobset_restart_job)
+    await gate.probe(kube, config.namespaces[0] if config.namespaces else "default")
+    # The metrics endpoint's reviews go through a client of their own (two connections): a flood of callers
+    # never queues behind, nor ahead of, the reconcile's requests.
+    memo.metrics_kube = k8s.Kube(login, max_connections=2, timeout_s=10.0)
     memo.metrics_runner = await metrics.start_server(
         config.metrics_addr,
         config.metrics_port,
-        auth=metrics.Authorizer(kube.review) if config.metrics_auth else None,
+        auth=metrics.Authorizer(memo.metrics_kube.review) if config.metrics_auth else None,
         ssl_context=_ssl(config.metrics_cert, config.metrics_key),
     )
     reconciler = Reconciler(
@@ -131,6 +141,7 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any)
         resync_s=config.resync_s,
         plans=PLANS,
         namespaces=config.namespaces,
+        gate=gate,
     )
     memo.reconciler = reconciler  # before the first await that may be cancelled: cleanup closes it
     await reconciler.prefill()
@@ -149,6 +160,9 @@ async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
     runner = memo.get("metrics_runner")
     if runner is not None:
         await runner.cleanup()
+    metrics_kube: k8s.Kube | None = memo.get("metrics_kube")
+    if metrics_kube is not None:
+        await metrics_kube.close()
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)

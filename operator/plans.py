@@ -15,9 +15,10 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rljob.operator import metrics
-from rljob.recipes import failure, manifest, naming
+from rljob.recipes import failure, naming
 from rljob.recipes.api import API_VERSION, KIND, RLJob
-from rljob.recipes.plan import PlanError
+from rljob.recipes.failure import SamplerFailure
+from rljob.recipes.plan import PlanError, parse_object
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,7 @@ class Plan:
     max_restarts: int = 3  # spec.failurePolicy.maxRestarts (the run's budget)
     max_sampler_restarts: int = 10  # spec.failurePolicy.maxSamplerRestarts
     preflight_job: str | None = None  # the compile preflight Job's name (spec.trainer.preflight.compile)
+    sampler_failure: SamplerFailure | None = None  # what a sampler crash restarts (rljob.recipes.failure)
 
     @property
     def jobset(self) -> dict[str, Any] | None:
@@ -56,8 +58,8 @@ Renderer = Callable[[RLJob], Sequence[dict[str, Any]]]
 
 def parse(body: Mapping[str, Any]) -> RLJob:
     """The RLJob model of an API body (server-added metadata is ignored; status is not parsed): bounded
-    and strictly typed, PlanError with every problem (rljob.recipes.manifest.parse_object)."""
-    return manifest.parse_object(_parse_input(body))
+    and strictly typed, PlanError with every problem (rljob.recipes.plan.parse_object)."""
+    return parse_object(_parse_input(body))
 
 
 def _parse_input(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -83,6 +85,9 @@ class PlanCache:
     def __init__(self, size: int = 256) -> None:
         self.size = size
         self._plans: collections.OrderedDict[str, tuple[Plan, str]] = collections.OrderedDict()
+
+    def clear(self) -> None:
+        self._plans.clear()
 
     def make_plan(self, body: Mapping[str, Any], render: Renderer) -> Plan:
         key = json.dumps(_parse_input(body), sort_keys=True, separators=(",", ":"))
@@ -131,6 +136,7 @@ def make_plan(body: Mapping[str, Any], render: Renderer) -> Plan:
         plan,
         max_restarts=budgets[0],
         max_sampler_restarts=budgets[1],
+        sampler_failure=failure.sampler_failure_of(js),
         preflight_job=str(pre["metadata"]["name"]) if pre else None,
     )
 

@@ -41,6 +41,7 @@ from rljob.common.credentials import new_token
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue, metrics
 from rljob.operator.cache import Caches, ProgressEntry, RLJobEntry
+from rljob.operator.jobset_gate import RestartJobGate
 from rljob.operator.plans import Plan, PlanCache, Renderer
 from rljob.operator.status import (
     TERMINAL,
@@ -137,12 +138,17 @@ class Reconciler:
         resync_s: float = 600.0,
         plans: PlanCache | None = None,
         namespaces: Sequence[str] = (),
+        gate: RestartJobGate | None = None,
     ) -> None:
         self.kube = kube
         self.namespaces = tuple(namespaces)  # () serves every namespace
         self.render = render
         self.plans = plans if plans is not None else PlanCache()
         self.caches = Caches()
+        # What the cluster's JobSet admits (an input of `render`): when it flips, every cached plan goes.
+        self.gate = gate
+        if gate is not None:
+            gate.changed = self.forget_plans
         self.queue = WorkQueue()
         self.workers = workers
         self.resync_s = resync_s
@@ -207,7 +213,12 @@ class Reconciler:
                 self.queue.add(key)
             return
         failure = classify_pod(body)
-        if key is not None and failure is not None and self.caches.put_failure(key, failure):
+        if failure is None or key is None:
+            return
+        js = self.caches.jobsets.get(key)
+        if js is None or not js.owns_pod(body):
+            return  # not a pod of the run's JobSet: its label alone does not make it one
+        if self.caches.put_failure(key, failure):
             self.queue.add(key)
 
     # ------------------------------------------------------------------------------------ lifecycle
@@ -272,6 +283,11 @@ class Reconciler:
 
     # ------------------------------------------------------------------------------------ reconcile
 
+    def forget_plans(self) -> None:
+        """Drop every plan made so far (the render's inputs changed: rljob.operator.jobset_gate)."""
+        self.plans.clear()
+        self.caches.plans.clear()
+
     def plan_for(self, key: Key, entry: RLJobEntry) -> Plan:
         plan = self.caches.plans.get(key)
         if plan is None or plan.generation != entry.generation:
@@ -315,6 +331,8 @@ class Reconciler:
                 except Exception as exc:
                     create_error = _create_error(exc)
                     refused = isinstance(exc, JobRefused)
+                    if self.gate is not None and self.gate.refused(str(exc)):
+                        refused = False  # planned again without RestartJob at the retry
         elif not latched and js is not None:
             if self._owned_progress(key, uid) is None:
                 try:
@@ -334,7 +352,7 @@ class Reconciler:
             report = _parse_progress(progress.report)
         pod_create = await self._pod_create_error(key, js, prior, latched, created)
         failure = self.caches.failures.get(key)
-        if failure is not None and (js is None or failure.jobset_uid not in ("", js.uid)):
+        if failure is not None and (js is None or failure.jobset_uid != js.uid):
             failure = None  # a pod of another JobSet (an earlier run's, or one that is not ours)
         max_restarts, max_sampler_restarts = plan.max_restarts, plan.max_sampler_restarts
         if plan.error is not None and js is not None and js.max_restarts is not None:
@@ -358,6 +376,7 @@ class Reconciler:
                 create_error=create_error,
                 pod_create_error=pod_create,
                 preflight=preflight,
+                sampler_failure=plan.sampler_failure,
             )
         )
         new_status = status_body(derived.status)
@@ -416,7 +435,7 @@ class Reconciler:
         except k8s.ApiError as exc:  # e.g. an operator installed without `list events`: say nothing
             logger.debug("listing FailedCreate events in %s: %s", key[0], exc)
             events = []
-        message = pod_create_error(events, js.name, datetime.now(UTC))
+        message = pod_create_error(events, js, datetime.now(UTC))
         self._pod_create[key] = (now, message)
         self.queue.add_after(key, POD_CREATE_POLL_S)
         return message

@@ -56,6 +56,7 @@ from rljob.recipes.api import (
     RolesStatus,
     RoleStatus,
 )
+from rljob.recipes.failure import SamplerFailure
 
 REASON_JOBSET_DELETED = "JobSetDeleted"
 TERMINAL = frozenset({Phase.SUCCEEDED, Phase.FAILED})
@@ -83,12 +84,17 @@ def _label_int(labels: Mapping[str, Any], key: str) -> int:
         return 0
 
 
-def controller_uid(meta: Mapping[str, Any]) -> str:
-    """The uid of an object's controller owner reference ("" when it has none)."""
+def controller_ref(meta: Mapping[str, Any]) -> Mapping[str, Any]:
+    """An object's controller owner reference ({} when it has none)."""
     for ref in meta.get("ownerReferences") or []:
         if isinstance(ref, Mapping) and ref.get("controller"):
-            return str(ref.get("uid") or "")
-    return ""
+            return ref
+    return {}
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str:
+    """The uid of an object's controller owner reference ("" when it has none)."""
+    return str(controller_ref(meta).get("uid") or "")
 
 
 # --------------------------------------------------------------------------------- JobSet projection
@@ -123,6 +129,8 @@ class JobSetView:
     namespace: str = ""
     max_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxRestarts (failure.budgets_of)
     max_sampler_restarts: int | None = None  # the RLJob's spec.failurePolicy.maxSamplerRestarts
+    # What a sampler crash restarts in this JobSet (rljob.recipes.failure.sampler_failure_of).
+    sampler_failure: SamplerFailure = SamplerFailure.RESTART_SAMPLER_JOB
     # Per replicatedJob, per Job index: restarts of that Job alone (JobSet >= v0.12.0), all and counted.
     job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
     counted_job_restarts: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
@@ -175,8 +183,30 @@ class JobSetView:
             namespace=str(meta.get("namespace", "")),
             max_restarts=max_restarts,
             max_sampler_restarts=max_sampler_restarts,
+            sampler_failure=failure_rules.sampler_failure_of(body),
             job_restarts=job_restarts,
             counted_job_restarts=counted_job_restarts,
+        )
+
+    @property
+    def job_names(self) -> frozenset[str]:
+        """The names of this JobSet's Jobs: ``<jobset>-<replicatedJob>-<index>`` (JobSet's naming)."""
+        return frozenset(
+            f"{self.name}-{role}-{i}" for role, shape in self.roles.items() for i in range(shape.replicas)
+        )
+
+    def owns_pod(self, pod: Mapping[str, Any]) -> bool:
+        """Whether ``pod`` is one of this JobSet's: its controller is one of the JobSet's Jobs by name and its
+        jobset-uid label is this JobSet's uid. A label alone is not enough: anyone who creates pods in the
+        namespace can label one with another run's name."""
+        meta = pod.get("metadata") or {}
+        owner = controller_ref(meta)
+        return (
+            bool(self.uid)
+            and (meta.get("labels") or {}).get(c.JOBSET_UID_LABEL) == self.uid
+            and owner.get("kind") == "Job"
+            and str(owner.get("apiVersion", "")).startswith("batch/")
+            and owner.get("name") in self.job_names
         )
 
     def job_restarts_of(self, role: str, index: int) -> int:
@@ -257,7 +287,7 @@ def classify_pod(pod: Mapping[str, Any], now: datetime | None = None) -> PodFail
                 message += f": {said[-1][:500]}"
             klass, reason = (
                 (FailureClass.BAD_CONFIGURATION, c.REASON_BAD_CONFIGURATION)
-                if code == 2
+                if code == failure_rules.EXIT_BAD_CONFIG
                 else (FailureClass.CRASH, c.REASON_CRASHED)
             )
             return PodFailure(klass, reason, message, when, attempt, role, jobset_uid, *job)
@@ -354,7 +384,7 @@ def preflight_outcome(view: PreflightView, pod: PreflightPod | None) -> Prefligh
     ours = pod if pod is not None and pod.job == view.name else None
     code = ours.exit_code if ours is not None and ours.exit_code is not None else view.exit_code
     lines = [x.strip() for x in (ours.message if ours else "").splitlines() if x.strip()]
-    if code == 2:
+    if code == failure_rules.EXIT_BAD_CONFIG:
         text = "\n".join(lines) or f"Job {view.name}: {view.message}"
         return PreflightStatus(job=view.name, state=PreflightState.DOES_NOT_FIT, message=text[:4000])
     if ours is not None and ours.oom_limit is not None:
@@ -407,6 +437,8 @@ class Observed:
     # The compile preflight of this plan (spec.trainer.preflight.compile): where its Job stands; None when
     # the preflight is off or its Job is not created yet.
     preflight: PreflightStatus | None = None
+    # What a sampler crash restarts under this plan (None: not planned); the JobSet's own wins.
+    sampler_failure: SamplerFailure | None = None
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -430,16 +462,18 @@ class Derived:
 POD_CREATE_ERROR_WINDOW_S = 10 * 60
 
 
-def pod_create_error(events: Sequence[Mapping[str, Any]], jobset: str, now: datetime) -> str | None:
-    """The message of the newest recent FailedCreate event (core/v1) of a Job of JobSet ``jobset`` (its
-    Jobs are named ``<jobset>-<replicatedJob>-<index>``), or None."""
+def pod_create_error(events: Sequence[Mapping[str, Any]], jobset: JobSetView, now: datetime) -> str | None:
+    """The message of the newest recent FailedCreate event (core/v1) of a Job of ``jobset``, matched by the
+    Job's exact name (``<jobset>-<replicatedJob>-<index>``: a name prefix would take RLJob ``a-b``'s events
+    for RLJob ``a``'s), or None."""
     newest: tuple[datetime, str] | None = None
+    jobs = jobset.job_names
     for ev in events:
         obj = ev.get("involvedObject") or {}
         if ev.get("reason") != "FailedCreate" or obj.get("kind") != "Job":
             continue
         name = str(obj.get("name") or "")
-        if not name.startswith(f"{jobset}-"):
+        if name not in jobs:
             continue
         series = ev.get("series") or {}
         when = (
@@ -780,6 +814,7 @@ def derive_status(obs: Observed) -> Derived:
         obs = dataclasses.replace(obs, spec_error=None)
     used = restarts_used(obs)
     last = _last_failure(obs, used)
+    sampler_failure = obs.jobset.sampler_failure if obs.jobset is not None else obs.sampler_failure
     if obs.spec_error is not None:
         last = LastFailure(
             failure_class=FailureClass.BAD_CONFIGURATION,
@@ -799,13 +834,17 @@ def derive_status(obs: Observed) -> Derived:
             used=used.trainer,
             left=max(0, obs.max_restarts - used.trainer),
             trainer=RoleRestarts(used=used.trainer, left=max(0, obs.max_restarts - used.trainer)),
-            sampler=RoleRestarts(used=used.sampler, left=max(0, obs.max_sampler_restarts - used.sampler)),
+            # Under RestartRun a sampler crash is a restart of the run: the samplers have no budget.
+            sampler=RoleRestarts(used=used.sampler, left=max(0, obs.max_sampler_restarts - used.sampler))
+            if sampler_failure is not SamplerFailure.RESTART_RUN
+            else None,
         ),
         last_failure=last,
         roles=roles,
         progress=progress,
         url=obs.api_url or (prior.url if prior else None),
         preflight=obs.preflight or (prior.preflight if prior else None),
+        sampler_failure=sampler_failure or (prior.sampler_failure if prior else None),
     )
     events: list[Event] = []
     prior_phase = prior.phase if prior else None

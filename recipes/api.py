@@ -25,6 +25,7 @@ from pydantic.config import JsonDict
 from rljob.recipes import syntax
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
 from rljob.recipes.defaults import text as _default
+from rljob.recipes.failure import SamplerFailure
 from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
 
 GROUP = "rljob.dev"
@@ -124,13 +125,23 @@ class ModelSpec(ApiModel):
         max_length=syntax.MAXTEXT_MODEL_MAX,
         pattern=syntax.MAXTEXT_MODEL,
     )
+    revision: str | None = Field(
+        default=None,
+        description="Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both "
+        "roles load: the trainer converts it into MaxText's layout and the sampler serves it. A branch "
+        "can move between two starts; a commit hash pins the weights. " + _default("model.revision"),
+        min_length=1,
+        max_length=syntax.HF_REVISION_MAX,
+        pattern=syntax.HF_REVISION,
+    )
     checkpoint: str | None = Field(
         default=None,
         description="gs:// path of the base weights as a MaxText checkpoint (load_parameters_path: the "
         "step's items directory that maxtext.checkpoint_conversion.to_maxtext writes, e.g. "
-        "gs://BUCKET/qwen3-8b/0/items). The trainer loads it before applying LoRA and refuses one that "
-        "does not fit the model (exit 2). Without it the base weights are randomly initialized: a smoke "
-        "test of the machinery, not a post-training run.",
+        "gs://BUCKET/qwen3-8b/0/items), converted from spec.model.name at spec.model.revision (the "
+        "sampler serves those). The trainer loads it before applying LoRA and refuses one that does not "
+        "fit the model (exit 2). Without it the trainer converts spec.model.name's Hugging Face weights "
+        "itself, once, into {storage.root}/cache/converted/ (shared by every run under that root).",
         pattern=r"^gs://[^/\s]+(/\S*)?$",
         max_length=syntax.PATH_MAX,
     )
@@ -366,12 +377,15 @@ class PreflightSpec(ApiModel):
     compile: bool | None = Field(
         default=None,
         description="Run the preflight. It costs one CPU pod of the trainer image (no TPU) with `cpu` and "
-        "`memory` below, for the length of the compile: the full-size Qwen3.5-397B compile used under 4 GB "
-        "resident and about 20 CPU-minutes, Qwen3-8B about 1-2 CPU-minutes. It buys: a run that does not "
+        "`memory` below, for the length of the compile: on a 2-core machine the full-size Qwen3.5-397B "
+        "programs took about 23 minutes and reached 9.3 GB resident (that recipe sets `memory` 16Gi), "
+        "Qwen3-8B's 2 to 7 minutes (docs/drill.md). It buys: a run that does not "
         "fit its TPU's HBM is refused (Ready=False, reason CompileDoesNotFit, one line per problem naming "
         "the field, and a Warning event) before any TPU is requested, and the compiled programs are written "
         "to JAX's persistent compilation cache under spec.storage's cache/ (jax-trainer/), which the trainer "
-        "pods restore before they compile. " + _default("trainer.preflight.compile"),
+        "pods restore before they compile; measured on a TPU v5e, the trainer's programs still missed those "
+        "entries and compiled at start (docs/drill.md, 'Starting without compiling'). "
+        + _default("trainer.preflight.compile"),
     )
     cpu: _Quantity | None = Field(
         default=None,
@@ -545,6 +559,99 @@ class LoraSpec(ApiModel):
         max_length=64,
         description="Module names the adapter wraps. " + _default("lora.targets"),
     )
+    init_from: str | None = Field(
+        default=None,
+        max_length=syntax.PATH_MAX,
+        description="Warm start: a PEFT adapter directory (adapter_model.safetensors and "
+        "adapter_config.json, as rljob, PEFT and the Tinker service write them) as gs://bucket/path or an "
+        "absolute path in the trainer's filesystem, e.g. a previous run's "
+        "{storage.root}/{namespace}/{name}/{uid}/adapters/v{N}. A run that has no checkpoint yet starts its "
+        "LoRA factors from it (its rank, alpha and target modules must be this spec's: the trainer refuses "
+        "another, exit 2) and publishes it as adapter v0, which the samplers serve first; a resumed run "
+        "restores its checkpoint instead. Default: none (B = 0).",
+    )
+
+    @field_validator("init_from")
+    @classmethod
+    def _init_from(cls, value: str | None) -> str | None:
+        if value is not None and not (_GS_ROOT.match(value) or value.startswith("/")):
+            raise ValueError("a gs://bucket/path URI or an absolute path")
+        return value
+
+
+class SamplingSpec(ApiModel):
+    """The sampling parameters of the training rollouts: those vLLM's TPU backend (tpu-inference) applies,
+    temperature, top-k then top-p (its TPUSupportedSamplingMetadata and _apply_sampling_transforms in
+    tpu_inference/layers/jax/sample/, https://github.com/vllm-project/tpu-inference), and stop strings
+    (vLLM's detokenizer, on every backend). Others (min_p, penalties, logit bias) it does not apply on
+    TPU, so the spec has none."""
+
+    temperature: float | None = Field(
+        default=None,
+        gt=0,
+        le=100,
+        description="Sampling temperature (above 0: GRPO needs a group's completions to differ). "
+        + _default("algorithm.sampling.temperature"),
+    )
+    top_p: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Nucleus sampling: the smallest set of tokens whose probability reaches topP (1: off). "
+        + _default("algorithm.sampling.topP"),
+    )
+    top_k: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="Sample from the topK most likely tokens (0: off; 1: greedy). "
+        + _default("algorithm.sampling.topK"),
+    )
+    stop: list[Annotated[str, StringConstraints(min_length=1, max_length=256)]] | None = Field(
+        default=None,
+        max_length=16,
+        description="Stop strings: a completion ends with the token that completes the first of them "
+        "(vLLM's stop; the text leaves it out, the tokens trained on keep it). "
+        + _default("algorithm.sampling.stop"),
+    )
+
+
+class EvaluationSpec(ApiModel):
+    """Evaluation during training on the held-out split (spec.dataset.evalSize prompts)."""
+
+    every: int | None = Field(
+        default=None,
+        ge=0,
+        le=1_000_000_000,
+        description="Evaluate every N steps (0: never). " + _default("evaluation.every"),
+    )
+    pass_k: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="pass@k, from the unbiased estimator of https://arxiv.org/abs/2107.03374 over the "
+        "samples drawn per prompt. " + _default("evaluation.passK"),
+    )
+    maj_k: int | None = Field(
+        default=None,
+        ge=0,
+        le=1024,
+        description="maj@k: a prompt counts as solved when the most common answer of its first majK "
+        "samples is graded correct (0: not measured). " + _default("evaluation.majK"),
+    )
+    samples: int | None = Field(
+        default=None,
+        ge=1,
+        le=1024,
+        description="Samples per held-out prompt; at least passK and majK. Default: max(passK, majK).",
+    )
+    temperature: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Sampling temperature of the evaluation (0: greedy, only with one sample). Default: 0 "
+        "with one sample, else 1.",
+    )
 
 
 class AlgorithmSpec(ApiModel):
@@ -619,6 +726,57 @@ class AlgorithmSpec(ApiModel):
         + " Dividing by the std weights a group whose rewards barely differ as much "
         "as one whose rewards differ a lot, and changes the loss scale from step to step. Either way a group "
         "whose rewards are all equal carries no signal and is left out of the step.",
+    )
+    # The loop's loss and sampling options (rljob.recipes.loop_options checks them together).
+    clip_low: float | None = Field(
+        default=None,
+        ge=0,
+        lt=1,
+        description="Loss ppo: a token's (or, with importanceRatio sequence, a sequence's) ratio is clipped "
+        "below at 1 - clipLow (DAPO's eps_low). " + _default("algorithm.clipLow"),
+    )
+    clip_high: float | None = Field(
+        default=None,
+        ge=0,
+        le=100,
+        description="Loss ppo: the ratio is clipped above at 1 + clipHigh (DAPO's eps_high; clip-higher, "
+        "https://arxiv.org/abs/2503.14476, sets it above clipLow, e.g. 0.28, so a positive-advantage "
+        "token's probability may rise further). " + _default("algorithm.clipHigh"),
+    )
+    importance_ratio: Literal["token", "sequence"] | None = Field(
+        default=None,
+        description="token: each token's own ratio pi / pi_old (GRPO, PPO); sequence: GSPO's sequence-level "
+        "ratio (https://arxiv.org/abs/2507.18071), exp of the mean of a completion's token log-ratios, "
+        "shared by all of its tokens (clipped as one with loss ppo; GSPO pairs it with lossNormalization "
+        "sequence). " + _default("algorithm.importanceRatio"),
+    )
+    loss_normalization: Literal["token", "sequence"] | None = Field(
+        default=None,
+        description="How the step's tokens are weighted: token, one mean over every completion token of "
+        "the step (DAPO's token-level loss: a long completion weighs in proportion to its length); "
+        "sequence, the mean over each completion's tokens, then over completions (the original GRPO: each "
+        "completion weighs the same). " + _default("algorithm.lossNormalization"),
+    )
+    overlong_buffer: int | None = Field(
+        default=None,
+        ge=0,
+        le=1 << 20,
+        description="DAPO's soft overlong punishment: a completion longer than maxTokens - overlongBuffer "
+        "tokens loses overlongPenalty x (its length - (maxTokens - overlongBuffer)) / overlongBuffer of "
+        "reward, linearly up to overlongPenalty at maxTokens; at most maxTokens. "
+        + _default("algorithm.overlongBuffer", "no shaping"),
+    )
+    overlong_penalty: float | None = Field(
+        default=None,
+        gt=0,
+        le=1e6,
+        description="The reward a completion of maxTokens tokens loses with overlongBuffer set. "
+        + _default("algorithm.overlongPenalty"),
+    )
+    sampling: SamplingSpec | None = Field(
+        default=None,
+        description="How the samplers sample the training rollouts (vLLM's sampling parameters, those its "
+        "TPU backend applies). The completion length is maxTokens.",
     )
 
 
@@ -909,6 +1067,9 @@ class RLJobSpec(ApiModel):
     algorithm: AlgorithmSpec | None = Field(default=None, description="The RL algorithm.")
     packing: PackingSpec | None = Field(default=None, description="Sequence packing.")
     dataset: DatasetSpec | None = Field(default=None, description="Training prompts and their grading.")
+    evaluation: EvaluationSpec | None = Field(
+        default=None, description="Evaluation during training on the held-out split (the RL loop)."
+    )
     service: ServiceSpec | None = Field(
         default=None,
         description="Serve an API (the Tinker API) from the trainer instead of running the built-in RL loop.",
@@ -1018,6 +1179,17 @@ class RolesStatus(ApiModel):
     sampler: RoleStatus = Field(default_factory=RoleStatus, description="Sampler pods.")
 
 
+class EvaluationReport(ApiModel):
+    """The newest evaluation on the held-out split (spec.evaluation)."""
+
+    step: int = Field(ge=0, description="The step it evaluated (the adapter of that step or newer).")
+    reward_mean: float = Field(description="Mean reward of every held-out sample.")
+    pass_k: int = Field(ge=1, description="pass@k's k.")
+    pass_at_k: float = Field(ge=0, le=1, description="pass@k (the unbiased estimator), mean over prompts.")
+    maj_k: int | None = Field(default=None, ge=1, description="maj@k's k; None: not measured.")
+    maj_at_k: float | None = Field(default=None, ge=0, le=1, description="maj@k, mean over prompts.")
+
+
 class ProgressReport(ApiModel):
     """What the trainer reports after each step (contract 4): ConfigMap `<rljob>-progress`, key
     `progress.json`, copied by the operator into status.progress."""
@@ -1030,6 +1202,16 @@ class ProgressReport(ApiModel):
         default=None, ge=0, description="Newest published adapter version N (v{N}/)."
     )
     update_time: datetime | None = Field(default=None, description="When the report was written.")
+    message: str | None = Field(
+        default=None,
+        max_length=512,
+        description="What the trainer is doing before its first step, with its progress and time (the "
+        "base weights' conversion: 'converting Qwen/Qwen3-8B@main: 120/399 tensors, 41 s'); cleared by "
+        "the first step's report.",
+    )
+    evaluation: EvaluationReport | None = Field(
+        default=None, description="The newest evaluation on the held-out split; None: none yet."
+    )
 
 
 class PreflightState(StrEnum):
@@ -1072,6 +1254,13 @@ class RLJobStatus(ApiModel):
     )
     preflight: PreflightStatus | None = Field(
         default=None, description="The compile preflight (spec.trainer.preflight.compile); None: not run."
+    )
+    sampler_failure: SamplerFailure | None = Field(
+        default=None,
+        description="What a sampler crash restarts in this run's JobSet: RestartSamplerJob (that sampler "
+        "Job alone, against spec.failurePolicy.maxSamplerRestarts; JobSet's feature gate RestartJob) or "
+        "RestartRun (the whole run from its last checkpoint, against spec.failurePolicy.maxRestarts: the "
+        "cluster's JobSet refuses the action RestartJob). None: not planned yet.",
     )
 
 
@@ -1135,6 +1324,8 @@ __all__ = [
     "ApiModel",
     "Condition",
     "EnvVar",
+    "EvaluationReport",
+    "EvaluationSpec",
     "FailureClass",
     "FailurePolicySpec",
     "LastFailure",
@@ -1162,6 +1353,7 @@ __all__ = [
     "RoleStatus",
     "RolesStatus",
     "SamplerSpec",
+    "SamplingSpec",
     "ServiceSpec",
     "StorageSpec",
     "Toleration",

@@ -28,12 +28,13 @@ DEFAULT_DATASET_OBJECT = "data/train.jsonl"
 # Plain defaults of the spec (camelCase, as in a manifest). "service" applies only to a spec that sets
 # spec.service (rljob.recipes.plan.merged_spec).
 DEFAULTS: dict[str, Any] = {
+    "model": {"revision": "main"},
     "trainer": {
         "slices": 1,
         "maxtextVersion": maxtext_keys.DEFAULT_VERSION,
         "image": DEFAULT_TRAINER_IMAGE,
         "logprobs": {"vocabChunk": DEFAULT_VOCAB_CHUNK},
-        # The full-size Qwen3.5-397B compile stayed under 4 GB resident (docs/drill.md).
+        # A recipe whose compile needs more sets its own: Qwen3.5-397B's reached 9.3 GB (docs/drill.md).
         "preflight": {"compile": False, "cpu": "4", "memory": "8Gi"},
     },
     "sampler": {
@@ -57,9 +58,17 @@ DEFAULTS: dict[str, Any] = {
         "learningRateSchedule": "constant",
         "klPenaltyCoef": 0.0,
         "advantageNormalization": "mean",
+        "clipLow": 0.2,
+        "clipHigh": 0.2,
+        "importanceRatio": "token",
+        "lossNormalization": "token",
+        "overlongBuffer": 0,
+        "overlongPenalty": 1.0,
+        "sampling": {"temperature": 1.0, "topP": 1.0, "topK": 0, "stop": []},
     },
     "packing": {"padPosition": "end", "segmentAlign": 64, "padAlign": DEFAULT_PAD_ALIGN},
     "dataset": {"task": "math", "evalSize": 64, "promptTemplate": DEFAULT_PROMPT_TEMPLATE},
+    "evaluation": {"every": 10, "passK": 1, "majK": 0},
     "service": {"port": 8080, "maxTrainingClients": 8, "checkpointEvery": 1, "clientNamespaces": []},
     "failurePolicy": {"maxRestarts": 3, "maxSamplerRestarts": 10, "maxNonFiniteSteps": 10},
     "suspend": False,

@@ -45,7 +45,7 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
-from rljob.recipes import lora_targets, maxtext_keys, mesh, tpu
+from rljob.recipes import families, lora_targets, maxtext_keys, mesh, tpu
 from rljob.recipes.api import RLJobSpec
 from rljob.recipes.runconfig import MESH_AXES, MeshPlan, RunConfig, SamplerPlan, TrainerPlan
 
@@ -61,7 +61,7 @@ GIB = 2**30
 
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp8": 1, "int8": 1}
 # MaxText decoder blocks whose attention is MLA (compressed KV): DeepSeek's.
-_MLA_BLOCKS = frozenset({"deepseek", "deepseek4"})
+_MLA_BLOCKS = families.blocks_where("mla")
 
 
 @dataclass(frozen=True)
@@ -121,12 +121,9 @@ def shapes(model: str, keys: Mapping[str, Any], version: str = maxtext_keys.DEFA
         keyset = maxtext_keys.load(version)
     except KeyError:
         return None
-    cfg = keyset.models.get(model)
-    if cfg is None:
+    if model not in keyset.models:
         return None
-
-    def get(k: str) -> Any:
-        return keys[k] if k in keys else cfg.get(k, keyset.defaults.get(k))
+    get = maxtext_keys.effective(keys, keyset, model)
 
     layers = _int(get("num_decoder_layers")) or _int(get("base_num_decoder_layers"))
     emb = _int(get("base_emb_dim"))
@@ -142,7 +139,7 @@ def shapes(model: str, keys: Mapping[str, Any], version: str = maxtext_keys.DEFA
     attention_layers = layers // interval if block in gdn_blocks else layers
     # MaxText 0.2.5 models/gemma4.py GEMMA4_ATTENTION_PATTERN: five sliding-window layers, then a global one
     # (global_head_dim, global_num_kv_heads, share_kv_projections apply to the global layers only).
-    global_layers = layers // 6 if block == "gemma4" else 0
+    global_layers = layers // (families.FAMILIES["gemma4"].attention_cycle or 1) if block == "gemma4" else 0
     mla = block in _MLA_BLOCKS or str(get("attention_type")).lower() == "mla"
     return Shapes(
         block=block,
@@ -336,8 +333,8 @@ def _trainer_keys(plan: TrainerPlan) -> tuple[dict[str, Any], Any]:
     """The trainer's MaxText keys and the weight_dtype it runs without the key (the model config's, else
     MaxText's default)."""
     keyset = maxtext_keys.load(plan.maxtext_version)
-    model = keyset.models.get(str(plan.maxtext.get("model_name")), {})
-    return dict(plan.maxtext), model.get("weight_dtype", keyset.defaults.get("weight_dtype", "float32"))
+    weight_dtype = maxtext_keys.effective({}, keyset, str(plan.maxtext.get("model_name")))("weight_dtype")
+    return dict(plan.maxtext), "float32" if weight_dtype is None else weight_dtype
 
 
 def check_trainer(

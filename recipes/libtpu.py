@@ -27,12 +27,13 @@ MAX_VALUE: Final = 1024
 NAME: Final = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 SCOPED_VMEM: Final = "xla_tpu_scoped_vmem_limit_kib"
 UNKNOWN_FLAG: Final = re.compile(r"Unknown command line flag '([A-Za-z0-9_]+)'")
-# What JAX appends to LIBTPU_INIT_ARGS on a machine with TPU chips, before libtpu starts, unless the flag is
-# already there (jax/_src/cloud_tpu_init.py, ``cloud_tpu_init``; jax 0.12.0.1): a runtime flag, but JAX's
+# What JAX appends to LIBTPU_INIT_ARGS on a machine with TPU chips, before libtpu starts, unless the flag
+# is already there (jax/_src/cloud_tpu_init.py, ``cloud_tpu_init``; jax 0.12.0.1): a runtime flag, but JAX's
 # persistent compilation cache hashes LIBTPU_INIT_ARGS into every key (jax/_src/cache_key.py,
-# ``_hash_xla_flags``), and on a machine without chips JAX leaves the variable alone. The compile stage appends
-# it too, so the programs it compiles on a CPU machine are written under the key a trainer's chip looks up
-# (measured on a TPU v5e: with it the keys are equal; without it only the "XLA flags" part differed).
+# ``_hash_xla_flags``), and on a machine without chips JAX leaves the variable alone. The compile stage
+# appends it too: measured on a TPU v5e, a program compiled here for v5e:1x1 then had the key the chip looked
+# up (without it only the "XLA flags" part differed). It is not enough for the trainer's own programs, which
+# the chip still compiled again (docs/drill.md, "Zero-compile start").
 TPU_MACHINE_FLAG: Final = "xla_tpu_use_enhanced_launch_barrier"
 
 

@@ -1,9 +1,10 @@
 """LoRA targets: which projections of which MaxText decoder block the trainer can wrap and export.
 
-One table for the plan (``rljob validate`` and the admission webhook refuse a manifest with these
-problems) and the trainer (``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse the same at start, with
-the same field). ``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText
-modules they map to (``query``...).
+One check, over the rows of rljob.recipes.families (each block's targets, expert LoRA, refusal), for the
+plan (``rljob validate`` and the admission webhook refuse a manifest with these problems) and the trainer
+(``rljob.trainer.model.ModelSpec`` / ``Policy`` refuse the same at start, with the same field).
+``spec.lora.targets`` names Hugging Face projections (``q_proj``...) or the MaxText modules they map to
+(``query``...).
 
 A target counts only where the decoder has a module of that name that qwix can wrap (or, for ``experts``,
 routed experts the trainer wraps itself) and whose adapter the trainer exports to PEFT under the Hugging
@@ -52,8 +53,10 @@ parameters qwix actually creates.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
+
+from rljob.recipes import families
 
 __all__ = [
     "ATTENTION",
@@ -66,7 +69,6 @@ __all__ = [
     "SAMPLER_REFUSED",
     "SERVING_REFUSED",
     "SUPPORTED",
-    "decoder_block",
     "mla_problems",
     "problems",
     "sampler_problems",
@@ -87,32 +89,17 @@ HF_TO_MAXTEXT: dict[str, str] = {
     "kv_a_proj_with_mqa": "wkv_a",
     "kv_b_proj": "wkv_b",
 }
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
-MLP = ("gate_proj", "up_proj", "down_proj")
-# MLA: the query through a low-rank latent (q_a_proj, its RMS norm, q_b_proj) or, with q_lora_rank 0,
-# one q_proj; keys and values through one latent (kv_a_proj_with_mqa, whose output is the latent of
-# kv_lora_rank followed by the qk_rope_head_dim rotary key shared by all heads; its RMS norm;
-# kv_b_proj to each head's non-rotary key and value).
-MLA_QUERY_LORA = ("q_a_proj", "q_b_proj")
-MLA = ("q_proj", *MLA_QUERY_LORA, "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+ATTENTION, MLP, MLA, MLA_QUERY_LORA = families.ATTENTION, families.MLP, families.MLA, families.MLA_QUERY_LORA
 
-# decoder_block -> the Hugging Face projections the trainer wraps and exports.
+# decoder_block -> the Hugging Face projections the trainer wraps and exports (rljob.recipes.families).
 SUPPORTED: dict[str, tuple[str, ...]] = {
-    "qwen3": ATTENTION + MLP,
-    "gemma4": ATTENTION + MLP,
-    "qwen3_5": ATTENTION + MLP,
-    "gpt_oss": ATTENTION,
-    "llama2": ATTENTION + MLP,
-    "qwen3_moe": ATTENTION,
-    "gemma3": ATTENTION + MLP,
-    "mixtral": ATTENTION,
-    "deepseek": MLA + MLP,
+    b: f.lora_targets for b, f in families.FAMILIES.items() if not f.refused
 }
 
 # The target naming the routed experts (gate, up and down projection of each, an adapter per expert), and
 # the decoder blocks whose experts the trainer wraps and exports (rljob.trainer.expert_lora).
 EXPERTS = "experts"
-EXPERT_SUPPORTED = frozenset({"qwen3_moe", "mixtral"})
+EXPERT_SUPPORTED = frozenset(b for b, f in families.FAMILIES.items() if f.experts and not f.refused)
 # Why the sampler cannot serve an expert adapter: vllm-tpu's LoRA runs on tpu-inference's vLLM (torch)
 # model path (the sampler sets MODEL_IMPL_TYPE=vllm), whose punica wrapper has no fused-MoE LoRA op; its
 # JAX model path loads no LoRA at all (read in the tpu-inference 0.32.0 wheel the sampler image installs).
@@ -124,43 +111,16 @@ SERVING_REFUSED = (
     "and its JAX model path loads no LoRA (tpu_inference/models/common/model_loader.py)"
 )
 
-# decoder_block -> why the trainer does not export its LoRA adapters yet (MaxText 0.2.5 models/<block>.py).
-_NOT_YET = "the PEFT export of the {} block{} is not written and tested yet"
-_NO_CONVERSION = "MaxText 0.2.5's to_maxtext has no Hugging Face checkpoint mapping for it"
-REFUSED: dict[str, str] = {
-    "deepseek4": "its attention (MLA with compressed KV) has no PEFT layout exported yet",
-    "mistral": f"{_NO_CONVERSION}, and " + _NOT_YET.format("mistral", ""),
-    "gemma2": _NOT_YET.format("gemma2", ""),
-    "gemma": f"{_NO_CONVERSION}, and " + _NOT_YET.format("gemma", ""),
-    "gemma4_small": _NOT_YET.format("gemma4_small", ""),
-    "qwen2": _NOT_YET.format("qwen2", " (q/k/v biases)"),
-    "qwen3_next": _NOT_YET.format("qwen3_next", " (gated delta net blocks)"),
-    "qwen3_custom_moe": _NOT_YET.format("qwen3_custom_moe", ""),
-    "olmo3": _NOT_YET.format("olmo3", ""),
-    "llama4": f"{_NO_CONVERSION}, and " + _NOT_YET.format("llama4", " (interleaved MoE and NoPE layers)"),
-    "gpt3": _NO_CONVERSION,
-    "envy": _NO_CONVERSION,
-    "default": "MaxText's test block, not a Hugging Face model's",
-    "simple": "MaxText's test block, not a Hugging Face model's",
-    "simple_mlp": "MaxText's test block, not a Hugging Face model's",
-}
+# decoder_block -> why the trainer does not export its LoRA adapters yet (rljob.recipes.families).
+REFUSED: dict[str, str] = {b: f.refused for b, f in families.FAMILIES.items() if f.refused}
 
 _MT_TO_HF = {mt: hf for hf, mt in HF_TO_MAXTEXT.items()}
 
 # (decoder_block, Hugging Face projection) -> why the sampler would not apply an adapter on it though the
 # trainer trains and exports it: the plan refuses these (the trainer alone, e.g. its tests, does not).
 SAMPLER_REFUSED: dict[tuple[str, str], str] = {
-    ("deepseek", "kv_b_proj"): "vLLM's MLA attention uses kv_b_proj's base weight outside the LoRA-wrapped "
-    "layer (absorbed into its key and value up-projections at load; prefill calls the unwrapped layer), so a "
-    "kv_b_proj adapter loads and is applied nowhere (https://github.com/vllm-project/vllm/issues/48974): the "
-    "sampler would not sample the policy the trainer trains",
+    (b, t): why for b, f in families.FAMILIES.items() for t, why in f.sampler_refused.items()
 }
-
-
-def decoder_block(keys: Mapping[str, Any], model_config: Mapping[str, Any]) -> str:
-    """The decoder block of a model: the job's ``decoder_block`` key, else its model config's."""
-    block = keys.get("decoder_block", model_config.get("decoder_block", ""))
-    return str(block).lower()
 
 
 def problems(block: str | None, targets: Iterable[str]) -> list[tuple[str, str]]:

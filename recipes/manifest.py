@@ -16,9 +16,10 @@ Types are then checked as the API server checks them: the document is validated 
 strict mode (an integer field refuses "8" and true, a string field refuses 8), so what `rljob validate`
 accepts is what the CRD admits.
 
-Every problem at once: the fields that fail to parse are set aside and the rest is planned
-(rljob.recipes.plan.resolve), so a manifest with a bad queueName, an unknown MaxText key and a LoRA rank vLLM
-cannot serve shows all three lines in one run. Plan problems about a field that was set aside are not
+Every problem at once: the fields that fail to parse are set aside and the rest is planned (the plan's
+check, which rljob.recipes.plan.parse_manifest and parse_object pass in: this module sits below the plan),
+so a manifest with a bad queueName, an unknown MaxText key and a LoRA rank vLLM cannot serve shows all
+three lines in one run. Plan problems about a field that was set aside are not
 repeated; a bad spec.recipe stops there (everything else depends on it).
 """
 
@@ -26,10 +27,11 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final
 
 from pydantic import ValidationError
+from rljob.recipes.problems import PlanError, pydantic_problems
 from rljob.recipes.syntax import ROOT_FIELDS, key_path
 
 if TYPE_CHECKING:
@@ -281,8 +283,6 @@ def _json_key(key: Any) -> str | None:
 def clean(doc: Any) -> tuple[Any, list[str], list[str]]:
     """(the document as bounded JSON data, problems, paths left out). Raises PlanError when a bound that
     stops the walk is broken."""
-    from rljob.recipes.plan import PlanError
-
     walk = _Walk()
     try:
         out = walk.value(doc, "(root)", 0)
@@ -357,12 +357,13 @@ def _under(line: str, paths: list[str]) -> bool:
     return any(where == p or where.startswith((p + ".", p + "[")) for p in paths)
 
 
-def parse_object(doc: Any, problems: list[str] | None = None) -> RLJob:
+def parse_object(
+    doc: Any, problems: list[str] | None = None, check: Callable[[RLJob], list[str]] | None = None
+) -> RLJob:
     """An RLJob from a document (a manifest's data or an API body), or PlanError with every problem: the
-    document's own (after `problems`, found before), and those the plan finds in the rest of it (see the
+    document's own (after `problems`, found before), and those ``check`` (the plan's, given by
+    rljob.recipes.plan.parse_object: this module sits below the plan) finds in the rest of it (see the
     module docstring)."""
-    from rljob.recipes.plan import PlanError, pydantic_problems, resolve
-
     problems = list(problems or [])
     if not isinstance(doc, Mapping):
         raise PlanError([*problems, f"(root): expected a mapping (an RLJob), got {type(doc).__name__}"])
@@ -387,21 +388,16 @@ def parse_object(doc: Any, problems: list[str] | None = None) -> RLJob:
     else:
         raise PlanError(list(dict.fromkeys(problems)))
     # The rest parses: plan it for the problems that do not depend on what was set aside.
-    if not any(p == "spec.recipe" or p.startswith("spec.recipe") for p in dropped):
-        try:
-            resolve(job)
-        except PlanError as e:
-            problems += [p for p in e.problems if not p.startswith("metadata.") and not _under(p, dropped)]
+    if check is not None and not any(p == "spec.recipe" or p.startswith("spec.recipe") for p in dropped):
+        problems += [p for p in check(job) if not p.startswith("metadata.") and not _under(p, dropped)]
     raise PlanError(list(dict.fromkeys(problems)))
 
 
-def parse_text(text: str) -> RLJob:
+def parse_text(text: str, check: Callable[[RLJob], list[str]] | None = None) -> RLJob:
     """An RLJob from YAML text (one document), or PlanError with every problem (`parse_object`)."""
-    from rljob.recipes.plan import PlanError
-
     docs, problems = load_yaml(text)
     if not docs and problems:
         raise PlanError(problems)
     if len(docs) != 1:
         raise PlanError([*problems, f"(yaml): expected one RLJob document, found {len(docs)}"])
-    return parse_object(docs[0], problems)
+    return parse_object(docs[0], problems, check)

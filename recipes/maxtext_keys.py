@@ -16,11 +16,13 @@ import dataclasses
 import difflib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from typing import Any
+
+from rljob.recipes import families
 
 DEFAULT_VERSION = "0.2.5"
 # The trainer runs MaxText with num_vocab_tiling at least this (rljob.trainer.model): MaxText then skips its
@@ -69,6 +71,22 @@ def load(version: str) -> KeySet:
         models=doc.get("models", {}),
         model_reads=doc.get("model_reads", {}),
     )
+
+
+def effective(keys: Mapping[str, Any], keyset: KeySet, model: str | None = None) -> Callable[[str], Any]:
+    """The lookup of the value MaxText runs a key with: the job's key (``keys``), else the config of
+    ``model`` (the ``model_name`` key where None), else MaxText's default; None where none has it. Every
+    reader of a model's effective key goes through this, against the key set of the manifest's
+    spec.trainer.maxtextVersion."""
+    name = str(keys.get("model_name", "") if model is None else model)
+    config = keyset.models.get(name, {})
+
+    def get(key: str) -> Any:
+        if key in keys:
+            return keys[key]
+        return config.get(key, keyset.defaults.get(key))
+
+    return get
 
 
 def truthy(value: Any) -> bool:
@@ -124,7 +142,7 @@ CUSTOM_MESH_AXES: dict[str, tuple[str, ...]] = {
 _RLJOB_MESH_AXES = ("data", "fsdp", "tensor", "context", "expert")
 
 # MaxText 0.2.5's decoder blocks with gated delta net layers (configs/types.py: QWEN3_NEXT, QWEN3_5).
-GATED_DELTA_NET_BLOCKS = ("qwen3_next", "qwen3_5")
+GATED_DELTA_NET_BLOCKS = families.blocks_where("recurrent")
 
 
 def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]]:
@@ -244,7 +262,8 @@ def check_rules(keys: Mapping[str, Any], keyset: KeySet) -> list[tuple[str, str]
                     )
                 )
     model = str(get("model_name"))
-    block = keys.get("decoder_block", keyset.models.get(model, {}).get("decoder_block", get("decoder_block")))
+    effective_ = effective(keys, keyset, model)
+    block = effective_("decoder_block")
     balance = get("context_parallel_load_balance")
     if cp > 1 and str(block) in GATED_DELTA_NET_BLOCKS and (balance is None or _truthy(balance)):
         problems.append(
@@ -283,7 +302,8 @@ def derived_keys(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, tuple[Any
     out: dict[str, tuple[Any, str]] = {}
     cp = int(num("ici_context_parallelism") * max(num("dcn_context_parallelism"), 1))
     model = str(get("model_name"))
-    block = keys.get("decoder_block", keyset.models.get(model, {}).get("decoder_block", get("decoder_block")))
+    effective_ = effective(keys, keyset, model)
+    block = effective_("decoder_block")
     key = "context_parallel_load_balance"
     if cp > 1 and str(block) in GATED_DELTA_NET_BLOCKS and key not in keys and key in keyset:
         out[key] = (
@@ -297,16 +317,13 @@ def derived_keys(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, tuple[Any
     # activations (dtype): under MaxText's layer scan, whose carry keeps one dtype, MaxText's default
     # weight_dtype float32 with bfloat16 activations fails the trainer's first step ("scan body function
     # carry input and carry output must have equal types"; rljob drill --compile, docs/drill.md).
-    def effective(k: str) -> Any:  # the job's key, else the model config's, else MaxText's default
-        return keys[k] if k in keys else keyset.models.get(model, {}).get(k, keyset.defaults.get(k))
-
     key = "weight_dtype"
     if (
         key not in keys
         and key in keyset
-        and _truthy(effective("scan_layers"))
-        and str(effective("dtype")) == "bfloat16"
-        and str(effective(key)) == "float32"
+        and _truthy(effective_("scan_layers"))
+        and str(effective_("dtype")) == "bfloat16"
+        and str(effective_(key)) == "float32"
     ):
         out[key] = (
             "bfloat16",

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from rljob.recipes import maxtext_keys
+from rljob.recipes import families, maxtext_keys
 
 __all__ = [
     "GROUP_ROUTING_KEYS",
@@ -192,10 +192,10 @@ MODELS: tuple[str, ...] = tuple(sorted(_SIZES))
 # command line; its miniature routes within groups as the full model does.
 GROUP_ROUTING_KEYS = frozenset({"n_routing_groups", "topk_routing_group"})
 
-# Layers per scanned block where it is not inhomogeneous_layer_cycle_interval (MaxText 0.2.5
-# models/gemma4.py GEMMA4_ATTENTION_PATTERN and models/gemma3.py GEMMA3_ATTENTION_PATTERN: five
-# LOCAL_SLIDING then one GLOBAL).
-_BLOCK_OVERRIDE = {"gemma4": 6, "gemma3": 6}
+# Layers per scanned block where it is not inhomogeneous_layer_cycle_interval (rljob.recipes.families
+# ``attention_cycle``: MaxText 0.2.5 models/gemma4.py GEMMA4_ATTENTION_PATTERN and models/gemma3.py
+# GEMMA3_ATTENTION_PATTERN: five LOCAL_SLIDING then one GLOBAL).
+_BLOCK_OVERRIDE = {b: f.attention_cycle for b, f in families.FAMILIES.items() if f.attention_cycle}
 
 
 def _model_config(model_name: str) -> dict[str, Any]:
@@ -230,7 +230,8 @@ def describe(model_name: str) -> dict[str, object]:
     cfg = _model_config(model_name)
     sizes = _SIZES[model_name]
     keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
-    full = {k: cfg.get(k, keyset.defaults.get(k)) for k in sizes}
+    get = maxtext_keys.effective({}, keyset, model_name)
+    full = {k: get(k) for k in sizes}
     scaled = {k: [full[k], _copy(v)] for k, v in sorted(sizes.items()) if full[k] != v}
     kept = {k: v for k, v in sorted(cfg.items()) if k not in scaled and not _vision(k)}
     block = scan_block(model_name)

@@ -19,6 +19,10 @@ JOBSET_API_VERSION = f"{JOBSET_GROUP}/{JOBSET_VERSION}"
 TRAINER = "trainer"
 SAMPLER = "sampler"
 PREFLIGHT_DIGEST = 8  # hex digits of the preflight Job's digest
+# On every object of a run and its pods' templates: the owning RLJob's name (the operator's watches, the
+# NetworkPolicies' selectors and `rljob logs` select by it), and a pod's role.
+RUN_LABEL = "rljob.dev/rljob"
+ROLE_LABEL = "rljob.dev/role"
 PREFLIGHT_LABEL = "rljob.dev/preflight"  # on the preflight Job and its pod: the operator watches these
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 

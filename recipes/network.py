@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from rljob.recipes.runconfig import RunConfig
 
 API_VERSION = "networking.k8s.io/v1"
-RUN_LABEL = "rljob.dev/rljob"
-ROLE_LABEL = "rljob.dev/role"
+RUN_LABEL = naming.RUN_LABEL
+ROLE_LABEL = naming.ROLE_LABEL
 # The label the API server sets on every Namespace (since Kubernetes 1.22): its name.
 NAMESPACE_NAME_LABEL = "kubernetes.io/metadata.name"
 

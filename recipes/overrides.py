@@ -28,7 +28,7 @@ import re
 from decimal import Decimal
 from typing import Any, Final
 
-from rljob.recipes import k8s_rules, libtpu, schema, syntax
+from rljob.recipes import k8s_rules, libtpu, schema, syntax, topology
 from rljob.recipes.api import PodTemplate
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -46,17 +46,17 @@ from rljob.recipes.tpu import ACCELERATOR_LABEL, PLACEMENT_POLICY_LABEL, TOPOLOG
 RESERVED_ENV: Final = frozenset(
     {
         CONFIG_ENV,
-        "RLJOB_NAME",
-        "RLJOB_ROLE",
-        "RLJOB_CONTAINER_INDEX",
-        "RLJOB_CONTAINERS_PER_HOST",
-        "RLJOB_TENSORBOARD_DIR",
+        topology.NAME_ENV,
+        topology.ROLE_ENV,
+        topology.CONTAINER_INDEX_ENV,
+        topology.CONTAINERS_ENV,
+        topology.TENSORBOARD_DIR_ENV,
         "POD_NAME",
         "POD_NAMESPACE",
         "JOBSET_NAME",
         "JOB_INDEX",
         "POD_INDEX",
-        "JAX_COORDINATOR_ADDRESS",
+        topology.COORDINATOR_ENV,
         API_KEYS_ENV,
         RAY_AUTH_MODE_ENV,
         RAY_AUTH_TOKEN_ENV,

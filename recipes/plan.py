@@ -7,7 +7,6 @@ each a line `spec.path: message`. Nothing here does I/O beyond the package's own
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -15,9 +14,12 @@ from typing import Any
 from pydantic import ValidationError
 from rljob.recipes import (
     disk,
+    failure,
     fit,
     libtpu,
+    loop_options,
     lora_targets,
+    manifest,
     maxtext_keys,
     maxtext_policy,
     mesh,
@@ -29,19 +31,27 @@ from rljob.recipes import (
     sampler_layout,
     service_keys,
     startup,
-    syntax,
     tpu,
 )
 from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
 from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
+from rljob.recipes.failure import SamplerFailure
+
+# PlanError and pydantic's errors as `path: message` lines live below the plan and the manifest parser,
+# which both raise them; re-exported here for the callers of the plan.
+from rljob.recipes.problems import MAX_PROBLEM_CHARS as MAX_PROBLEM_CHARS
+from rljob.recipes.problems import MAX_PROBLEMS as MAX_PROBLEMS
+from rljob.recipes.problems import PlanError as PlanError
+from rljob.recipes.problems import pydantic_problems as pydantic_problems
 from rljob.recipes.runconfig import (
     COORDINATOR_PORT,
     SAMPLER_PORT,
     CacheDisk,
     Endpoints,
     MeshPlan,
+    PreflightPlacement,
     ProgressTarget,
     ResolvedSpec,
     RunConfig,
@@ -80,62 +90,12 @@ DERIVED_KEYS: dict[str, str] = {
     },
 }
 
-# Location parts pydantic adds for the members of a union (not keys of the manifest).
-_UNION_STR = frozenset({"str", "constrained-str"})
-_UNION_PARTS = _UNION_STR | {"TpuSlice"}
 # Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
 MAX_KEY_HINTS = 10
 
 # Where each maxtext key came from, lowest precedence first; "derived": no layer set it and MaxText's
 # default would not run, so the plan filled the value that does (RunConfig.derived says why).
 SOURCES = ("rljob", "recipe", "profile", "manifest", "derived")
-
-
-# A refusal lists at most this many problems, each at most this long (a webhook answer, a terminal screen).
-MAX_PROBLEMS = 50
-MAX_PROBLEM_CHARS = 1000
-
-
-class PlanError(ValueError):
-    """The manifest cannot run; `problems` holds every reason as `spec.path: message`."""
-
-    def __init__(self, problems: list[str]) -> None:
-        lines = [p if len(p) <= MAX_PROBLEM_CHARS else p[: MAX_PROBLEM_CHARS - 3] + "..." for p in problems]
-        if len(lines) > MAX_PROBLEMS:
-            more = len(lines) - MAX_PROBLEMS + 1
-            lines = [*lines[: MAX_PROBLEMS - 1], f"spec: and {more} more problems (fix the ones above first)"]
-        super().__init__("\n".join(lines))
-        self.problems = lines
-
-
-def pydantic_problems(err: ValidationError, prefix: str = "") -> list[str]:
-    """A pydantic ValidationError as `path: message` lines (camelCase paths, as in the manifest)."""
-    out = []
-    errors = err.errors(include_url=False)
-    for e in errors:
-        loc = list(e["loc"])
-        if e["type"] == "string_type" and isinstance(e.get("input"), dict) and _UNION_STR.intersection(loc):
-            continue  # the shorthand branch of a `str | object` union, given an object
-        path = prefix
-        for i, p in enumerate(loc):
-            odd_key = e["type"] == "invalid_key" and i == len(loc) - 1
-            if type(p) is int and not odd_key:
-                path = f"{path or '(root)'}[{p}]"
-            elif p == "[key]" or p in _UNION_PARTS or str(p).startswith("function-"):
-                continue
-            else:  # odd keys are quoted so that the line stays `path: message`, as is an unknown root field
-                unknown_root = e["type"] == "extra_forbidden" and not path and len(loc) == 1
-                path = key_path(path, str(p), quote=odd_key or unknown_root)
-        path = path or "(root)"
-        msg = " ".join(e["msg"].removeprefix("Value error, ").split())
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif e["type"] == "string_pattern_mismatch":
-            shown = json.dumps(e["input"])
-            shown = shown if len(shown) <= 80 else shown[:77] + '..."'
-            msg = f"{shown} {syntax.DESCRIPTIONS.get(str((e.get('ctx') or {}).get('pattern')), msg)}"
-        out.append(f"{path}: {msg}")
-    return list(dict.fromkeys(out))
 
 
 def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -259,10 +219,18 @@ def _round_up(n: int, k: int) -> int:
 
 
 def resolve(
-    job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT, *, fit_check: bool = True
+    job: RLJob,
+    policy: podpolicy.PodPolicy = podpolicy.DEFAULT,
+    *,
+    fit_check: bool = True,
+    restart_job: bool = True,
 ) -> RunConfig:
     """The resolved run config of a job, or PlanError with every problem. `policy`: the operator's pod
     policy (rljob.recipes.podpolicy), the same in the webhook, the reconcile and `rljob validate`.
+    `restart_job`: whether the cluster's JobSet admits the failure action RestartJob (its feature gate
+    RestartJob; the operator's start-up dry run or the chart's `jobset.restartJob`, `rljob plan
+    --jobset-restart-job`): it decides what a sampler crash restarts (`RunConfig.sampler_failure`,
+    rljob.recipes.failure).
 
     ``fit_check`` False skips the HBM fit check (rljob.recipes.fit) for the drill's scaled manifests,
     which keep the model's name on a shrunken slice and run a miniature of it.
@@ -277,6 +245,7 @@ def resolve(
     trainer_tpu = _trainer_tpu(spec, problems)
     sampler_tpu = _sampler_tpu(spec, problems)
     _service(spec, problems)
+    problems += loop_options.problems(spec, lambda *path: layers.sets(job, *path))
     problems += service_keys.problems(spec)
     _lora(spec, problems)
     assert spec.trainer is not None
@@ -291,7 +260,9 @@ def resolve(
     _run_values(spec, job, problems)
     if problems or trainer_plan is None or sampler_plan is None:
         raise PlanError(problems or ["spec: could not be resolved"])
-    return _run_config(spec, trainer_plan, sampler_plan, job, layers.derived)
+    return _run_config(
+        spec, trainer_plan, sampler_plan, job, layers.derived, failure.sampler_failure(restart_job), policy
+    )
 
 
 def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
@@ -424,11 +395,11 @@ def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
         keyset = maxtext_keys.load(_version(spec))
     except KeyError:
         return None
-    model = keyset.models.get(str(spec.model.maxtext_model))
-    if model is None:
+    if str(spec.model.maxtext_model) not in keyset.models:
         return None
-    default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
-    return lora_targets.decoder_block(keys, {**default, **model})
+    return str(
+        maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))("decoder_block") or ""
+    ).lower()
 
 
 def _pad_align_below(segment_align: int, budget: int) -> int | None:
@@ -521,6 +492,7 @@ def _sampler(
         spec.sampler.tensor_parallel,
         spec.sampler.expert_parallel if layers.sets(job, "sampler", "expertParallel") else None,
         spec.sampler.data_parallel,
+        _version(spec),
     )
     tp, ep, dp = layout.tp, layout.ep, layout.dp
     spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
@@ -675,11 +647,26 @@ def _names(
 
 
 def _run_config(
-    spec: RLJobSpec, trainer_plan: TrainerPlan, sampler_plan: SamplerPlan, job: RLJob, derived: dict[str, str]
+    spec: RLJobSpec,
+    trainer_plan: TrainerPlan,
+    sampler_plan: SamplerPlan,
+    job: RLJob,
+    derived: dict[str, str],
+    sampler_failure: SamplerFailure,
+    policy: podpolicy.PodPolicy,
 ) -> RunConfig:
     """The RunConfig of a resolved spec without problems."""
-    assert spec.storage and spec.storage.root
+    assert spec.storage and spec.storage.root and spec.trainer
     name, ns = job.metadata.name, job.metadata.namespace
+    preflight = None
+    if spec.trainer.preflight is not None and spec.trainer.preflight.compile:
+        preflight = PreflightPlacement(
+            node_selector=dict(policy.preflight_node_selector),
+            tolerations=[
+                t.model_dump(mode="json", by_alias=True, exclude_none=True)
+                for t in policy.preflight_tolerations
+            ],
+        )
     return RunConfig(
         name=name,
         namespace=ns,
@@ -687,12 +674,14 @@ def _run_config(
         spec=_resolved(spec),
         trainer=trainer_plan,
         sampler=sampler_plan,
-        storage=storage_paths(spec.storage.root, job),
+        storage=storage_paths(spec.storage.root, job).model_copy(update={"converted": _converted(spec)}),
         endpoints=Endpoints(
             samplers=[naming.sampler_url(name, i, SAMPLER_PORT) for i in range(sampler_plan.replicas)],
             coordinator=f"{naming.coordinator(name)}:{COORDINATOR_PORT}",
         ),
         progress=ProgressTarget(config_map=naming.progress_configmap(name)),
+        sampler_failure=sampler_failure,
+        preflight=preflight,
         derived=dict(sorted(derived.items())) or None,
     )
 
@@ -705,6 +694,12 @@ def _resolved(spec: RLJobSpec) -> ResolvedSpec:
         data["trainer"].pop(key, None)
     data["sampler"].pop("tpu", None)  # resolved into RunConfig.sampler
     return ResolvedSpec.model_validate(data)
+
+
+def _converted(spec: RLJobSpec) -> str:
+    """StoragePaths.converted of a resolved spec."""
+    assert spec.model and spec.model.name and spec.model.revision and spec.storage and spec.storage.root
+    return converted_dir(spec.storage.root, spec.model.name, spec.model.revision, _version(spec))
 
 
 def _version(spec: RLJobSpec) -> str:
@@ -725,10 +720,7 @@ def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, device
         keyset = maxtext_keys.load(version)
     except KeyError:
         return out  # reported by _maxtext
-    model = keyset.models.get(str(spec.model.maxtext_model), {})
-
-    def get(k: str) -> Any:
-        return keys[k] if k in keys else model.get(k, keyset.defaults.get(k))
+    get = maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))
 
     path = "spec.trainer.maxtext"
     attention = str(get("attention"))
@@ -794,16 +786,15 @@ def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]
     assert spec.lora is not None and spec.model is not None and spec.trainer is not None
     targets = spec.lora.targets or []
     block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
-    q_lora_rank = None
+    q_lora_rank, sliced = None, False
     if keys is not None:
         if _version(spec) not in maxtext_keys.versions():
             return []  # reported by _maxtext
         block = _decoder_block(spec, keys)
-        model = maxtext_keys.load(_version(spec)).models.get(str(spec.model.maxtext_model), {})
-        q_lora_rank = keys.get("q_lora_rank", model.get("q_lora_rank", 0))
+        get = maxtext_keys.effective(keys, maxtext_keys.load(_version(spec)), str(spec.model.maxtext_model))
+        q_lora_rank, sliced = get("q_lora_rank") or 0, get("use_sliced_mla_proj") or False
     found = lora_targets.problems(block, targets)
     if not found:
-        sliced = (keys or {}).get("use_sliced_mla_proj", False)
         found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
     found += lora_targets.sampler_problems(block, targets)
     return [f"{field}: {message}" for field, message in found]
@@ -836,6 +827,15 @@ def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -
                 f"fits every kernel: {fits})"
             )
     return out
+
+
+CONVERTED_DIR = "cache/converted"
+
+
+def converted_dir(root: str, model: str, revision: str, maxtext_version: str) -> str:
+    """Where the MaxText checkpoint converted from a Hugging Face model lives under a storage root, keyed
+    by everything that changes its bytes: the model, its revision and the MaxText version converting."""
+    return f"{root.rstrip('/')}/{CONVERTED_DIR}/{model}@{revision}/maxtext-{maxtext_version}"
 
 
 def storage_paths(root: str, job: RLJob) -> StoragePaths:
@@ -932,9 +932,22 @@ def _maxtext(
     return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 
+def _resolve_problems(job: RLJob) -> list[str]:
+    """The problems the plan finds in a job (none: it resolves)."""
+    try:
+        resolve(job)
+    except PlanError as e:
+        return e.problems
+    return []
+
+
 def parse_manifest(text: str) -> RLJob:
     """An RLJob from YAML text (one document), bounded and checked as the API server checks it; PlanError
-    with every problem as a `path: message` line (rljob.recipes.manifest)."""
-    from rljob.recipes import manifest
+    with every problem as a `path: message` line, the plan's of the rest of a manifest with a bad part
+    too (rljob.recipes.manifest)."""
+    return manifest.parse_text(text, check=_resolve_problems)
 
-    return manifest.parse_text(text)
+
+def parse_object(doc: Any) -> RLJob:
+    """An RLJob from a document (a manifest's data or an API body), as :func:`parse_manifest`."""
+    return manifest.parse_object(doc, check=_resolve_problems)

@@ -16,33 +16,81 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import posixpath
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.alias_generators import to_camel
 from rljob.recipes import schema
-from rljob.recipes.api import PodTemplate
+from rljob.recipes.api import PodTemplate, Toleration
 from rljob.recipes.syntax import key_path
 
 GCSFUSE_DRIVER: Final = "gcsfuse.csi.storage.gke.io"
 DEFAULT_VOLUME_TYPES: Final = ("configMap", "secret", "emptyDir", "persistentVolumeClaim", "csi")
 DEFAULT_REFUSED_ENV: Final = (
+    # Python: every PYTHON* variable (PYTHONPATH, PYTHONHOME, PYTHONSTARTUP, PYTHONUSERBASE, PYTHONINSPECT;
+    # PYTHONWARNINGS and PYTHONBREAKPOINT import a module they name, PYTHONPYCACHEPREFIX reads bytecode from
+    # a directory it names) and the PYTHON_* ones newer interpreters add; the modules that run a program or
+    # import a module named by a variable (webbrowser's BROWSER, matplotlib's backend and rc file).
+    "PYTHON*",
+    "BROWSER",
+    "MPLBACKEND",
+    "MATPLOTLIBRC",
+    "MPLCONFIGDIR",
+    # The dynamic loader and the C library: LD_PRELOAD, LD_AUDIT, LD_LIBRARY_PATH, ...; iconv modules,
+    # locale files, the loader's tunables; OpenSSL's config (its engines and providers are shared libraries).
     "LD_*",
     "GCONV_PATH",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "PYTHONSTARTUP",
-    "PYTHONUSERBASE",
-    "PYTHONINSPECT",
+    "LOCPATH",
+    "NLSPATH",
+    "GLIBC_TUNABLES",
+    "OPENSSL_CONF",
+    "OPENSSL_ENGINES",
+    "OPENSSL_MODULES",
+    # Accelerator runtimes' plugin libraries: libtpu's path, JAX's PJRT plugins, TensorFlow's pluggable
+    # devices, NCCL's network and tuner plugins.
+    "TPU_LIBRARY_PATH",
+    "PJRT_*",
+    "TF_PLUGGABLE_DEVICE_LIBRARY_PATH",
+    "NCCL_NET_PLUGIN",
+    "NCCL_TUNER_PLUGIN",
+    "NCCL_PROFILER_PLUGIN",
+    # Where programs and per-user start-up files are looked up: the entrypoint and every subprocess by PATH;
+    # HOME's user site-packages (.pth files run at interpreter start), rc files.
+    "PATH",
+    "HOME",
+    # Shells and the other interpreters a process may start: start-up files, exported functions, options.
     "BASH_ENV",
     "ENV",
+    "BASH_FUNC_*",
+    "SHELLOPTS",
+    "BASHOPTS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "PERL5OPT",
+    "PERL5LIB",
+    "PERLLIB",
+    "RUBYOPT",
+    "RUBYLIB",
+    "NODE_OPTIONS",
+    "JAVA_TOOL_OPTIONS",
+    "_JAVA_OPTIONS",
+    "JDK_JAVA_OPTIONS",
+    "GIT_*",
 )
-"""Variables that make a process load code it was not built with: the dynamic loader's (LD_PRELOAD,
-LD_AUDIT, LD_LIBRARY_PATH, ...), glibc's iconv modules, Python's module path and start-up files, the
-shell's start-up file."""
+"""Variables that make a process run or load code the image was not built with, by class (the comments);
+docs/operator.md ("Pod policy") says what the list does not promise."""
+DEFAULT_MOUNT_ROOTS: Final = ("/data", "/mnt", "/etc/rljob-user")
+"""Directories under which a template's volumeMounts may go: none of them is in rljob's images, so a mount
+there adds files and never replaces one of the image (its entrypoint, a module, a `.pth` file of its
+site-packages), whatever the volume or subPath holds."""
 SYSTEM_PRIORITY_PREFIX: Final = "system-"
 """Kubernetes reserves PriorityClass names starting with system- (system-node-critical,
 system-cluster-critical) for its own components."""
+METADATA_SERVER_LABEL: Final = "iam.gke.io/gke-metadata-server-enabled"
+"""The label GKE sets to "true" on the nodes that run the GKE metadata server (node pools with Workload
+Identity Federation for GKE): there a pod's requests to 169.254.169.254 are answered as its own Kubernetes
+ServiceAccount, never as the node's service account."""
 ENV = "RLJOB_POD_POLICY"
 
 
@@ -93,11 +141,44 @@ class PodPolicy(BaseModel):
         description="Whether an envFrom may have no prefix (its Secret or ConfigMap's keys, unknown to the "
         "plan, then become variables as they are, LD_PRELOAD included).",
     )
+    mount_roots: tuple[str, ...] = Field(
+        default=DEFAULT_MOUNT_ROOTS,
+        description="Absolute directories a template's volumeMounts must be at or under ('/': anywhere). "
+        "Each must be a directory the images do not have, so that a mount adds files and never covers "
+        "the image's own (its entrypoint, its site-packages).",
+    )
+    preflight_node_selector: dict[str, str] = Field(
+        default_factory=lambda: {METADATA_SERVER_LABEL: "true"},
+        description="The nodeSelector of the compile preflight's CPU pod (it asks for no TPU, so without "
+        "one it could land on any node). The default: nodes that run the GKE metadata server, where the "
+        "pod reaches 169.254.169.254 as the run's ServiceAccount, never as the node's.",
+    )
+    preflight_tolerations: tuple[Toleration, ...] = Field(
+        default=(),
+        description="Tolerations of the compile preflight's pod (for a tainted node pool named by "
+        "preflightNodeSelector).",
+    )
     allow_tolerate_everything: bool = Field(
         default=False,
         description="Whether a toleration may have operator Exists and no key (tolerating every taint, "
         "NoExecute and the control plane's included).",
     )
+
+    @field_validator("mount_roots")
+    @classmethod
+    def _absolute_roots(cls, roots: tuple[str, ...]) -> tuple[str, ...]:
+        for root in roots:
+            if not root.startswith("/") or posixpath.normpath(root) != root or ".." in root.split("/"):
+                raise ValueError(f"{root!r} is not an absolute, normalised directory")
+        return roots
+
+    @field_validator("refused_env")
+    @classmethod
+    def _trailing_stars(cls, patterns: tuple[str, ...]) -> tuple[str, ...]:
+        for pattern in patterns:
+            if "*" in pattern[:-1] or any(ch in pattern for ch in "?[]"):
+                raise ValueError(f"{pattern!r}: a name or a prefix followed by one '*'")
+        return patterns
 
 
 DEFAULT: Final = PodPolicy()
@@ -109,6 +190,7 @@ ALLOW_ALL: Final = PodPolicy(
     priority_classes=("*",),
     refused_env=(),
     allow_env_from_without_prefix=True,
+    mount_roots=("/",),
     allow_tolerate_everything=True,
 )
 """No limit: for `rljob doctor`, which reads what a manifest needs and leaves the operator's own policy to
@@ -193,6 +275,8 @@ def template_problems(path: str, template: PodTemplate | None, own_sa: str, poli
                             f"{where}.sources[{j}].serviceAccountToken: a ServiceAccount token is not "
                             f"allowed {_why('allowServiceAccountTokens')}"
                         )
+    for i, mount in enumerate(spec.volume_mounts or []):
+        out += mount_problems(f"{sp}.volumeMounts[{i}].mountPath", mount.mount_path, policy)
     sa = spec.service_account_name
     if (
         sa is not None
@@ -231,6 +315,26 @@ def template_problems(path: str, template: PodTemplate | None, own_sa: str, poli
                 f"{_why('allowTolerateEverything')}"
             )
     return out
+
+
+def under_root(path: str, roots: tuple[str, ...]) -> bool:
+    """Whether the absolute `path` is one of `roots` or below one ('/' holds every path); a path with a '..'
+    element is under none."""
+    if ".." in path.split("/"):
+        return False
+    clean = posixpath.normpath(path)
+    return any(root == "/" or clean == root or clean.startswith(root + "/") for root in roots)
+
+
+def mount_problems(where: str, mount_path: str, policy: PodPolicy) -> list[str]:
+    """A volumeMount's mountPath against the mount roots."""
+    if under_root(mount_path, policy.mount_roots):
+        return []
+    return [
+        f"{where}: {mount_path} is not under an allowed mount root (allowed: "
+        f"{', '.join(policy.mount_roots)}): a mount elsewhere can cover the image's own files "
+        + _why("mountRoots")
+    ]
 
 
 def image_problems(field: str, image: str | None, policy: PodPolicy) -> list[str]:

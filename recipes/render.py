@@ -52,6 +52,7 @@ from rljob.recipes.runconfig import (
     RUN_TOKEN_SECRET_KEY,
     SAMPLER_HOSTS_ENV,
     SAMPLER_PORT,
+    PreflightPlacement,
 )
 from rljob.recipes.tpu import TPU_RESOURCE
 
@@ -138,7 +139,7 @@ def run_labels(rljob: str) -> dict[str, str]:
         "app.kubernetes.io/name": "rljob",
         "app.kubernetes.io/instance": rljob,
         "app.kubernetes.io/managed-by": "rljob",
-        "rljob.dev/rljob": rljob,
+        naming.RUN_LABEL: rljob,
     }
 
 
@@ -146,7 +147,7 @@ def labels(run: RunConfig, role: str | None = None) -> dict[str, str]:
     out = run_labels(run.name)
     if role:
         out["app.kubernetes.io/component"] = role
-        out["rljob.dev/role"] = role
+        out[naming.ROLE_LABEL] = role
     return out
 
 
@@ -164,8 +165,8 @@ def _env_common(run: RunConfig, role: str) -> list[dict[str, Any]]:
     return [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
         _run_token(run, RUN_TOKEN_ENV),
-        {"name": "RLJOB_NAME", "value": run.name},
-        {"name": "RLJOB_ROLE", "value": role},
+        {"name": topology.NAME_ENV, "value": run.name},
+        {"name": topology.ROLE_ENV, "value": role},
         {"name": "POD_NAME", **_field("metadata.name")},
         {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
         {"name": "JOBSET_NAME", **_field(f"metadata.labels['{JOBSET_LABELS}/jobset-name']")},
@@ -200,7 +201,7 @@ def _containers(run: RunConfig, role: str, tpu: TpuPlan, jobs: int) -> list[dict
         ]
         ports: list[dict[str, Any]] = []
         if role == naming.TRAINER:
-            env.append({"name": "JAX_COORDINATOR_ADDRESS", "value": run.endpoints.coordinator})
+            env.append({"name": topology.COORDINATOR_ENV, "value": run.endpoints.coordinator})
             if run.trainer.libtpu_flags:
                 env.append({"name": libtpu.ENV, "value": libtpu.init_args(run.trainer.libtpu_flags)})
             if run.trainer.slices > 1:
@@ -310,10 +311,10 @@ def jobset(run: RunConfig) -> dict[str, Any]:
         subdomain=naming.subdomain(run.name),
         coordinator_role=naming.TRAINER,
         annotations=failure.budget_annotations(
-            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts, run.sampler_failure
         ),
         failure_policy=failure.jobset_failure_policy(
-            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts
+            spec.failure_policy.max_restarts, spec.failure_policy.max_sampler_restarts, run.sampler_failure
         ),
         pod_failure_policy=failure.pod_failure_policy(),
         roles=[_role(run, naming.TRAINER), _role(run, naming.SAMPLER)],
@@ -338,9 +339,10 @@ TERMINATION_LOG = "/dev/termination-log"  # the container's terminationMessagePa
 
 def preflight_digest(run: RunConfig) -> str:
     """What the compile preflight compiles, as hex digits: the run config without the two fields that may
-    change while a run exists (spec.suspend, spec.queueName), which compile nothing."""
+    change while a run exists (spec.suspend, spec.queueName) and the preflight's placement (the operator's
+    pod policy), which compile nothing."""
     spec = run.spec.model_copy(update={"suspend": False, "queue_name": None})
-    stable = run.model_copy(update={"spec": spec})
+    stable = run.model_copy(update={"spec": spec, "preflight": None})
     text = stable.model_dump_json(exclude_none=True)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[: naming.PREFLIGHT_DIGEST]
 
@@ -349,19 +351,21 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
     """The compile preflight (spec.trainer.preflight.compile): a Job of one CPU pod of the trainer image
     running `python -m rljob.trainer.compilecheck` on the run ConfigMap, mounted as the trainer's is, with
     the trainer template's env, envFrom, volumes and ServiceAccount (its storage credentials) and the
-    trainer pods' security contexts; no TPU, no TPU node selector or toleration. It writes JAX's persistent
-    compilation cache to `{storage}/cache/jax-trainer/` (rljob.common.caches) and, on a refusal, one line
-    per problem to its termination log. None when the preflight is off."""
+    trainer pods' security contexts; no TPU, no TPU node selector or toleration: the nodes the operator's
+    pod policy names (RunConfig.preflight: by default those that run the GKE metadata server). It writes
+    JAX's persistent compilation cache to `{storage}/cache/jax-trainer/` (rljob.common.caches) and, on a
+    refusal, one line per problem to its termination log. None when the preflight is off."""
     pf = run.spec.trainer.preflight
     if not pf.compile:
         return None
     template = _template(run, naming.TRAINER)
     disk = _cache_disk(run, naming.TRAINER)
+    placement = run.preflight or PreflightPlacement(node_selector={}, tolerations=[])
     own = {**labels(run, "preflight"), naming.PREFLIGHT_LABEL: "true"}
     env = [
         {"name": CONFIG_ENV, "value": CONFIG_PATH},
-        {"name": "RLJOB_NAME", "value": run.name},
-        {"name": "RLJOB_ROLE", "value": "preflight"},
+        {"name": topology.NAME_ENV, "value": run.name},
+        {"name": topology.ROLE_ENV, "value": "preflight"},
         {"name": "POD_NAME", **_field("metadata.name")},
         {"name": "POD_NAMESPACE", **_field("metadata.namespace")},
         # JAX's own backend stays on the CPU; libtpu compiles for the topology (trainer/compilecheck.py).
@@ -398,6 +402,8 @@ def preflight_job(run: RunConfig) -> dict[str, Any] | None:
         container_security=podspec.container_security_context(),
         termination_message_policy=podspec.TERMINATION_MESSAGE_POLICY,
         priority_class_name=run.spec.priority_class_name,
+        node_selector=placement.node_selector,
+        tolerations=placement.tolerations,
         image=run.spec.trainer.image,
         command=command,
         env=env + overrides.env(template),
@@ -485,8 +491,8 @@ def api_service(run: RunConfig) -> list[dict[str, Any]]:
     if svc is None:
         return []
     selector = {
-        "rljob.dev/rljob": run.name,
-        "rljob.dev/role": naming.TRAINER,
+        naming.RUN_LABEL: run.name,
+        naming.ROLE_LABEL: naming.TRAINER,
         f"{JOBSET_LABELS}/jobset-name": run.job_set_name,
         f"{JOBSET_LABELS}/job-index": "0",
         "batch.kubernetes.io/job-completion-index": "0",
@@ -553,7 +559,9 @@ def _yaml_dump(objs: list[dict[str, Any]]) -> str:
     return yaml.dump_all(objs, Dumper=_dumper(), sort_keys=False, explicit_start=True, width=1 << 16)
 
 
-def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[dict[str, Any]]:
+def render(
+    job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT, *, restart_job: bool = True
+) -> list[dict[str, Any]]:
     """Every object of a job, in apply order: the pods' ServiceAccount, Role and RoleBinding, the run
     ConfigMap, the API Service of a run with spec.service, the NetworkPolicies (before the pods they
     cover), the compile preflight's Job (spec.trainer.preflight.compile), then the JobSet. The operator
@@ -561,8 +569,9 @@ def render(job: RLJob, policy: podpolicy.PodPolicy = podpolicy.DEFAULT) -> list[
     prints exactly
     these and the operator applies exactly these (plus the progress ConfigMap and the run's credentials
     Secret, whose random token no render holds: rljob.common.credentials). Raises
-    PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy)."""
-    return objects(plan.resolve(job, policy))
+    PlanError. `policy`: the operator's pod policy (rljob.recipes.podpolicy); `restart_job`: whether the
+    cluster's JobSet admits the failure action RestartJob (rljob.recipes.plan.resolve)."""
+    return objects(plan.resolve(job, policy, restart_job=restart_job))
 
 
 def objects(run: RunConfig) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field
 from rljob.recipes.api import ApiModel, PodTemplate
+from rljob.recipes.failure import SamplerFailure
 
 CONFIG_KEY = "run.json"
 CONFIG_DIR = "/etc/rljob"
@@ -31,6 +32,10 @@ NAMED_ADAPTERS_DIR = "tinker"
 # Secret spec.service.apiKeySecret names.
 API_KEYS_ENV = "RLJOB_TINKER_API_KEYS"
 API_KEYS_SECRET_KEY = "api-keys"
+# A service-mode trainer serves HTTPS when both are set: the PEM certificate chain and its private key (the
+# keys tls.crt and tls.key of a kubernetes.io/tls Secret, given through spec.trainer.template env).
+TLS_CERT_ENV = "RLJOB_TINKER_TLS_CERT"
+TLS_KEY_ENV = "RLJOB_TINKER_TLS_KEY"
 # The run's own token (rljob.common.credentials): from key RUN_TOKEN_SECRET_KEY of the Secret the operator
 # creates for each run (naming.credentials_secret), in every trainer and sampler container's env.
 RUN_TOKEN_ENV = "RLJOB_RUN_TOKEN"
@@ -173,7 +178,14 @@ class StoragePaths(ApiModel):
     checkpoints: str = Field(description="Trainer checkpoints (orbax).")
     adapters: str = Field(description="Published adapters: versions v{N}/ and the pointer object LATEST.")
     rollouts: str = Field(description="Rollout records.")
-    cache: str = Field(description="Caches (converted checkpoints, compilation caches).")
+    cache: str = Field(description="Caches of this run (compilation caches, the sampler's model download).")
+    converted: str | None = Field(
+        default=None,
+        description="The MaxText checkpoint converted from spec.model.name at spec.model.revision: "
+        "{storage.root}/cache/converted/<name>@<revision>/maxtext-<version> (converted_dir), shared by "
+        "every run under the same storage root; the trainer converts into it once, when spec.model."
+        "checkpoint is unset. None only where no model is resolved (rljob status's own paths).",
+    )
     tensorboard: str = Field(
         description="TensorBoard event files of the trainer's step metrics (reward, loss, KL, policy lag, "
         "tokens/s, padding fraction, skipped updates): they outlive the pods; `rljob status` and "
@@ -224,8 +236,11 @@ class ResolvedModel(_Resolved):
 
     name: str = Field(description="Hugging Face model id.")
     maxtext_model: str = Field(description="MaxText model_name (default: the id's last part, lowercased).")
+    revision: str = Field(description="Hugging Face revision of `name` that both roles load.")
     checkpoint: str | None = Field(
-        default=None, description="Base weights (MaxText checkpoint); None: randomly initialized."
+        default=None,
+        description="Base weights (a MaxText checkpoint converted from `name`); None: the trainer "
+        "converts `name` into StoragePaths.converted.",
     )
 
 
@@ -278,6 +293,26 @@ class ResolvedLora(_Resolved):
     rank: int = Field(ge=1, le=512, description="LoRA rank.")
     alpha: float = Field(gt=0, description="LoRA alpha (default 2 x rank).")
     targets: tuple[str, ...] = Field(min_length=1, description="Module names the adapter wraps.")
+    init_from: str | None = Field(default=None, description="The PEFT adapter it starts from; None: none.")
+
+
+class ResolvedSampling(_Resolved):
+    """spec.algorithm.sampling, resolved."""
+
+    temperature: float = Field(gt=0, description="Sampling temperature.")
+    top_p: float = Field(gt=0, le=1, description="Nucleus sampling's probability mass (1: off).")
+    top_k: int = Field(ge=0, description="Sample from the k most likely tokens (0: off).")
+    stop: tuple[str, ...] = Field(description="Stop strings (none: empty).")
+
+
+class ResolvedEvaluation(_Resolved):
+    """spec.evaluation, resolved."""
+
+    every: int = Field(ge=0, description="Evaluate every N steps (0: never).")
+    pass_k: _Count = Field(description="pass@k's k.")
+    maj_k: int = Field(ge=0, description="maj@k's k (0: not measured).")
+    samples: _Count = Field(description="Samples per held-out prompt.")
+    temperature: float = Field(ge=0, description="Sampling temperature (0: greedy).")
 
 
 class ResolvedAlgorithm(_Resolved):
@@ -296,6 +331,19 @@ class ResolvedAlgorithm(_Resolved):
     )
     kl_penalty_coef: float = Field(ge=0, description="Weight of the KL penalty (0: none).")
     advantage_normalization: Literal["mean", "std"] = Field(description="GRPO advantage normalization.")
+    clip_low: float = Field(ge=0, lt=1, description="Loss ppo: the ratio's lower bound is 1 - clipLow.")
+    clip_high: float = Field(ge=0, description="Loss ppo: the ratio's upper bound is 1 + clipHigh.")
+    importance_ratio: Literal["token", "sequence"] = Field(
+        description="The importance ratio per token, or per sequence (GSPO)."
+    )
+    loss_normalization: Literal["token", "sequence"] = Field(
+        description="One mean over the step's tokens, or over each completion's then over completions."
+    )
+    overlong_buffer: int = Field(
+        ge=0, description="Tokens of DAPO's overlong shaping below maxTokens (0: off)."
+    )
+    overlong_penalty: float = Field(gt=0, description="The reward a completion of maxTokens tokens loses.")
+    sampling: ResolvedSampling = Field(description="The rollouts' sampling parameters.")
 
 
 class ResolvedPacking(_Resolved):
@@ -368,12 +416,21 @@ class ResolvedSpec(_Resolved):
     algorithm: ResolvedAlgorithm = Field(description="The RL algorithm.")
     packing: ResolvedPacking = Field(description="Sequence packing.")
     dataset: ResolvedDataset = Field(description="Training prompts and their grading.")
+    evaluation: ResolvedEvaluation = Field(description="Evaluation during training.")
     service: ResolvedService | None = Field(default=None, description="Service mode; None: the RL loop.")
     storage: ResolvedStorage = Field(description="Run storage.")
     failure_policy: ResolvedFailurePolicy = Field(description="Retry policy.")
     suspend: bool = Field(description="Suspend the run.")
     queue_name: str | None = Field(default=None, description="Kueue LocalQueue; None: none.")
     priority_class_name: str | None = Field(default=None, description="PriorityClass; None: none.")
+
+
+class PreflightPlacement(ApiModel):
+    """Where the compile preflight's pod may run: the operator's pod policy (preflightNodeSelector,
+    preflightTolerations), not the manifest."""
+
+    node_selector: dict[str, str] = Field(description="The preflight pod's nodeSelector.")
+    tolerations: list[dict[str, Any]] = Field(description="The preflight pod's tolerations.")
 
 
 class RunConfig(ApiModel):
@@ -391,6 +448,16 @@ class RunConfig(ApiModel):
     storage: StoragePaths = Field(description="Storage paths.")
     endpoints: Endpoints = Field(description="Endpoints.")
     progress: ProgressTarget = Field(description="Progress report target.")
+    sampler_failure: SamplerFailure = Field(
+        description="What a sampler crash restarts (rljob.recipes.failure): the sampler Job alone, or the "
+        "whole run where the cluster's JobSet refuses the failure action RestartJob (the plan's input "
+        "`restart_job`)."
+    )
+    preflight: PreflightPlacement | None = Field(
+        default=None,
+        description="The compile preflight's placement (from the operator's pod policy); None when "
+        "spec.trainer.preflight.compile is off.",
+    )
     derived: dict[str, str] | None = Field(
         default=None,
         description="The values the plan filled because their default would not run, each spec path (as in "
@@ -436,6 +503,8 @@ __all__ = [
     "RUN_TOKEN_SECRET_KEY",
     "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
+    "TLS_CERT_ENV",
+    "TLS_KEY_ENV",
     "VLLM_API_KEY_ENV",
     "CacheDisk",
     "Endpoints",
@@ -443,6 +512,7 @@ __all__ = [
     "ProgressTarget",
     "ResolvedAlgorithm",
     "ResolvedDataset",
+    "ResolvedEvaluation",
     "ResolvedFailurePolicy",
     "ResolvedLogprobs",
     "ResolvedLora",
@@ -450,6 +520,7 @@ __all__ = [
     "ResolvedPacking",
     "ResolvedPreflight",
     "ResolvedSampler",
+    "ResolvedSampling",
     "ResolvedService",
     "ResolvedSpec",
     "ResolvedStorage",

@@ -75,12 +75,13 @@ class LayoutFacts:
     gdn_heads: tuple[int, ...] = ()  # gated delta net key and value heads; () without such layers
 
 
-def facts(maxtext_model: str | None) -> LayoutFacts | None:
-    """The layout facts of a MaxText model; None where MaxText does not know it (the plan refuses it)."""
-    base = models.facts(maxtext_model)
+def facts(maxtext_model: str | None, version: str = maxtext_keys.DEFAULT_VERSION) -> LayoutFacts | None:
+    """The layout facts of a MaxText model in the key table of MaxText ``version`` (the manifest's
+    spec.trainer.maxtextVersion); None where that MaxText does not know it (the plan refuses it)."""
+    base = models.facts(maxtext_model, version)
     if base is None:
         return None
-    cfg = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION).models.get(str(maxtext_model)) or {}
+    cfg = maxtext_keys.load(version).models.get(str(maxtext_model)) or {}
 
     def num(key: str) -> int | None:
         v = maxtext_keys.number(cfg.get(key))
@@ -217,13 +218,14 @@ def resolve(
     tp_set: int | None,
     ep_set: int | None,
     dp: int,
+    version: str = maxtext_keys.DEFAULT_VERSION,
 ) -> Layout:
     """The layout of one replica: ``tp_set`` / ``ep_set`` as the spec layers set them (None: unset),
     ``dp`` the resolved dataParallel. Unset values take their defaults (tensorParallel: the devices /
     (dataParallel x expertParallel); expertParallel 1) unless the rules refuse the default or it pads an
     MoE model's experts to MAX_EXPERT_PADDING and another layout runs: then that layout, with the reason.
     ``prefix`` names the TPU generation for the hint of a slice too large for the model."""
-    f = facts(model)
+    f = facts(model, version)
     ep = ep_set or 1
     tp = tp_set or max(1, devices // (ep * dp))
     out = Layout(tp, ep, dp)

@@ -52,6 +52,11 @@ HF_MODEL_ID: Final = f"^({_HF_PART}/)?{_HF_PART}$"
 command-line flag of `vllm serve`), no path separators beyond the one, no `..` component."""
 HF_MODEL_ID_MAX: Final = 128
 
+HF_REVISION: Final = "^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
+"""A Hugging Face revision: a branch, a tag or a commit hash, without '/' (it becomes one component of
+the converted checkpoint's storage path) and never a command-line flag."""
+HF_REVISION_MAX: Final = 100
+
 CATALOG_NAME: Final = QUEUE_NAME
 """A recipe or profile name: lowercase letters, digits, '-' and '.'; never a path."""
 CATALOG_NAME_MAX: Final = 63
@@ -86,6 +91,8 @@ DESCRIPTIONS: Final = {
     "without spaces",
     HF_MODEL_ID: "must be a Hugging Face model id, org/name or name (letters, digits, '.', '_', '-'; "
     "starting and ending with a letter or digit)",
+    HF_REVISION: "must be a Hugging Face revision: a branch, a tag or a commit hash (letters, digits, '.', "
+    "'_', '-'; starting and ending with a letter or digit)",
     # QUEUE_NAME is the same pattern (a name that is also a label value).
     CATALOG_NAME: "must hold only lowercase letters, digits, '-' and '.', and start and end with a letter "
     "or digit",

@@ -50,6 +50,9 @@ from rljob.recipes import naming
 TPU_PROCESS_PORT_BASE = 8476
 MAX_CONTAINERS_PER_HOST = 4  # ports 8476..8479, as LeaderWorkerSet reserves them
 
+NAME_ENV = "RLJOB_NAME"  # the RLJob's name, in every rljob container
+ROLE_ENV = "RLJOB_ROLE"  # naming.TRAINER, naming.SAMPLER or "preflight"
+TENSORBOARD_DIR_ENV = "RLJOB_TENSORBOARD_DIR"  # the trainer's --tensorboard-dir
 SLICES_ENV = "RLJOB_SLICES"
 HOSTS_ENV = "RLJOB_HOSTS_PER_SLICE"
 CONTAINER_INDEX_ENV = "RLJOB_CONTAINER_INDEX"
@@ -106,8 +109,8 @@ def _check(name: str, value: int, bound: int) -> None:
 def process_topology(env: Mapping[str, str]) -> ProcessTopology:
     """The process topology of the container whose environment ``env`` is; TopologyError naming the
     variable when it is missing or inconsistent."""
-    role = env.get("RLJOB_ROLE", naming.TRAINER)
-    name = env.get("RLJOB_NAME", "")
+    role = env.get(ROLE_ENV, naming.TRAINER)
+    name = env.get(NAME_ENV, "")
     slices = _int(env, SLICES_ENV, 1)
     hosts = _int(env, HOSTS_ENV, 1)
     containers = _int(env, CONTAINERS_ENV, 1)

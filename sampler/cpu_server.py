@@ -6,7 +6,9 @@ Endpoints (same paths, bodies and response shapes as vLLM):
   `temperature`, `seed` (a request without one takes the next of the server's own seeds, `--seed` then
   +1 per request, as vLLM's server-wide seed; the RL loop sends none, since vLLM's TPU backend refuses
   per-request seeds), `stop_token_ids` (a sequence ends after its first stop token, finish_reason
-  "stop"; `top_p`/`top_k` other than off and `stop` strings are refused with 400), `logprobs`
+  "stop"), `top_k` then `top_p` (after the temperature, as vLLM's TPU backend applies them), `stop`
+  strings (byte vocabulary only: the completion ends with the token that completes the first string, the
+  text before it, finish_reason "stop" and stop_reason the string, as vLLM's detokenizer), `logprobs`
   (log-probs of the sampled tokens, raw logits as vLLM's default), `return_token_ids` (each choice
   then carries `token_ids` and `prompt_token_ids`, as vLLM >= 0.10.2);
   `model` selects the adapter by name (or the base model). The tokenizer is UTF-8 bytes (token id = byte
@@ -32,6 +34,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +61,22 @@ class ByteTokenizer:
     @staticmethod
     def decode(ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+def stop_string(
+    decode: Callable[[list[int]], str], ids: list[int], stop: list[str]
+) -> tuple[int, str, str] | None:
+    """Where the first stop string ends a completion, as vLLM's detokenizer stops: (tokens kept, up to
+    and with the token that completes the string; the text before the string; the string), or None."""
+    if not stop:
+        return None
+    for end in range(1, len(ids) + 1):
+        text = decode(ids[:end])
+        found = [(text.find(s), s) for s in stop if s in text]
+        if found:
+            at, s = min(found)
+            return end, text[:at], s
+    return None
 
 
 def _bad_request(message: str) -> web.Response:
@@ -182,13 +201,17 @@ class CpuSampler:
                 prompts.append(item)
             else:
                 return _bad_request("prompt: a string, a list of token ids, or a non-empty list of either")
-        if float(body.get("top_p", 1.0)) != 1.0 or int(body.get("top_k", -1)) not in (-1, 0):
+        top_p, top_k = float(body.get("top_p", 1.0)), int(body.get("top_k", 0))
+        if not 0 < top_p <= 1 or top_k < -1:
+            return _bad_request("top_p: in (0, 1]; top_k: -1 or 0 (off) or a number of tokens")
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(x, str) and x for x in stop):
+            return _bad_request("stop: a string or a list of non-empty strings")
+        if stop and not self.tokenizer.usable:
             return _bad_request(
-                "top_p, top_k: not supported by the CPU sampler (it samples the full softmax)"
-            )
-        if body.get("stop"):
-            return _bad_request(
-                "stop: stop strings are not supported by the CPU sampler (use stop_token_ids)"
+                f"stop: stop strings need a vocabulary of 256 byte tokens; this model has "
+                f"{self.policy.vocab_size}: use stop_token_ids"
             )
         stop_ids = {int(t) for t in body.get("stop_token_ids") or []}
         n = int(body.get("n", 1))
@@ -202,21 +225,31 @@ class CpuSampler:
         rows = [list(map(int, p)) for p in prompts for _ in range(n)]
         async with self.lock:
             toks, lps = await asyncio.to_thread(
-                self.sampler.generate, lora, rows, max_tokens, temperature, seed
+                partial(self.sampler.generate, top_k=max(top_k, 0), top_p=top_p),
+                lora,
+                rows,
+                max_tokens,
+                temperature,
+                seed,
             )
         choices = []
         for i in range(len(rows)):
             ids = [int(t) for t in toks[i]]
             row_lps = [float(x) for x in lps[i]]
-            finish = "length"
+            finish, stop_reason = "length", None
             cut = next((k for k, t in enumerate(ids) if t in stop_ids), None)
             if cut is not None:  # as vLLM's stop_token_ids: the stop token ends (and is in) the output
                 ids, row_lps, finish = ids[: cut + 1], row_lps[: cut + 1], "stop"
+            text = self.tokenizer.decode(ids)
+            hit = stop_string(self.tokenizer.decode, ids, stop)
+            if hit is not None:
+                end, text, stop_reason = hit
+                ids, row_lps, finish = ids[:end], row_lps[:end], "stop"
             choice: dict[str, Any] = {
                 "index": i,
-                "text": self.tokenizer.decode(ids),
+                "text": text,
                 "finish_reason": finish,
-                "stop_reason": None,
+                "stop_reason": stop_reason,
                 "token_ids": ids if body.get("return_token_ids") else None,
                 "prompt_token_ids": rows[i] if body.get("return_token_ids") else None,
                 "logprobs": {

@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -43,6 +42,7 @@ from pydantic import ValidationError
 from rljob.common import caches
 from rljob.common.credentials import authorized, run_token
 from rljob.common.http import NO_RETRY, HttpError, shared
+from rljob.common.ports import free_port
 from rljob.common.storage import NoCredentials, join
 from rljob.recipes import naming
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
@@ -58,6 +58,7 @@ from rljob.recipes.runconfig import (
 )
 from rljob.sampler import ray_replica
 from rljob.sampler.adapters import AdapterAgent, AdapterStore, AdapterWatcher, LoraEndpoint, ServerError
+from rljob.sampler.front import AppThread, serve_front
 from rljob.sampler.vllm import SamplerConfigError, build_command, preflight
 
 log = logging.getLogger("rljob.sampler")
@@ -133,7 +134,7 @@ def status_app(watcher: AdapterWatcher, agent: AdapterAgent, token: str) -> web.
     return app
 
 
-class StatusServer:
+class StatusServer(AppThread):
     """:func:`status_app` served on ``host:port`` from an event loop in a thread of its own; raises OSError
     when the port is taken."""
 
@@ -146,27 +147,7 @@ class StatusServer:
         *,
         token: str,
     ) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name="adapter-status")
-        self.thread.start()
-        self.runner = web.AppRunner(status_app(watcher, agent, token), access_log=None)
-
-        async def start() -> None:
-            await self.runner.setup()
-            await web.TCPSite(self.runner, host, port).start()
-
-        try:
-            asyncio.run_coroutine_threadsafe(start(), self.loop).result(30)
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def shutdown(self) -> None:
-        if not self.loop.is_running():
-            return
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+        super().__init__(status_app(watcher, agent, token), host, port, "adapter-status")
 
 
 def _status_server(
@@ -181,9 +162,12 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
     if reason:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    # vLLM listens on loopback only; the pod's port is the front's, which requires the run's token on every
+    # route but /health (rljob.sampler.front: vLLM's own key check guards /v1, /v2, /inference, /cohere).
+    backend = free_port()
     try:
         cmd = build_command(
-            rc, port=port, download_dir=str(caches.local_root() / caches.HF), api_key=watcher_for.token
+            rc, port=backend, download_dir=str(caches.local_root() / caches.HF), api_key=watcher_for.token
         )
         layout = ray_replica.layout_from_env(os.environ)
     except (SamplerConfigError, ray_replica.BootstrapError) as e:
@@ -221,7 +205,14 @@ def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{backend}"
+    try:
+        serve_front(base, watcher_for.token, port)
+    except OSError as e:  # the port is taken: a restart (exit 1, counted, retried) may find it free
+        print(f"sampler: cannot listen on :{port}: {e}", file=sys.stderr, flush=True)
+        proc.terminate()
+        proc.wait()
+        return 1
     if _wait_healthy(base, proc, timeout=3600):
         watcher = watcher_for(base)
         _status_server(status_port, watcher, watcher_for.agent(base), watcher_for.token)

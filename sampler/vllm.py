@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rljob.recipes import syntax
+from rljob.recipes import families, syntax
 from rljob.recipes.runconfig import SAMPLER_PORT, VLLM_API_KEY_ENV, RunConfig
 
 # The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
@@ -27,7 +27,10 @@ VLLM_TPU_VERSION = "0.32.0"
 VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Model families whose LoRA punica buffers must match a power-of-two --max-num-batched-tokens
 # (multimodal-architecture checkpoints; see reference/seed-code-facts.md §5, limitation 4).
-POW2_BATCHED_TOKENS_FAMILIES: tuple[str, ...] = ("qwen3.5", "qwen3_5", "gemma4", "gemma-4")
+# (rljob.recipes.families ``vllm_pow2_batched_tokens``)
+POW2_BATCHED_TOKENS_FAMILIES: tuple[str, ...] = tuple(
+    name for f in families.FAMILIES.values() for name in f.vllm_pow2_batched_tokens
+)
 POW2_BATCHED_TOKENS_MIN = 4096
 TPU_WORKER_LORA_METHODS: tuple[str, ...] = ("add_lora", "remove_lora", "list_loras", "pin_lora")
 RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
@@ -92,8 +95,12 @@ def build_command(
         "vllm",
         "serve",
         model,
+        # The revision the trainer converts and trains (spec.model.revision): both roles start from the
+        # same weights, which the step-0 parity gate then checks.
+        "--revision",
+        spec.model.revision,
         "--host",
-        "0.0.0.0",
+        "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",
         str(port),
         "--tensor-parallel-size",

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from rljob.trainer.rewards import exact_match_reward, math_reward
+from rljob.trainer.rewards import exact_match_reward, math_answer, math_reward
 
 
 @dataclass(frozen=True)
@@ -166,6 +166,10 @@ class MathTask:
     def reward(self, prompt: Prompt, completion_tokens: list[int], completion_text: str) -> float:
         assert isinstance(prompt.answer, str)
         return math_reward(completion_text, prompt.answer)
+
+    def answer(self, prompt: Prompt, completion_tokens: list[int], completion_text: str) -> str | None:
+        """The completion's final answer for maj@k (rljob.trainer.evaluation)."""
+        return math_answer(completion_text)
 
 
 __all__ = ["DatasetError", "MathTask", "Prompt", "SuccessorTask", "Task"]

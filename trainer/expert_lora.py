@@ -44,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from rljob.recipes import families
 
 __all__ = ["EXPERT_HF_NAMES", "EXPERT_WEIGHTS", "add_expert_lora", "expert_lora_class"]
 
@@ -51,12 +52,10 @@ __all__ = ["EXPERT_HF_NAMES", "EXPERT_WEIGHTS", "add_expert_lora", "expert_lora_
 # checkpoint_conversion/utils/param_mapping.py QWEN_MAXTEXT_TO_HF_PARAM_MAPPING: moe_block-wi_0 ->
 # mlp.experts.{e}.gate_proj.weight, wi_1 -> up_proj, wo -> down_proj).
 EXPERT_WEIGHTS = ("wi_0", "wi_1", "wo")
-# decoder block -> (the Hugging Face parent of the experts, {MaxText weight: projection}).
+# decoder block -> (the Hugging Face parent of the experts, {MaxText weight: projection}): the rows of
+# rljob.recipes.families with ``experts``.
 EXPERT_HF_NAMES: dict[str, tuple[str, dict[str, str]]] = {
-    "qwen3_moe": ("mlp.experts", {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}),
-    # MIXTRAL_MAXTEXT_TO_HF_PARAM_MAPPING: MoeBlock_0-wi_0 -> block_sparse_moe.experts.{j}.w1.weight,
-    # wi_1 -> w3, wo -> w2 (MixtralForCausalLM's checkpoint names)
-    "mixtral": ("block_sparse_moe.experts", {"wi_0": "w1", "wi_1": "w3", "wo": "w2"}),
+    b: f.experts for b, f in families.FAMILIES.items() if f.experts is not None
 }
 
 _CLASSES: dict[type, type] = {}

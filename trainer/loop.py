@@ -9,7 +9,9 @@ adapter export `v{N}` + LATEST, progress, JSON step lines); this module is its r
 2. before returning them, start sampling step `s+1` in the background with the newest served version,
    at least `v{s}`: it overlaps the gradient of step `s`, and the policy lag (trainer step minus sampling
    version) stays at most one; it is recorded in every step line (`policy_lag`, `sampled_with`);
-3. every `--eval-every` steps, greedy completions of the held-out prompts (`eval_reward`).
+3. every spec.evaluation.every steps (`--eval-every` overrides it), spec.evaluation's samples of each
+   held-out prompt, graded: `eval_reward`, `eval_pass_at_k` and, with majK, `eval_maj_at_k`
+   (rljob.trainer.evaluation).
 
 Before the first step, a parity gate compares the trainer's log-probs of the first batch's tokens with
 the sampler's on the same weights (adapter v0): the mean absolute difference is logged and the run is
@@ -36,14 +38,16 @@ from rljob.common.credentials import run_token
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.data import DatasetError, Task
+from rljob.trainer.evaluation import EvalOptions
 from rljob.trainer.remote_reward import RemoteReward
 from rljob.trainer.rollouts import (
     DEFAULT_PARITY_THRESHOLD,
     ParityError,
     SamplerSource,
 )
-from rljob.trainer.sampler_client import LoopConfigError, SamplerClient, SamplerRejected
+from rljob.trainer.sampler_client import LoopConfigError, SamplerClient, SamplerRejected, Sampling
 from rljob.trainer.tasks import ChatPrompts, context_of, hf_tokenizer, load_task
+from rljob.trainer.warmstart import load_adapter
 
 log = logging.getLogger("rljob.trainer.loop")
 
@@ -70,8 +74,7 @@ def cpu_step_config(rc: RunConfig, max_len: int, steps: int | None = None) -> An
     (rljob.trainer.main.optimizer_options), the KL penalty against the base policy, the log-prob head's
     block sizes (spec.trainer.logprobs, clamped by the head to the tiny shapes) and the rollouts per row
     (spec.packing.maxSegmentsPerRow)."""
-    from rljob.trainer.losses import LossConfig
-    from rljob.trainer.main import head_blocks, optimizer_options
+    from rljob.trainer.main import head_blocks, loss_config, optimizer_options
     from rljob.trainer.train_step import StepConfig
 
     alg = rc.spec.algorithm
@@ -81,8 +84,21 @@ def cpu_step_config(rc: RunConfig, max_len: int, steps: int | None = None) -> An
         segment_align=1,
         max_segments=rc.spec.packing.max_segments_per_row,
         **optimizer_options(rc, steps if steps is not None else alg.steps, micro_batches=8),
-        loss=LossConfig(kind=alg.loss, kl_coef=alg.kl_penalty_coef),
+        loss=loss_config(rc),
         **head_blocks(rc),
+    )
+
+
+def evaluation_options(rc: RunConfig, every: int | None = None) -> EvalOptions:
+    """spec.evaluation as the loop reads it; ``every`` (rljob-trainer's --eval-every) overrides its
+    interval."""
+    ev = rc.spec.evaluation
+    return EvalOptions(
+        every=ev.every if every is None else every,
+        pass_k=ev.pass_k,
+        maj_k=ev.maj_k,
+        samples=ev.samples,
+        temperature=ev.temperature,
     )
 
 
@@ -94,7 +110,7 @@ class LoopOptions:
     steps: int | None = None  # override spec.algorithm.steps
     seed: int = 0  # seed of the task's prompts (e.g. math sampling)
     checkpoint_every: int | None = None  # None: MaxText checkpoint_period, else every step
-    eval_every: int = 10  # evaluate held-out prompts every N steps (0: never)
+    eval_every: int | None = None  # override spec.evaluation.every (0: never)
     parity_threshold: float = DEFAULT_PARITY_THRESHOLD
     tensorboard_dir: str | None = None  # default: storage.root's tensorboard/ (outlives the pod)
     log_jsonl: str | None = None  # also append the JSON lines to this file
@@ -109,6 +125,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         checkpoint_every,
         max_non_finite_steps,
         model_setup,
+        prepare_base_weights,
         profile,
     )
     from rljob.trainer.model import Policy
@@ -136,6 +153,12 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         )
         if args.model == "config":
             model_spec, step_cfg, _ = model_setup(rc, "config", args.steps)
+            early = Reporter(
+                sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ)
+                if jax.process_index() == 0
+                else None
+            )
+            prepare_base_weights(rc, model_spec.maxtext, lambda line: early.update(message=line))
         elif args.model == "miniature":
             model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
             step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]), steps)
@@ -155,6 +178,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             raise BadConfig(problem)
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.main)
         policy = Policy(model_spec)
+        initial = load_adapter(spec.lora.init_from, policy.peft) if spec.lora.init_from else None
         scored = policy.scoring_program()
         source = SamplerSource(
             client,
@@ -166,9 +190,17 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             pack=step_cfg.pack_config(),
             parity_rows=policy.row_multiple(),
             parity_len=int(policy.cfg.max_target_length),
-            eval_every=args.eval_every,
+            evaluation=evaluation_options(rc, args.eval_every),
             parity_threshold=args.parity_threshold,
             advantage_normalization=alg.advantage_normalization,
+            loss_normalization=alg.loss_normalization,
+            overlong=(alg.overlong_buffer, alg.overlong_penalty),
+            sampling=Sampling(
+                temperature=alg.sampling.temperature,
+                top_p=alg.sampling.top_p,
+                top_k=alg.sampling.top_k,
+                stop=alg.sampling.stop,
+            ),
         )
     except DatasetError as e:  # every problem, one line each (rljob.trainer.tasks)
         print(str(e), file=sys.stderr)
@@ -197,6 +229,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             reporter=reporter,
             to_peft=policy.peft.to_peft,
             peft_config=policy.peft.config(),
+            initial_lora=initial,
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)
@@ -213,4 +246,4 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     return EXIT_OK
 
 
-__all__ = ["LoopOptions", "chat_tokenizer", "cpu_step_config", "run_loop", "task_of"]
+__all__ = ["LoopOptions", "chat_tokenizer", "cpu_step_config", "evaluation_options", "run_loop", "task_of"]

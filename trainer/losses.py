@@ -17,7 +17,10 @@ by multiplying), so no NaN enters the graph; :func:`policy_loss` applies it to `
   group_advantages(rewards[N], group_size, normalization) -> GroupAdvantages(advantages, valid, skipped)
   token_weights(mask, rollout_index, num_rollouts, mode) -> weights            (in-graph)
   rollout_loss_weights(completion_masks, mode) -> per-rollout weight arrays     (host, numpy)
-  policy_loss(logprobs, old_logprobs, advantages, weight, cfg, ref_logprobs=None) -> (loss, metrics)
+  policy_loss(logprobs, old_logprobs, advantages, weight, cfg, ref_logprobs=None, segments=None)
+      -> (loss, metrics)
+  sequence_log_ratio(log_ratio, live, segments) -> each token's sequence-mean log-ratio (GSPO)
+  overlong_penalty(lengths, max_tokens, buffer, penalty) -> reward shaping per completion (DAPO)
   all_finite(tree) -> bool array; guard_update(ok, new, old) -> new if ok else old
 """
 
@@ -36,13 +39,17 @@ __all__ = [
     "AdvantageNormalization",
     "GroupAdvantages",
     "LossConfig",
+    "Mode",
+    "RatioLevel",
     "all_finite",
     "group_advantages",
     "guard_update",
     "k3_kl",
+    "overlong_penalty",
     "policy_loss",
     "rollout_loss_weights",
     "sanitize_logprobs",
+    "sequence_log_ratio",
     "token_weights",
 ]
 
@@ -117,7 +124,7 @@ def token_weights(
     if mode == "token":
         return m / jnp.maximum(m.sum(), 1.0)
     if mode != "sequence":
-        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+        raise ValueError(f"loss weights mode: 'token' or 'sequence', got {mode!r}")
     idx = jnp.where(rollout_index >= 0, rollout_index, num_rollouts).reshape(-1)
     counts = jax.ops.segment_sum(m.reshape(-1), idx, num_segments=num_rollouts + 1)[:num_rollouts]
     n_seq = jnp.maximum((counts > 0).sum(), 1)
@@ -135,27 +142,54 @@ def rollout_loss_weights(
         total = max(float(sum(m.sum() for m in masks)), 1.0)
         return [m / np.float32(total) for m in masks]
     if mode != "sequence":
-        raise ValueError(f"algorithm.lossNormalization: 'token' or 'sequence', got {mode!r}")
+        raise ValueError(f"loss weights mode: 'token' or 'sequence', got {mode!r}")
     n_seq = max(sum(1 for m in masks if m.sum() > 0), 1)
     return [m / np.float32(max(float(m.sum()), 1.0) * n_seq) for m in masks]
+
+
+def overlong_penalty(
+    lengths: npt.ArrayLike, max_tokens: int, buffer: int, penalty: float = 1.0
+) -> npt.NDArray[np.float32]:
+    """DAPO's soft overlong punishment (https://arxiv.org/abs/2503.14476, eq. 13), added to each
+    completion's reward: 0 up to ``max_tokens - buffer`` tokens, then falling linearly to ``-penalty`` at
+    ``max_tokens`` (``-penalty`` beyond it). ``buffer`` 0: no shaping (all zeros)."""
+    n = np.asarray(lengths, np.float32)
+    if buffer <= 0:
+        return np.zeros_like(n)
+    if buffer > max_tokens:
+        raise ValueError(f"algorithm.overlongBuffer: {buffer} exceeds maxTokens {max_tokens}")
+    start = max_tokens - buffer
+    return (-penalty * np.clip((n - start) / buffer, 0.0, 1.0)).astype(np.float32)
+
+
+RatioLevel = Literal["token", "sequence"]
 
 
 @dataclasses.dataclass(frozen=True)
 class LossConfig:
     """``kind``: importance_sampling (ratio * A, unclipped) or ppo (clipped surrogate);
-    ``clip_low``/``clip_high``: PPO ratio bounds 1 - low, 1 + high; ``kl_coef``: k3 KL weight."""
+    ``clip_low``/``clip_high``: PPO ratio bounds 1 - low, 1 + high (DAPO's clip-higher: high > low);
+    ``ratio``: token (each token's own ratio, GRPO/PPO) or sequence (GSPO: every token of a sequence
+    takes exp of the mean of its sequence's token log-ratios, https://arxiv.org/abs/2507.18071);
+    ``kl_coef``: k3 KL weight. The RL loop builds it from spec.algorithm, the Tinker service from a
+    request's loss_fn_config: both run :func:`policy_loss`."""
 
     kind: Literal["importance_sampling", "ppo"] = "importance_sampling"
     clip_low: float = 0.2
     clip_high: float = 0.2
     kl_coef: float = 0.0
+    ratio: RatioLevel = "token"
     sentinel: float = NAN_SENTINEL
 
     def __post_init__(self) -> None:
         if self.kind not in ("importance_sampling", "ppo"):
             raise ValueError(f"algorithm.loss: 'importance_sampling' or 'ppo', got {self.kind!r}")
+        if self.ratio not in ("token", "sequence"):
+            raise ValueError(f"algorithm.importanceRatio: 'token' or 'sequence', got {self.ratio!r}")
         if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("algorithm.clip: bounds must be >= 0")
+            raise ValueError(
+                f"LossConfig clip_low, clip_high: must be >= 0, got {self.clip_low}, {self.clip_high}"
+            )
         if self.kl_coef < 0:
             raise ValueError(f"algorithm.klPenaltyCoef: must be >= 0, got {self.kl_coef}")
 
@@ -166,6 +200,23 @@ def k3_kl(logprobs: jax.Array, ref_logprobs: jax.Array) -> jax.Array:
     return jnp.exp(d) - d - 1.0
 
 
+def sequence_log_ratio(log_ratio: jax.Array, live: jax.Array, segments: jax.Array) -> jax.Array:
+    """Each token's sequence-mean log-ratio: the mean of ``log_ratio`` over the live tokens of its
+    sequence, a sequence being the tokens of one row (last axis) with the same segment id (packed rows:
+    rljob.trainer.packing's segment_ids; a ``[T]`` input is one row). The gradient flows to every token
+    of the sequence, 1 / (its live tokens) each: GSPO's sequence-level importance ratio is the exp of it."""
+    shape = log_ratio.shape
+    t = shape[-1]
+    rows = max(1, log_ratio.size // t)
+    seg = jnp.clip(jnp.asarray(segments, jnp.int32).reshape(rows, t), 0, t)
+    key = (jnp.arange(rows, dtype=jnp.int32)[:, None] * (t + 1) + seg).reshape(-1)
+    lv = jnp.asarray(live, jnp.float32).reshape(-1)
+    n = rows * (t + 1)
+    sums = jax.ops.segment_sum(log_ratio.reshape(-1) * lv, key, num_segments=n)
+    counts = jax.ops.segment_sum(lv, key, num_segments=n)
+    return (sums / jnp.maximum(counts, 1.0))[key].reshape(shape)
+
+
 def policy_loss(
     logprobs: jax.Array,
     old_logprobs: jax.Array,
@@ -173,10 +224,13 @@ def policy_loss(
     weight: jax.Array,
     cfg: LossConfig,
     ref_logprobs: jax.Array | None = None,
+    segments: jax.Array | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Weighted sum of the per-token policy loss (+ kl_coef * k3 KL when ``ref_logprobs`` given).
 
-    ratio = exp(logprobs - old_logprobs), the log-ratio clamped to +-20 before the exp.
+    ratio = exp(logprobs - old_logprobs), the log-ratio clamped to +-20 before the exp; with
+    ``cfg.ratio`` sequence, exp of the sequence's mean log-ratio (:func:`sequence_log_ratio`, which needs
+    ``segments``: each token's sequence id in its row).
     importance_sampling: -ratio * A. ppo: -min(ratio * A, clip(ratio, 1-low, 1+high) * A).
     Tokens whose old (or ref) log-prob is a sentinel get weight 0; zero-weight tokens never pass a
     NaN to the gradient (``where``, not multiplication). Metrics are weight-averaged.
@@ -186,6 +240,10 @@ def policy_loss(
     lp = jnp.where(live, logprobs, 0.0)
     old = jnp.where(live, old, 0.0)
     log_ratio = jnp.clip(lp - old, -_LOG_RATIO_CLAMP, _LOG_RATIO_CLAMP)
+    if cfg.ratio == "sequence":
+        if segments is None:
+            raise ValueError("policy_loss: a sequence-level ratio needs the tokens' segment ids")
+        log_ratio = sequence_log_ratio(log_ratio, live, segments)
     ratio = jnp.exp(log_ratio)
     adv = jnp.where(live, advantages, 0.0)
     if cfg.kind == "ppo":

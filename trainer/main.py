@@ -12,9 +12,11 @@ Contexts:
   RunConfig.progress.file.
 
 ``--model tiny`` swaps the MaxText model keys for the tiny CPU model (rljob.trainer.model.tiny_keys) and
-the packed shape for a small one, keeping everything else of the run config. Either way the frozen base
-weights come from spec.model.checkpoint when the run config names one (a converted MaxText checkpoint,
-which must fit the model built; rljob.trainer.base_checkpoint), else from a random initialization.
+the packed shape for a small one, keeping everything else of the run config. With the run config's model
+the frozen base weights come from spec.model.checkpoint when the run config names one (a converted MaxText
+checkpoint, which must fit the model built; rljob.trainer.base_checkpoint), else from the trainer's own
+conversion of spec.model.name at spec.model.revision, cached in storage (prepare_base_weights,
+rljob.trainer.hf_weights); the tiny model's come from spec.model.checkpoint, else a random initialization.
 ``--rollouts sampler`` (the default, what the pods run) runs the RL loop against the samplers of
 RunConfig.endpoints.samplers: this entrypoint initializes jax.distributed and runs
 :func:`rljob.trainer.loop.run_loop` with the parsed options.
@@ -92,7 +94,7 @@ def _rendered(env: dict[str, str], rc: RunConfig | None) -> dict[str, str]:
         topology.CONTAINERS_ENV: str(tpu.containers_per_host),
         topology.CHIPS_ENV: str(tpu.chips_per_container),
         topology.COORDINATOR_ENV: rc.endpoints.coordinator,
-        "RLJOB_NAME": rc.name,
+        topology.NAME_ENV: rc.name,
     }
     return {**{k: v for k, v in defaults.items() if v}, **env}
 
@@ -173,13 +175,14 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="steps between checkpoints (default: MaxText key checkpoint_period, else 1)",
     )
-    p.add_argument("--tensorboard-dir", default=os.environ.get("RLJOB_TENSORBOARD_DIR"))
+    p.add_argument("--tensorboard-dir", default=os.environ.get(topology.TENSORBOARD_DIR_ENV))
     p.add_argument("--log-jsonl", default=None, help="also append the JSON step lines to this file")
     p.add_argument(
         "--eval-every",
         type=int,
-        default=10,
-        help="sampler loop: evaluate held-out prompts every N steps (0: never)",
+        default=None,
+        help="sampler loop: evaluate held-out prompts every N steps (0: never); default "
+        "spec.evaluation.every",
     )
     p.add_argument(
         "--parity-threshold",
@@ -307,10 +310,24 @@ def profile(rc: RunConfig, tensorboard_dir: str | None) -> Any:
     return profile_settings(dict(rc.trainer.maxtext), tensorboard_dir or rc.storage.tensorboard)
 
 
+def loss_config(rc: RunConfig) -> Any:
+    """The train step's LossConfig from spec.algorithm: the loss, its clip bounds (clipLow, clipHigh), the
+    ratio's level (importanceRatio) and the KL penalty."""
+    from rljob.trainer.losses import LossConfig
+
+    alg = rc.spec.algorithm
+    return LossConfig(
+        kind=alg.loss,
+        clip_low=alg.clip_low,
+        clip_high=alg.clip_high,
+        ratio=alg.importance_ratio,
+        kl_coef=alg.kl_penalty_coef,
+    )
+
+
 def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any, dict[str, Any]]:
     """(ModelSpec, StepConfig, settings) of the run config (``model`` "config") or of the tiny CPU model
     with the config's other settings; raises BadConfig naming the field."""
-    from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, tiny_keys
     from rljob.trainer.train_step import StepConfig, model_problem
 
@@ -321,9 +338,13 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
         budget, rows, base_model = int(keys["max_target_length"]), 2, "rljob/tiny-qwen3"
         st.update(groups=4, group_size=4)
     else:
+        from rljob.trainer.hf_weights import base_weights
+
         keys = dict(rc.trainer.maxtext)
         budget, rows = int(st["budget"]), int(rc.trainer.micro_batch_size)
         base_model = rc.spec.model.name
+        # spec.model.checkpoint, else the conversion of spec.model.name that prepare_base_weights makes.
+        checkpoint = base_weights(rc).checkpoint
     align: dict[str, Any] = {"segment_align": st["segment_align"], "pad_align": st["pad_align"]}
     if model == "tiny" and align["pad_align"] >= budget:  # the tiny model's rows are 128 tokens
         align["pad_align"] = budget // 2
@@ -337,12 +358,13 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
             lora_targets=st["targets"],
             base_model=base_model,
             checkpoint=checkpoint,
+            maxtext_version=rc.spec.trainer.maxtext_version,
         )
         step_cfg = StepConfig(
             budget=budget,
             rows=rows,
             **optimizer_options(rc, st["steps"]),
-            loss=LossConfig(kind=st["loss"], kl_coef=st["kl"]),
+            loss=loss_config(rc),
             pad_position=st["pad_position"],
             max_segments=st["max_segments"],
             **align,
@@ -355,6 +377,39 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     except ValueError as e:
         raise BadConfig(str(e).splitlines()[0]) from e
     return spec, step_cfg, st
+
+
+def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> None:
+    """Before the policy of ``--model config`` is built: spec.model's weights converted into the storage
+    cache unless a complete conversion is there (process 0 converts, the others wait:
+    rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
+    ``report`` (a str callable) gets the conversion's progress lines; BadConfig names the field."""
+    import jax
+    from rljob.common import caches
+    from rljob.trainer.hf_weights import WeightsError, base_weights, check_source, ensure_converted
+    from rljob.trainer.model import maxtext_config
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        if report is not None:
+            report(line)
+
+    try:
+        bw = base_weights(rc)
+        if not bw.convert:
+            check_source(bw)
+            return
+        done = ensure_converted(
+            bw,
+            maxtext_config(maxtext),
+            process_index=jax.process_index(),
+            local_dir=caches.local_root(),
+            report=say,
+        )
+    except WeightsError as e:
+        raise BadConfig(str(e)) from e
+    if not done.hit:
+        say(f"base weights: converted {done.tensors} tensors in {done.seconds:.0f} s into {bw.directory}")
 
 
 def max_non_finite_steps(rc: RunConfig) -> int:
@@ -418,6 +473,9 @@ def run_main(args: argparse.Namespace) -> int:
 
     spec, step_cfg, st = model_setup(rc, args.model, args.steps)
     budget, rows, groups, group_size = step_cfg.budget, step_cfg.rows, st["groups"], st["group_size"]
+    reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
+    if args.model == "config":
+        prepare_base_weights(rc, spec.maxtext, lambda line: reporter.update(message=line))
     try:
         policy = Policy(spec)
     except CheckpointError as e:
@@ -425,7 +483,6 @@ def run_main(args: argparse.Namespace) -> int:
     trainer = Trainer(policy, step_cfg)
     tb_dir = args.tensorboard_dir or rc.storage.tensorboard  # under storage.root: outlives the pod
     steplog = StepLog(tb_dir if jax.process_index() == 0 else None, args.log_jsonl)
-    reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
     steplog.event(
         "start",
         model=args.model,

@@ -164,6 +164,8 @@ class ModelSpec:
     # PEFT name prefix of the Hugging Face decoder layers; None: the decoder block's
     # (rljob.trainer.peft.HF_LAYERS_PREFIX).
     hf_layers_prefix: str | None = None
+    # spec.trainer.maxtextVersion: the MaxText key table the model's effective keys are read from.
+    maxtext_version: str = maxtext_keys.DEFAULT_VERSION
 
     @classmethod
     def tiny(cls, **kw: Any) -> ModelSpec:
@@ -184,20 +186,15 @@ class ModelSpec:
     def decoder_block(self) -> str:
         """The model's decoder block: the ``decoder_block`` key, else the model config's (MaxText's
         key list), else MaxText's default."""
-        keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
-        model = keyset.models.get(str(self.maxtext.get("model_name", "")), {})
-        default = {"decoder_block": keyset.defaults.get("decoder_block", "")}
-        return lora_targets.decoder_block(self.maxtext, {**default, **model})
+        get = maxtext_keys.effective(self.maxtext, maxtext_keys.load(self.maxtext_version))
+        return str(get("decoder_block") or "").lower()
 
     @property
     def q_lora_rank(self) -> int:
         """MaxText's ``q_lora_rank`` of the model (DeepSeek's MLA query latent; 0: none): the key, else
         the model config's, else MaxText's default."""
-        keyset = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
-        model = keyset.models.get(str(self.maxtext.get("model_name", "")), {})
-        return int(
-            self.maxtext.get("q_lora_rank", model.get("q_lora_rank", keyset.defaults.get("q_lora_rank") or 0))
-        )
+        get = maxtext_keys.effective(self.maxtext, maxtext_keys.load(self.maxtext_version))
+        return int(get("q_lora_rank") or 0)
 
     @property
     def maxtext_targets(self) -> tuple[str, ...]:

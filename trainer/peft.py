@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from rljob.recipes import families
 from rljob.trainer.expert_lora import EXPERT_HF_NAMES
 
 if TYPE_CHECKING:
@@ -69,8 +70,8 @@ MLA_HF_PROJ: dict[str, tuple[str, str]] = {
 _PROJ = HF_PROJ | MLA_HF_PROJ
 
 # PEFT name prefix of the decoder layers of the Hugging Face model each decoder block is converted from (the
-# PEFT model wraps it as base_model.model): Qwen3ForCausalLM, Qwen3MoeForCausalLM, LlamaForCausalLM,
-# MixtralForCausalLM and GptOssForCausalLM keep them at
+# PEFT model wraps it as base_model.model): rljob.recipes.families ``hf_layers_prefix``. Qwen3ForCausalLM,
+# Qwen3MoeForCausalLM, LlamaForCausalLM, MixtralForCausalLM and GptOssForCausalLM keep them at
 # model.layers; Qwen3_5MoeForConditionalGeneration, Gemma4ForConditionalGeneration and
 # Gemma3ForConditionalGeneration at model.language_model.layers (transformers 5.x,
 # models/qwen3_5_moe/modeling_qwen3_5_moe.py, models/gemma4/modeling_gemma4.py and
@@ -79,12 +80,12 @@ _PROJ = HF_PROJ | MLA_HF_PROJ
 # gemma3 configs (gemma3-4b, -12b, -27b) are the image-text checkpoints google/gemma-3-*-it, whose
 # conversion writes model.language_model.layers (checkpoint_conversion/utils/param_mapping.py
 # GEMMA3_MAXTEXT_TO_HF_PARAM_MAPPING); the text-only Gemma3ForCausalLM (gemma-3-1b) has no MaxText config.
+DEFAULT_HF_LAYERS_PREFIX = families.DEFAULT_HF_LAYERS_PREFIX
 HF_LAYERS_PREFIX: dict[str, str] = {
-    "qwen3_5": "base_model.model.model.language_model.layers",
-    "gemma4": "base_model.model.model.language_model.layers",
-    "gemma3": "base_model.model.model.language_model.layers",
+    b: f.hf_layers_prefix
+    for b, f in families.FAMILIES.items()
+    if f.hf_layers_prefix != DEFAULT_HF_LAYERS_PREFIX
 }
-DEFAULT_HF_LAYERS_PREFIX = "base_model.model.model.layers"
 
 
 def decoder_block(cfg: Any) -> str:
@@ -183,7 +184,7 @@ _ATTENTION_MODULES = ("query", "key", "value", "out", *MLA_HF_PROJ)
 # (checkpoint_conversion/utils/param_mapping.py LLAMA31_MAXTEXT_TO_HF_PARAM_HOOK_FN and
 # MIXTRAL_MAXTEXT_TO_HF_PARAM_HOOK_FN, scale_query_layer). Mixtral's RoPE rotates halves as Hugging
 # Face's does (MaxText's default RotaryEmbedding; its conversion reorders nothing).
-QUERY_SCALE_FOLDED = frozenset({"llama2", "mixtral"})
+QUERY_SCALE_FOLDED = families.blocks_where("query_scale_folded")
 
 
 def rope_pairs(cfg: Any) -> bool:
@@ -478,12 +479,34 @@ class PeftAdapter:
         (directory / "adapter_config.json").write_text(json.dumps(self.config(), indent=1))
 
     def load(self, directory: Path) -> LoraState:
-        from safetensors.numpy import load_file
+        return self.from_files(
+            (directory / "adapter_config.json").read_bytes(),
+            (directory / "adapter_model.safetensors").read_bytes(),
+            str(directory),
+        )
 
-        cfg = json.loads((directory / "adapter_config.json").read_text())
-        if int(cfg.get("r", -1)) != self.spec.lora_rank:
-            raise ValueError(f"{directory}: adapter rank {cfg.get('r')} != model rank {self.spec.lora_rank}")
-        return self.from_peft(load_file(str(directory / "adapter_model.safetensors")))
+    def from_files(self, config: bytes, weights: bytes, where: str) -> LoraState:
+        """The LoRA state of a PEFT adapter's adapter_config.json and adapter_model.safetensors (the bytes
+        of each); ValueError, naming ``where``, when its rank, alpha or target modules are not this
+        model's adapter's or a tensor does not fit."""
+        from safetensors.numpy import load
+
+        try:
+            cfg = json.loads(config)
+        except ValueError as e:
+            raise ValueError(f"{where}: adapter_config.json is not JSON: {e}") from None
+        own = self.config()
+        for key in ("r", "lora_alpha", "target_modules"):
+            theirs: Any = cfg.get(key)
+            if key == "target_modules" and isinstance(theirs, list):
+                theirs = sorted(theirs)
+            if theirs != own[key]:  # JSON's 32 and 32.0 compare equal
+                raise ValueError(f"{where}: the adapter's {key} is {theirs!r}, this run's {own[key]!r}")
+        try:
+            tensors = load(weights)
+        except Exception as e:  # safetensors raises its own error types on a malformed file
+            raise ValueError(f"{where}: adapter_model.safetensors: {e}") from None
+        return self.from_peft(tensors)
 
     def config(self) -> dict[str, Any]:
         """adapter_config.json of the PEFT layout (what vLLM and peft read)."""

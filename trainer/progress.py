@@ -159,6 +159,8 @@ class Reporter:
     def update(self, **fields: Any) -> None:
         data = self.report.model_dump(by_alias=False)
         data.update(fields)
+        if "step" in fields and "message" not in fields:
+            data["message"] = None  # a step was reported: what preceded the first one is over
         data["update_time"] = datetime.now(UTC)
         self.report = ProgressReport.model_validate(data)
         if self.sink is None:

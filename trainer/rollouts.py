@@ -19,12 +19,20 @@ import jax.numpy as jnp
 import numpy as np
 from rljob.recipes import startup
 from rljob.trainer.data import Prompt, Task
-from rljob.trainer.losses import AdvantageNormalization, group_advantages
+from rljob.trainer.evaluation import EvalOptions, answer_of, scores
+from rljob.trainer.losses import (
+    AdvantageNormalization,
+    Mode,
+    group_advantages,
+    overlong_penalty,
+    rollout_loss_weights,
+)
 from rljob.trainer.packing import PackConfig, Rollout, align_up, pack_rollouts
 from rljob.trainer.sampler_client import (
     Completion,
     LoopConfigError,
     SamplerClient,
+    Sampling,
     version_of,
 )
 
@@ -52,23 +60,39 @@ LogprobFn = Callable[[Any, np.ndarray, np.ndarray, np.ndarray], Any]
 
 
 def grpo_rollouts(
-    batch: Batch, group_size: int, normalization: AdvantageNormalization = "mean"
+    batch: Batch,
+    group_size: int,
+    normalization: AdvantageNormalization = "mean",
+    loss_normalization: Mode = "token",
 ) -> tuple[list[Rollout], int]:
     """The graded batch's training rollouts and how many groups were skipped: GRPO advantages per group
     (rljob.trainer.losses.group_advantages); a group whose rewards are all equal carries no signal and
-    none of its rollouts is returned (never packed, run or counted in the step's token mean)."""
+    none of its rollouts is returned (never packed, run or counted in the step's token mean).
+    ``loss_normalization`` sequence (spec.algorithm.lossNormalization) gives each rollout's tokens a
+    packed ``loss_weight`` of 1 / (its tokens x the rollouts); token leaves the step's one token mean
+    (rljob.trainer.train_step.stack_micro_batches)."""
     adv = group_advantages(jnp.asarray(batch.rewards), group_size, normalization=normalization)
+    kept = [
+        (c, float(a))
+        for c, a, valid in zip(
+            batch.completions, np.asarray(adv.advantages), np.asarray(adv.valid), strict=True
+        )
+        if valid
+    ]
+    weights: list[Any] = [None] * len(kept)
+    if loss_normalization == "sequence":
+        weights = rollout_loss_weights([np.ones(len(c.tokens)) for c, _ in kept], "sequence")
     rollouts = []
-    for c, a, valid in zip(batch.completions, np.asarray(adv.advantages), np.asarray(adv.valid), strict=True):
-        if not valid:
-            continue
-        ids = c.prompt_ids(batch.prompts[c.prompt_index])
+    for (c, a), w in zip(kept, weights, strict=True):
+        per_token = {"old_logprobs": np.asarray(c.logprobs, np.float32)}
+        if w is not None:
+            per_token["loss_weight"] = w
         rollouts.append(
             Rollout(
-                prompt_ids=np.asarray(ids, np.int32),
+                prompt_ids=np.asarray(c.prompt_ids(batch.prompts[c.prompt_index]), np.int32),
                 completion_ids=np.asarray(c.tokens, np.int32),
-                advantage=float(a),
-                per_token={"old_logprobs": np.asarray(c.logprobs, np.float32)},
+                advantage=a,
+                per_token=per_token,
             )
         )
     return rollouts, int(adv.groups_skipped)
@@ -98,11 +122,13 @@ class SamplerSource:
         group_size: int,
         groups_per_batch: int,
         logprobs: LogprobFn,
-        temperature: float = 1.0,
-        eval_every: int = 10,
+        sampling: Sampling | None = None,
+        evaluation: EvalOptions | None = None,
         parity_threshold: float = DEFAULT_PARITY_THRESHOLD,
         emit: Callable[[dict[str, Any]], None] | None = None,
         advantage_normalization: AdvantageNormalization = "mean",
+        loss_normalization: Mode = "token",
+        overlong: tuple[int, float] = (0, 1.0),
         pack: PackConfig | None = None,
         parity_rows: int = 1,
         parity_len: int | None = None,
@@ -112,7 +138,11 @@ class SamplerSource:
             raise LoopConfigError(problem)
         self.client, self.task, self.steps = client, task, steps
         self.group_size, self.groups = group_size, groups_per_batch
-        self.logprobs, self.temperature, self.eval_every = logprobs, temperature, eval_every
+        self.logprobs = logprobs
+        self.evaluation = evaluation or EvalOptions()
+        self.sampling = sampling or Sampling()
+        self.loss_normalization = loss_normalization
+        self.overlong = overlong  # spec.algorithm.overlongBuffer, .overlongPenalty
         self.parity_threshold = parity_threshold
         self.pack = pack  # the train step's micro-batch shape, for the parity gate
         self.parity_shapes: set[tuple[int, int]] = set()
@@ -136,7 +166,7 @@ class SamplerSource:
             prompts,
             self.group_size,
             self.task.max_tokens,
-            self.temperature,
+            self.sampling,
             min_version,
         )
         # Graded later, on the caller's thread (see grade()).
@@ -253,10 +283,19 @@ class SamplerSource:
             inputs = {k: z[k] for k in z.files}
         self.check_parity(step, self.parity_of(inputs, lora))
 
-    def evaluate(self, min_version: int) -> float:
+    def evaluate(self, min_version: int) -> dict[str, float]:
+        """spec.evaluation's metrics on the held-out prompts (rljob.trainer.evaluation): ``samples``
+        completions of each at the evaluation's temperature, with the rollouts' stop strings."""
+        ev = self.evaluation
         prompts = self.task.eval_prompts()
-        comps = self.client.complete(prompts, 1, self.task.max_tokens, 0.0, min_version)
-        return float(np.mean(self.rewards(prompts, comps)))
+        sampling = Sampling(temperature=ev.temperature, stop=self.sampling.stop)
+        comps = self.client.complete(prompts, ev.samples, self.task.max_tokens, sampling, min_version)
+        rewards = self.rewards(prompts, comps)
+        answer = answer_of(self.task)
+        per_prompt: list[list[tuple[float, Any]]] = [[] for _ in prompts]
+        for c, r in zip(comps, rewards, strict=True):
+            per_prompt[c.prompt_index].append((r, answer(prompts[c.prompt_index], c.tokens, c.text)))
+        return scores(ev, per_prompt)
 
     def __call__(self, step: int, lora: Any) -> tuple[list[Rollout], dict[str, float]]:
         # The runtime calls this after publishing v{step}: sample step `step` with >= v{step-1}.
@@ -272,17 +311,26 @@ class SamplerSource:
                 self.check_parity(step, self.parity(batch, lora))
         # Overlap: step+1 samples while this step trains, with v{step} at the oldest (lag <= 1).
         self._prefetch(step + 1, step)
-        rollouts, skipped = grpo_rollouts(batch, self.group_size, self.advantage_normalization)
+        task_rewards = batch.rewards
+        shaping = overlong_penalty(
+            [len(c.tokens) for c in batch.completions], self.task.max_tokens, *self.overlong
+        )
+        batch.rewards = task_rewards + shaping
+        rollouts, skipped = grpo_rollouts(
+            batch, self.group_size, self.advantage_normalization, self.loss_normalization
+        )
         metrics: dict[str, float] = {
-            "reward_mean": float(batch.rewards.mean()),
+            "reward_mean": float(task_rewards.mean()),
             "policy_lag": float(step - min(batch.versions)),
             "sampled_with": float(min(batch.versions)),
             "groups_skipped": float(skipped),
             "sample_s": batch.sample_s,
             "sampler_wait_s": self.client.waited_s,
         }
-        if self.eval_every and step % self.eval_every == 0:
-            metrics["eval_reward"] = self.evaluate(max(step - 1, 0))
+        if self.overlong[0]:
+            metrics["overlong_penalty_mean"] = float(shaping.mean())
+        if self.evaluation.every and step % self.evaluation.every == 0:
+            metrics.update(self.evaluate(max(step - 1, 0)))
         return rollouts, metrics
 
     def close(self) -> None:

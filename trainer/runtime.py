@@ -33,6 +33,7 @@ from typing import Any
 import jax
 import numpy as np
 from rljob.common.storage import open_store
+from rljob.trainer import evaluation
 from rljob.trainer.checkpoint import Checkpointer
 from rljob.trainer.export import AdapterPublisher
 from rljob.trainer.losses import NAN_SENTINEL, AdvantageNormalization, group_advantages
@@ -176,11 +177,13 @@ def run(
     reporter: Reporter,
     to_peft: Callable[[Any], dict[str, np.ndarray]] | None = None,
     peft_config: dict[str, Any] | None = None,
+    initial_lora: Any = None,
 ) -> TrainState:
-    """Train until ``settings.steps`` optimizer steps are done (resuming from the newest checkpoint)."""
+    """Train until ``settings.steps`` optimizer steps are done (resuming from the newest checkpoint;
+    without one, from ``initial_lora``, spec.lora.initFrom's adapter, when given)."""
     ckpt = Checkpointer(paths.checkpoints)
     cache = open_store(paths.rollouts)
-    state = trainer.init_state()
+    state = trainer.init_state(initial_lora)
     template = _state_tree(state)
     restored = ckpt.restore(template)
     resumed_from: int | None = None
@@ -328,5 +331,6 @@ def _steps(
             reward_mean=metrics.get("reward_mean"),
             last_checkpoint_step=done if saved else reporter.report.last_checkpoint_step,
             adapter_version=publisher.published if publisher is not None else None,
+            evaluation=evaluation.report(done, metrics) or reporter.report.evaluation,
         )
     return state

@@ -46,6 +46,27 @@ class SamplerClosed(RuntimeError):
     """The client was closed while a request was waiting for a sampler (the loop is shutting down)."""
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling parameters of a completions request (spec.algorithm.sampling): those vLLM's TPU backend
+    applies (rljob.recipes.api.SamplingSpec cites where); off values are not sent."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: off
+    stop: tuple[str, ...] = ()
+
+    def body(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"temperature": self.temperature}
+        if self.top_p < 1:
+            out["top_p"] = self.top_p
+        if self.top_k > 0:
+            out["top_k"] = self.top_k
+        if self.stop:
+            out["stop"] = list(self.stop)
+        return out
+
+
 @dataclass
 class Completion:
     prompt_index: int
@@ -175,9 +196,10 @@ class SamplerClient:
             return v
 
     def complete(
-        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
+        self, prompts: list[Prompt], n: int, max_tokens: int, sampling: Sampling | float, min_version: int
     ) -> list[Completion]:
-        """`n` completions per prompt, from all the samplers at once.
+        """`n` completions per prompt, from all the samplers at once (``sampling``: the parameters, or a
+        temperature alone).
 
         The prompts are cut into requests of at most ``max_seqs`` sequences (a replica's
         ``--max-num-seqs``) and no more than an even share of the replicas; each replica has ``inflight``
@@ -193,10 +215,12 @@ class SamplerClient:
         sampler's randomness is its own (vLLM's server-wide ``--seed``; the CPU backend's likewise)."""
         if not prompts:
             return []
-        return self._run(self._complete(prompts, n, max_tokens, temperature, min_version), "completions")
+        if not isinstance(sampling, Sampling):
+            sampling = Sampling(temperature=float(sampling))
+        return self._run(self._complete(prompts, n, max_tokens, sampling, min_version), "completions")
 
     async def _complete(
-        self, prompts: list[Prompt], n: int, max_tokens: int, temperature: float, min_version: int
+        self, prompts: list[Prompt], n: int, max_tokens: int, sampling: Sampling, min_version: int
     ) -> list[Completion]:
         if self._slots is None:
             self._slots = [asyncio.Semaphore(self.inflight) for _ in self.urls]
@@ -217,7 +241,7 @@ class SamplerClient:
                 ],
                 "n": n,
                 "max_tokens": max_tokens,
-                "temperature": temperature,
+                **sampling.body(),
                 "logprobs": 0,
                 "return_token_ids": True,
             }

@@ -139,6 +139,8 @@ class Sampler:
         max_tokens: int,
         temperature: jax.Array,
         key: jax.Array,
+        top_k: jax.Array,
+        top_p: jax.Array,
     ) -> tuple[jax.Array, jax.Array]:
         b, t = tokens.shape
         positions = jnp.broadcast_to(jnp.arange(t), (b, t))
@@ -153,7 +155,9 @@ class Sampler:
             last = jnp.take_along_axis(logits, (cur - 1)[:, None, None], axis=1)[:, 0]
             k, sub = jax.random.split(k)
             greedy = jnp.argmax(last, axis=-1)
-            sampled = jax.random.categorical(sub, last / jnp.maximum(temperature, 1e-6), axis=-1)
+            sampled = jax.random.categorical(
+                sub, filter_logits(last / jnp.maximum(temperature, 1e-6), top_k, top_p), axis=-1
+            )
             nxt = jnp.where(temperature > 0, sampled, greedy).astype(toks.dtype)
             lp = jnp.take_along_axis(jax.nn.log_softmax(last, -1), nxt[:, None], axis=-1)[:, 0]
             toks = toks.at[jnp.arange(b), cur].set(nxt)
@@ -172,8 +176,13 @@ class Sampler:
         temperature: float,
         seed: int,
         bucket: int = 16,
+        top_k: int = 0,
+        top_p: float = 1.0,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Sample `max_tokens` tokens after each prompt: (tokens, log-probs), both [N, max_tokens].
+        """Sample `max_tokens` tokens after each prompt: (tokens, log-probs), both [N, max_tokens]; the
+        logits divided by ``temperature`` (0: greedy), then cut to the ``top_k`` largest (0: off), then to
+        the smallest set of probability ``top_p`` (1: off), in the order of vLLM's TPU backend
+        (:func:`filter_logits`). The log-probs are the unscaled model's (vLLM's default raw_logprobs).
 
         Rows are padded to multiples of 8 and `bucket` tokens so few shapes compile."""
         n = len(prompts)
@@ -195,8 +204,26 @@ class Sampler:
             max_tokens,
             jnp.float32(temperature),
             jax.random.key(seed),
+            jnp.int32(top_k),
+            jnp.float32(top_p),
         )
         return np.asarray(out)[:n], np.asarray(lps)[:n]
+
+
+def filter_logits(z: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """``z`` [B, V] (temperature applied) with the tokens outside the ``top_k`` largest (k > 0) and then
+    outside the smallest set whose probability reaches ``top_p`` (p < 1) set to -inf: the order and rules
+    of tpu-inference's _apply_sampling_transforms (tpu_inference/layers/jax/sample/sampling.py,
+    https://github.com/vllm-project/tpu-inference). Ties at a threshold stay in."""
+    desc = -jnp.sort(-z, axis=-1)
+    v = z.shape[-1]
+    kth = jnp.take_along_axis(desc, jnp.clip(top_k - 1, 0, v - 1)[None, None].repeat(z.shape[0], 0), axis=-1)
+    z = jnp.where((top_k > 0) & (z < kth), -jnp.inf, z)
+    desc = -jnp.sort(-z, axis=-1)
+    probs = jax.nn.softmax(desc, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs  # the mass of the larger tokens
+    kept = jnp.where(before < top_p, desc, jnp.inf).min(axis=-1, keepdims=True)
+    return jnp.where((top_p < 1) & (z < kept), -jnp.inf, z)
 
 
 def load_peft_dir(policy: Policy, directory: Path) -> Any:
@@ -215,6 +242,7 @@ __all__ = [
     "Sampler",
     "cpu_model_spec",
     "cpu_shape",
+    "filter_logits",
     "load_peft_dir",
     "miniature_keys",
     "miniature_spec",

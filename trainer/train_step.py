@@ -326,7 +326,13 @@ class Trainer:
         if self.with_ref:
             ref = jax.lax.stop_gradient(self.micro_logprobs(self.policy.zero_lora(lora), mb, base, head))
         return policy_loss(
-            lp, mb["old_logprobs"], mb["advantages"], mb["weights"], self.cfg.loss, ref_logprobs=ref
+            lp,
+            mb["old_logprobs"],
+            mb["advantages"],
+            mb["weights"],
+            self.cfg.loss,
+            ref_logprobs=ref,
+            segments=mb["segment_ids"],
         )
 
     def _accumulate(

@@ -31,9 +31,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-EXIT_OK = 0
+from rljob.recipes import failure
+
+EXIT_OK = failure.EXIT_OK  # the exit codes every entrypoint shares: rljob.recipes.failure
 EXIT_PROBLEMS = 1
-EXIT_BAD_INPUT = 2
+EXIT_BAD_INPUT = failure.EXIT_BAD_CONFIG
 # `helm install rljob charts/rljob -n rljob-system`: the chart names the ServiceAccount
 # <release>-rljob-operator. Used when no ServiceAccount carries the chart's label.
 DEFAULT_OPERATOR_NAMESPACE = "rljob-system"

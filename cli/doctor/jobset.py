@@ -9,6 +9,7 @@ from typing import Any
 
 from rljob.cli.doctor.common import Obj, _fmt_version, _schema_has, _served_version, parse_version
 from rljob.cli.doctor.findings import Finding, ok, problem, warning
+from rljob.recipes import failure
 from rljob.recipes.api import GROUP, PLURAL
 from rljob.recipes.api import VERSION as RLJOB_VERSION
 from rljob.recipes.naming import JOBSET_GROUP, JOBSET_VERSION
@@ -26,8 +27,7 @@ TESTED_JOBSET_VERSION = "v0.12.0"
 MIN_JOBSET_VERSION = (0, 12, 0)
 
 # JobSet v0.12.0 keeps RestartJob* behind an alpha feature gate, off by default; its webhook refuses a
-# JobSet that uses them while the gate is off, with this in the message.
-RESTART_JOB_GATE = "RestartJob feature gate"
+# JobSet that uses them while the gate is off (rljob.recipes.failure.restart_job_admitted reads which).
 ENABLE_RESTART_JOB = (
     "turn on JobSet's feature gate RestartJob: add `featureGates: {RestartJob: true}` to the key "
     "controller_manager_config.yaml of ConfigMap jobset-system/jobset-manager-config, then "
@@ -100,35 +100,9 @@ class Probe:
 
 
 def probe_object(namespace: str) -> dict[str, Any]:
-    """The JobSet the controller probe dry-runs: no network block, so the webhook's default shows; a
-    RestartJob rule like rljob's sampler rule, so a controller without the RestartJob gate refuses it."""
-    return {
-        "apiVersion": f"{JOBSET_GROUP}/{JOBSET_VERSION}",
-        "kind": "JobSet",
-        "metadata": {"generateName": "rljob-doctor-probe-", "namespace": namespace},
-        "spec": {
-            "suspend": True,
-            "failurePolicy": {
-                "maxRestarts": 1,
-                "rules": [{"name": "probe", "action": "RestartJob", "targetReplicatedJobs": ["probe"]}],
-            },
-            "replicatedJobs": [
-                {
-                    "name": "probe",
-                    "template": {
-                        "spec": {
-                            "template": {
-                                "spec": {
-                                    "restartPolicy": "Never",
-                                    "containers": [{"name": "probe", "image": "registry.k8s.io/pause:3.10"}],
-                                }
-                            }
-                        }
-                    },
-                }
-            ],
-        },
-    }
+    """The JobSet the controller probe dry-runs (rljob.recipes.failure.restart_job_probe, which the
+    operator dry-runs too): a controller without the RestartJob gate refuses it."""
+    return failure.restart_job_probe(namespace)
 
 
 def probe_rljob(namespace: str) -> dict[str, Any]:
@@ -148,7 +122,7 @@ def probe_rljob(namespace: str) -> dict[str, Any]:
 
 def _webhook_unreachable(error: str) -> bool:
     """The API server's message when it could not call a webhook (as opposed to the webhook denying)."""
-    return "failed calling webhook" in error or "connection refused" in error
+    return failure.webhook_unreachable(error)
 
 
 def probe_result(response: Obj) -> Probe:
@@ -202,12 +176,16 @@ def check_jobset_controller(deployments: Sequence[Obj], probe: Probe | None) -> 
                     "check the controller's pods and logs, or reinstall: " + JOBSET_INSTALL,
                 )
             )
-        elif not probe.allowed and RESTART_JOB_GATE in probe.error:
+        elif not probe.allowed and failure.RESTART_JOB_GATE_REFUSAL in probe.error:
             out.append(
-                problem(
+                warning(
                     "jobset.webhook",
-                    "JobSet's feature gate RestartJob is off: its webhook refuses every rljob JobSet "
-                    f"(a failed sampler Job restarts alone with the action RestartJob): {probe.error}",
+                    f"JobSet's feature gate {failure.RESTART_JOB_GATE} is off: the operator (chart value "
+                    "jobset.restartJob auto or disabled) renders its failure policy without the action "
+                    "RestartJob, so a sampler crash restarts the whole run from its last checkpoint, "
+                    "counted against spec.failurePolicy.maxRestarts; the gate buys a sampler's own restart "
+                    "(that sampler Job alone, against maxSamplerRestarts, the trainer keeps running). With "
+                    f"jobset.restartJob: enabled its webhook refuses every rljob JobSet: {probe.error}",
                     ENABLE_RESTART_JOB,
                 )
             )

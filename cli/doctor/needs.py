@@ -11,6 +11,7 @@ from typing import Any
 
 from rljob.cli.doctor.common import Obj
 from rljob.cli.doctor.findings import Finding, ok, problem, warning
+from rljob.recipes import naming
 from rljob.recipes.runconfig import TpuPlan
 
 
@@ -45,7 +46,7 @@ class Reference:
 def template_references(spec: Any) -> list[Reference]:
     """Every object the roles' pod overrides name (rljob.recipes.api.PodTemplate), in manifest order."""
     out: list[Reference] = []
-    for role in ("trainer", "sampler"):
+    for role in (naming.TRAINER, naming.SAMPLER):
         template = getattr(getattr(spec, role, None), "template", None)
         pod = template.spec if template is not None else None
         if pod is None:

@@ -42,13 +42,13 @@ def scaled_mesh(full: dict[str, int], devices: int) -> dict[str, int]:
     return mesh
 
 
-def sampler_layout(model: str | None, devices: int) -> tuple[int, int]:
+def sampler_layout(model: str | None, devices: int, version: str) -> tuple[int, int]:
     """(tensorParallel, expertParallel) of a sampler replica of ``devices`` devices that the plan accepts:
     the layout it prefers among those vLLM's TPU backend runs (rljob.recipes.sampler_layout), else all
     tensor parallel (the plan then says why)."""
     from rljob.recipes import sampler_layout as rules
 
-    f = rules.facts(model)
+    f = rules.facts(model, version)
     ok = rules.layouts(f, str(model), devices) if f is not None else []
     return ok[0] if ok else (devices, 1)
 
@@ -82,7 +82,9 @@ def scaled_doc(doc: dict[str, Any], rc: Any, steps: int) -> tuple[dict[str, Any]
     trainer.update(tpu=small.type_name, slices=slices, containersPerHost=containers, mesh=dict(mesh))
     sampler = spec.setdefault("sampler", {})
     # The replica's devices, laid out as the plan requires (the CPU sampler ignores the layout).
-    tp, ep = sampler_layout(rc.spec.model.maxtext_model, small_sampler.devices)
+    tp, ep = sampler_layout(
+        rc.spec.model.maxtext_model, small_sampler.devices, rc.spec.trainer.maxtext_version
+    )
     sampler.update(
         tpu=small_sampler.type_name, replicas=1, maxModelLen=128, tensorParallel=tp, expertParallel=ep
     )

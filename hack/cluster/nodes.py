@@ -49,6 +49,9 @@ def node(
         "topology.kubernetes.io/zone": ZONE,
         "cloud.google.com/gke-nodepool": pool,
         "type": "kwok",
+        # GKE's label on the nodes of a pool that runs the GKE metadata server (Workload Identity), where the
+        # compile preflight goes by default (rljob.recipes.podpolicy.METADATA_SERVER_LABEL).
+        "iam.gke.io/gke-metadata-server-enabled": "true",
         **extra_labels,
     }
     resources = {"cpu": cpu, "memory": memory, "pods": "110", "ephemeral-storage": "100Gi", **extra_alloc}

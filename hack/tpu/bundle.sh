@@ -24,7 +24,13 @@ owners = md.packages_distributions()
 from packaging.requirements import Requirement
 dists = {d for m in top for d in owners.get(m, []) if d != "rljob"} | {"pytest", "hypothesis"}
 # With what each one requires (installed, extras left out): some check their requirements' metadata at import
-# (transformers reads safetensors' version), which an import trace alone does not show.
+# (transformers reads safetensors' version), which an import trace alone does not show. A requirement nothing
+# imported that weighs more than 16 MB (pyarrow, llvmlite, duckdb: what the data loaders of MaxText's and
+# tunix's requirements bring) stays out: a check of its metadata would fail, and the tier's import says so.
+def size(name):
+    dist = md.distribution(name)
+    return sum(os.path.getsize(p) for f in dist.files or [] if os.path.isfile(p := os.path.join(site, str(f))))
+
 todo = list(dists)
 while todo:
     for line in md.distribution(todo.pop()).requires or []:
@@ -35,7 +41,7 @@ while todo:
             name = md.distribution(req.name).metadata["Name"]
         except md.PackageNotFoundError:
             continue
-        if name not in dists:
+        if name not in dists and size(name) <= 16_000_000:
             dists.add(name)
             todo.append(name)
 files = set()

@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-call,attr-defined"
 """Which parts of JAX's persistent compilation-cache key a program gets, compiled for a TPU topology.
 
 Run here (no TPU): ``--topology v5e:1x1`` compiles for libtpu's compile-only devices of that topology, as the

@@ -135,6 +135,15 @@ def test_webhook_disabled(helm: Path) -> None:
     assert env["RLJOB_WEBHOOK_ENABLED"] == "false"
 
 
+@pytest.mark.parametrize(("sets", "want"), [((), "auto"), (("jobset.restartJob=disabled",), "disabled")])
+def test_jobset_restart_job_reaches_the_operator(helm: Path, sets: tuple[str, ...], want: str) -> None:
+    """The chart's jobset.restartJob is the operator's RLJOB_JOBSET_RESTART_JOB (operator/jobset_gate.py)."""
+    (dep,) = by_kind(template(helm, *sets), "Deployment")
+    (container,) = dep["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["RLJOB_JOBSET_RESTART_JOB"] == want
+
+
 @pytest.mark.parametrize(
     ("value", "complaint"),
     [
@@ -144,6 +153,7 @@ def test_webhook_disabled(helm: Path) -> None:
         ("nosuchkey=1", "nosuchkey"),
         ("rbac.scope=everywhere", "scope"),
         ("rbac.namespaces={Bad_NS}", "namespaces"),
+        ("jobset.restartJob=on", "restartJob"),
     ],
 )
 def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from rljob.cli import drill
 from rljob.cli.main import main
-from rljob.recipes import naming, recipe_catalog, topology
+from rljob.recipes import families, naming, recipe_catalog, topology
 from rljob.sampler import ray_replica
 
 CASES = drill.all_cases()
@@ -267,20 +267,22 @@ def test_a_drill_with_a_multi_host_sampler_replica(tmp_path: Path) -> None:
 
 # Decoder blocks without a catalog recipe yet, drilled on the llama3.1-8b-v5p recipe with the model
 # swapped (the full-size fit and topology checks of that TPU, the miniature of the model's own config).
+# Each the family's LoRA targets (rljob.recipes.families), less those the plan refuses for it.
+_DEEPSEEK_V2 = families.FAMILIES["deepseek"]
 FAMILIES = [
-    (
-        "gemma3-27b",
-        "google/gemma-3-27b-it",
-        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    ),
-    ("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("gemma3-27b", "google/gemma-3-27b-it", list(families.FAMILIES["gemma3"].lora_targets)),
+    ("mixtral-8x7b", "mistralai/Mixtral-8x7B-Instruct-v0.1", list(families.FAMILIES["mixtral"].lora_targets)),
     # DeepSeek-V2-Lite (MLA without the query latent, dense then MoE layers, shared experts): DeepSeek-V3
     # does not fit this recipe's v5p-8 at full size (the drill's fit check); tests/trainer/test_families.py
     # trains and exports its miniature.
     (
         "deepseek2-16b",
         "deepseek-ai/DeepSeek-V2-Lite",
-        ["q_proj", "kv_a_proj_with_mqa", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        [
+            t
+            for t in _DEEPSEEK_V2.lora_targets
+            if t not in families.MLA_QUERY_LORA and t not in _DEEPSEEK_V2.sampler_refused
+        ],
     ),
 ]
 

@@ -116,6 +116,47 @@ def test_describe() -> None:
     text = jobs.describe({**OBJ, "status": status}, [])
     assert "Restarts:    1 used, 2 left (the run); sampler 4 used, 6 left" in text
     assert "Last failure: crash Exit1 of the sampler at 2026-01-01T00:05:00Z: boom" in text
+    # JobSet's gate RestartJob off: a sampler crash restarts the run, counted with the run's restarts.
+    status = {**status, "restarts": {"used": 1, "left": 2}, "samplerFailure": "RestartRun"}
+    text = jobs.describe({**OBJ, "status": status}, [])
+    assert (
+        "Restarts:    1 used, 2 left (the run, sampler crashes included: JobSet's gate RestartJob is off)"
+        in text
+    )
+
+
+HOSTILE_MESSAGES = [
+    # (what a container's log can put in a status message, how `rljob status` prints it)
+    ("\x1b[2J\x1b[31mboom", "\\x1b[2J\\x1b[31mboom"),  # clear the screen, red
+    ("\x1b]8;;http://x\x07link\x1b]8;;\x07", "\\x1b]8;;http://x\\x07link\\x1b]8;;\\x07"),  # OSC 8 link
+    ("ok\rPhase:       Succeeded", "ok\\rPhase:       Succeeded"),  # overwrite the line
+    ("boom\nPhase:       Succeeded", "boom Phase:       Succeeded"),  # forge a line
+    (
+        "a\u202eb\u2028c\x9bd\x7f",
+        "a\\u202eb\\u2028c\\x9bd\\x7f",
+    ),  # bidi override, line separator, C1 CSI, DEL
+]
+
+
+@pytest.mark.parametrize(("raw", "shown"), HOSTILE_MESSAGES)
+def test_status_and_list_print_no_terminal_control(raw: str, shown: str) -> None:
+    """Condition and failure messages (and every other string of the object) are printed with their control
+    characters escaped and newlines as spaces: nothing from a container's log reaches the terminal raw."""
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
+    status = {
+        **base,
+        "lastFailure": {**base["lastFailure"], "message": raw},
+        "conditions": [{"type": "Ready", "status": "False", "reason": "Crashed", "message": raw}],
+    }
+    obj = {**OBJ, "status": status}
+    text = jobs.describe(obj, [])
+    assert f"Last failure: crash Exit1 at 2026-01-01T00:05:00Z: {shown}\n" in text
+    assert f"  Ready=False Crashed: {shown}\n" in text
+    assert all(ch == "\n" or ch.isprintable() for ch in text)
+    assert len(text.splitlines()) == len(jobs.describe(OBJ, []).splitlines())  # no forged line
+    named = {**obj, "metadata": {**OBJ["metadata"], "name": raw}}  # type: ignore[dict-item]
+    listed = jobs.table([named], wide=True)
+    assert all(ch == "\n" or ch.isprintable() for ch in listed) and len(listed.splitlines()) == 2
 
 
 def test_describe_counts_the_steps_the_plan_resolves() -> None:
@@ -198,3 +239,25 @@ def test_status_names_the_profile_of_a_profiled_run() -> None:
     assert f"Profile:     {note}\n" in jobs.describe({**OBJ, **obj}, [], "", note)
     plain = {**obj, "spec": {**spec, "trainer": {"tpu": "v5p-8"}}}
     assert metrics.profile_note(plain) == "" and "Profile:" not in jobs.describe(OBJ, [])
+
+
+def test_describe_shows_the_newest_evaluation() -> None:
+    """status.progress.evaluation (the trainer's ProgressReport, rljob.trainer.evaluation.report)."""
+    from rljob.trainer.evaluation import report
+
+    ev = report(
+        20,
+        {
+            "eval_reward": 0.4,
+            "eval_pass_at_k": 0.625,
+            "eval_pass_k": 4.0,
+            "eval_maj_at_k": 0.5,
+            "eval_maj_k": 8.0,
+        },
+    )
+    assert ev is not None and report(21, {"reward_mean": 0.3}) is None  # a step without an evaluation
+    base: dict[str, Any] = copy.deepcopy(OBJ["status"])  # type: ignore[arg-type]
+    status = {**base, "progress": {**base["progress"], "evaluation": ev.model_dump(mode="json")}}
+    text = jobs.describe({**OBJ, "status": status}, [])
+    assert "Evaluation:  step 20: pass@4 0.625, maj@8 0.500, mean reward 0.400" in text
+    assert "Evaluation:" not in jobs.describe(OBJ, [])

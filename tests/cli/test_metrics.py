@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
 
 import pytest
@@ -50,10 +51,31 @@ def test_truncated_or_corrupt_tail_keeps_what_came_before(tmp_path: Path) -> Non
     assert metrics.scalars([bytes(broken)]).get("train/reward_mean", {}) == {1: 0.5}
 
 
+def _frame(payload: bytes) -> bytes:
+    """One TFRecord: length, its masked CRC, the payload, its masked CRC."""
+    from tensorboardX.record_writer import masked_crc32c
+
+    header = struct.pack("<Q", len(payload))
+    return (
+        header
+        + struct.pack("<I", masked_crc32c(header))
+        + payload
+        + struct.pack("<I", masked_crc32c(payload))
+    )
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.binary(max_size=256))
 def test_records_never_crash_on_garbage(data: bytes) -> None:
-    assert isinstance(list(metrics.records(data)), list)
+    """Garbage after good records: the good ones read back whole, and whatever follows is framed inside
+    the bytes given (nothing read past the end, nothing made up)."""
+    good = [b"first", b"", b"third record"]
+    stream = b"".join(_frame(p) for p in good)
+    got = list(metrics.records(stream + data))
+    assert got[:3] == good
+    assert sum(16 + len(p) for p in got) <= len(stream) + len(data)
+    alone = list(metrics.records(data))
+    assert b"".join(_frame(p) for p in alone) == data[: sum(16 + len(p) for p in alone)]
 
 
 def test_tensorboard_dir_follows_the_plan() -> None:

@@ -12,6 +12,7 @@ import pytest
 from rljob.common.ports import free_port
 from rljob.sampler.adapters import AdapterStore, AdapterWatcher, LoraEndpoint
 from rljob.trainer.data import Prompt, SuccessorTask
+from rljob.trainer.evaluation import EvalOptions
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.packing import PackConfig
 from rljob.trainer.rollouts import Batch, ParityError, SamplerSource, grpo_rollouts
@@ -50,7 +51,9 @@ def test_source_grades_pipelines_and_passes_parity(
     uri = f"{gcs_bucket}/adapters"
     watcher = _setup(uri, url, cpu_policy, tmp_path)
     # The parity gate scores the 12 rollouts packed several to a row, in one [2, 64] shape.
-    src = _source(url, cpu_policy, eval_every=2, pack=PackConfig(budget=64, rows=2, segment_align=1))
+    src = _source(
+        url, cpu_policy, evaluation=EvalOptions(every=2), pack=PackConfig(budget=64, rows=2, segment_align=1)
+    )
     try:
         rollouts, m = src(0, cpu_policy.lora0)
         assert src.parity_shapes == {(2, 64)}
@@ -154,7 +157,7 @@ def test_text_prompts_train_on_the_samplers_tokens(gcs_bucket: str, byte_policy:
         group_size=2,
         groups_per_batch=3,
         logprobs=jax.jit(cpu_policy.next_token_logprobs),
-        eval_every=1,
+        evaluation=EvalOptions(every=1),
         emit=lambda rec: None,
     )
     try:

@@ -103,7 +103,10 @@ def test_preflight_on_creates_the_job_and_no_jobset() -> None:
     job = preflight_job(kube)
     assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-demo"
     pod = job["spec"]["template"]["spec"]
-    assert "google.com/tpu" not in str(pod) and "nodeSelector" not in pod
+    # No TPU, no TPU node: the nodes the pod policy names (by default those running the GKE metadata server,
+    # where 169.254.169.254 answers as the run's ServiceAccount, never as the node's).
+    assert "google.com/tpu" not in str(pod) and "tolerations" not in pod
+    assert pod["nodeSelector"] == {"iam.gke.io/gke-metadata-server-enabled": "true"}
     assert pod["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
     st = status(kube)
     assert st["phase"] == "Pending" and st["preflight"] == {"job": name, "state": "Running"}

@@ -408,6 +408,59 @@ def test_a_pod_failure_of_another_jobset_is_not_counted() -> None:
     assert _status(kube)["lastFailure"]["class"] == "preemption"
 
 
+def _failed_pod(
+    uid_label: str | None, owner: dict[str, Any] | None, message: str, attempt: str = "0"
+) -> dict[str, Any]:
+    """A failed trainer pod labelled with run `demo`'s names: `uid_label` its jobset-uid label, `owner` its
+    controller owner reference (None: none), exit 2 with `message` as its termination message."""
+    labels = {
+        c.JOBSET_NAME_LABEL: "demo",
+        c.REPLICATED_JOB_LABEL: "trainer",
+        c.RESTART_ATTEMPT_LABEL: attempt,
+    }
+    if uid_label is not None:
+        labels[c.JOBSET_UID_LABEL] = uid_label
+    meta: dict[str, Any] = {"name": "p", "namespace": "ns", "labels": labels}
+    if owner is not None:
+        meta["ownerReferences"] = [{"apiVersion": "batch/v1", "controller": True, "uid": "job-uid", **owner}]
+    term = {"exitCode": 2, "finishedAt": "2026-11-29T19:55:00Z", "message": message}
+    status = {"phase": "Failed", "containerStatuses": [{"name": "trainer", "state": {"terminated": term}}]}
+    return {"metadata": meta, "status": status}
+
+
+def test_a_pod_labelled_with_another_runs_name_cannot_set_its_last_failure() -> None:
+    """Anyone who creates pods in the namespace can label one with run `demo`'s JobSet name and uid. Only
+    a pod whose controller is one of the JobSet's Jobs (exact name) and whose jobset-uid label is the
+    JobSet's uid is the run's: the forged ones (a higher restart attempt, so that the old "first failure of
+    the newest attempt" kept them over the real one) set nothing."""
+    rec, kube = setup(rljob())
+    run(rec.reconcile(("ns", "demo")))
+    js = kube.objects[("JobSet", "ns", "demo")]
+    uid = js["metadata"]["uid"]
+    js["status"] = {"restarts": 1, "restartsCountTowardsMax": 1}  # attempt 0 ended
+    js["metadata"]["resourceVersion"] = "900"
+    rec.observe_jobset("MODIFIED", js)
+    job = {"kind": "Job", "name": "demo-trainer-0"}
+    forged = [
+        _failed_pod(None, None, "spec.a: forged by label"),
+        _failed_pod(uid, None, "spec.b: forged with the uid label"),
+        _failed_pod(uid, {"kind": "Job", "name": "demo-b-trainer-0"}, "spec.c: another run's Job"),
+        _failed_pod(uid, {"kind": "Job", "name": "demo-trainer-0x"}, "spec.d: a name with a prefix"),
+        _failed_pod(uid, {"kind": "ReplicaSet", "name": "demo-trainer-0"}, "spec.e: not a Job"),
+        _failed_pod("uid-else", job, "spec.f: another JobSet's uid"),
+        _failed_pod("", job, "spec.g: no uid"),
+    ]
+    for pod in forged:
+        rec.observe_pod("MODIFIED", {**pod, "metadata": {**pod["metadata"]}})
+        pod["metadata"]["labels"][c.RESTART_ATTEMPT_LABEL] = "99"
+        rec.observe_pod("MODIFIED", pod)
+    assert rec.caches.failures.get(("ns", "demo")) is None  # 14 tried, 14 refused
+    rec.observe_pod("MODIFIED", _failed_pod(uid, job, "spec.model: the real cause"))
+    run(rec.reconcile(("ns", "demo")))
+    last = _status(kube)["lastFailure"]
+    assert last["class"] == "badConfiguration" and last["message"].endswith("spec.model: the real cause")
+
+
 @pytest.mark.parametrize(
     ("kind", "error", "expected"),
     [
@@ -645,6 +698,29 @@ def test_pods_the_api_server_refuses_are_a_condition_and_an_event_until_they_com
     rec.observe_rljob("MODIFIED", kube.objects[("RLJob", "ns", "demo")])
     run(rec.reconcile(("ns", "demo")))
     assert _condition(kube, c.READY)["reason"] == c.REASON_WAITING_FOR_PODS
+
+
+def test_failed_create_events_match_the_runs_jobs_by_exact_name() -> None:
+    """RLJob `a`'s Jobs are a-trainer-0 and a-sampler-0; RLJob `a-b`'s (a-b-trainer-0, ...) and a Job named
+    like a prefix of `a`'s are another's: their refusals are not `a`'s."""
+    from rljob.operator.status import JobSetView, pod_create_error
+
+    js = JobSetView.from_body(
+        {
+            "metadata": {"name": "a", "uid": "u"},
+            "spec": {
+                "replicatedJobs": [{"name": "trainer", "replicas": 1}, {"name": "sampler", "replicas": 2}]
+            },
+        }
+    )
+    now = datetime.now(UTC)
+    others = ["a-b-trainer-0", "a-trainer-0-x", "a-sampler-2", "a-trainer", "b-trainer-0"]
+    assert pod_create_error([failed_create(n, "not a's") for n in others], js, now) is None  # 5 refused
+    for name in ("a-trainer-0", "a-sampler-0", "a-sampler-1"):
+        got = pod_create_error(
+            [failed_create(n, "not a's") for n in others] + [failed_create(name, PSA)], js, now
+        )
+        assert got is not None and got.startswith(f"Job {name}: Error creating")
 
 
 def test_a_suspended_or_running_run_reads_no_events() -> None:

@@ -34,7 +34,7 @@ def test_the_good_values_stay_accepted() -> None:
                             "secret": {"secretName": "s.a-b", "items": [{"key": "k", "path": "a/b"}]},
                         },
                     ],
-                    "volumeMounts": [{"name": "v", "mountPath": "/v", "subPath": "a..b/c"}],
+                    "volumeMounts": [{"name": "v", "mountPath": "/data/v", "subPath": "a..b/c"}],
                     "resources": {"requests": {"example.com/foo": "2"}, "limits": {"example.com/foo": 2}},
                     "tolerations": [{"key": "a.b/c", "operator": "Exists"}],
                 }

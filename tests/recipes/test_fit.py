@@ -254,6 +254,15 @@ def test_the_check_takes_milliseconds() -> None:
 # --------------------------------------------------------------------------------------------- properties
 
 MODELS = sorted(maxtext_keys.load(maxtext_keys.DEFAULT_VERSION).models)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_model_has_its_shapes(model: str) -> None:
+    shapes = fit.shapes(model, {})
+    assert shapes is not None
+    assert shapes.layers >= 1 and shapes.emb >= 1
+
+
 SHAPE_KEYS = [
     "base_emb_dim",
     "base_mlp_dim",
@@ -300,6 +309,8 @@ def test_the_check_never_raises(
 ) -> None:
     shapes = fit.shapes(model, keys)
     if shapes is None:
+        # only a key that leaves the model without layers or a width takes its shapes away
+        assert {"num_decoder_layers", "base_num_decoder_layers", "base_emb_dim"} & set(keys), keys
         return
     fit.params(shapes)
     t = fit.trainer_fit(shapes, keys, hbm, tp * ep, tp * ep, 8192.0, rank, ["q_proj", "down_proj"])
@@ -320,8 +331,7 @@ def test_more_devices_never_make_a_fitting_trainer_not_fit(
     model: str, generation: str, sizes: list[int], tokens: float, rank: int, weight_dtype: str
 ) -> None:
     shapes = fit.shapes(model, {})
-    if shapes is None:
-        return
+    assert shapes is not None  # every MaxText model has its shapes (test_every_model_has_its_shapes)
     names = fit._slice_sizes(generation)  # the slice sizes the hints walk
     small, large = (names[min(i, len(names) - 1)][1] for i in sorted(sizes))
     hbm = tpu.hbm_bytes_per_device(tpu.GENERATIONS[generation].accelerator)

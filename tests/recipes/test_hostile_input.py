@@ -334,7 +334,7 @@ def test_deep_api_body_is_refused_by_the_walk() -> None:
     for _ in range(500):
         deep = [deep]
     with pytest.raises(PlanError) as err:
-        manifest.parse_object(with_spec(trainer={"maxtext": {"remat_policy": deep}}))
+        plan.parse_object(with_spec(trainer={"maxtext": {"remat_policy": deep}}))
     assert err.value.problems == [
         "spec.trainer.maxtext.remat_policy" + "[0]" * 29 + ": nested deeper than 32 levels"
     ]
@@ -344,7 +344,7 @@ def test_a_run_configmap_over_a_mebibyte_is_a_plan_error() -> None:
     """Kubernetes refuses a ConfigMap over 1 MiB: the render says so as a problem instead of creating a run
     that could never start. (The input bounds keep every admitted manifest far below it: the largest run.json
     bench/webhook_worst_case.py renders is reported there.)"""
-    run = plan.resolve(manifest.parse_object(BASE))
+    run = plan.resolve(plan.parse_object(BASE))
     dataset = run.spec.dataset.model_copy(update={"prompt_template": "{question}" + "z" * (1 << 20)})
     huge = run.model_copy(update={"spec": run.spec.model_copy(update={"dataset": dataset})})
     assert len(render.configmap(run)["data"]["run.json"]) < 1 << 20
@@ -356,5 +356,5 @@ def test_a_run_configmap_over_a_mebibyte_is_a_plan_error() -> None:
 
 def test_a_storage_root_with_a_trailing_slash_is_one_prefix() -> None:
     for root in ("gs://b-1/runs/", "gs://b-1/runs//", "gs://b-1/", "gs://b-1/a..b/.c"):
-        run = plan.resolve(manifest.parse_object(with_spec(storage={"root": root})))
+        run = plan.resolve(plan.parse_object(with_spec(storage={"root": root})))
         assert run.storage.root == f"{root.rstrip('/')}/default/qwen3-4b-min", root

@@ -134,8 +134,8 @@ print(json.dumps(os.environ.get("LIBTPU_INIT_ARGS", "")))
     [{}, {"xla_tpu_scoped_vmem_limit_kib": "65472"}, {libtpu.TPU_MACHINE_FLAG: "false", "xla_x": "1"}],
 )
 def test_the_compile_stage_sets_what_jax_sets_on_a_tpu_machine(flags: dict[str, str]) -> None:
-    """JAX's persistent cache hashes LIBTPU_INIT_ARGS into its keys: the compile stage's variable must be, as a
-    set of flags, what JAX's own TPU-machine set-up (jax._src.cloud_tpu_init, run here by its own force
+    """JAX's persistent cache hashes LIBTPU_INIT_ARGS into its keys: the compile stage's variable must be, as
+    a set of flags, what JAX's own TPU-machine set-up (jax._src.cloud_tpu_init, run here by its own force
     switch) makes of the trainer container's. Without it a program compiled here was looked up on a v5e chip
     under another key and compiled again (hack/tpu/cache_probe.py)."""
     import json
@@ -145,8 +145,16 @@ def test_the_compile_stage_sets_what_jax_sets_on_a_tpu_machine(flags: dict[str, 
 
     env = {**os.environ, libtpu.ENV: libtpu.init_args(flags)}
     out = subprocess.run(
-        [sys.executable, "-c", _CLOUD_TPU_INIT], env=env, capture_output=True, text=True, check=True, timeout=120
+        [sys.executable, "-c", _CLOUD_TPU_INIT],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
     )
     on_tpu_machine = json.loads(out.stdout.strip().splitlines()[-1])
     assert sorted(on_tpu_machine.split()) == sorted(libtpu.tpu_machine_args(flags).split())
-    assert sorted(on_tpu_machine.split()) != sorted(libtpu.init_args(flags).split()) or libtpu.TPU_MACHINE_FLAG in flags
+    assert (
+        sorted(on_tpu_machine.split()) != sorted(libtpu.init_args(flags).split())
+        or libtpu.TPU_MACHINE_FLAG in flags
+    )

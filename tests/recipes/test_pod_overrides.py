@@ -240,6 +240,9 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
             "spec.trainer.template.spec.volumeMounts[1].name: no volume nope in spec.trainer.template.spec",
             "spec.trainer.template.spec.volumeMounts[1].mountPath: /dev/shm/sub overlaps rljob's",
             "spec.trainer.template.spec.volumeMounts[2].mountPath: /etc overlaps rljob's",
+            "spec.trainer.template.spec.volumeMounts[0].mountPath: /etc/rljob is not under an allowed",
+            "spec.trainer.template.spec.volumeMounts[1].mountPath: /dev/shm/sub is not under an allowed",
+            "spec.trainer.template.spec.volumeMounts[2].mountPath: /etc is not under an allowed mount root",
         ],
     ),
     (

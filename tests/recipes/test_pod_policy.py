@@ -200,3 +200,155 @@ def test_rljob_validate_takes_the_policy(tmp_path: Path) -> None:
 def test_allow_all_allows_each(name: str, spec: dict[str, Any], field: str, key: str) -> None:
     """rljob doctor's policy (podpolicy.ALLOW_ALL): the operator's webhook applies the real one."""
     assert not [line for line in _problems(spec, podpolicy.ALLOW_ALL) if "pod policy" in line]
+
+
+# ---------------------------------------------------------------------------- the policy as a code boundary
+
+_SP = "spec.trainer.template.spec"
+_ROOTS = "(allowed: /data, /mnt, /etc/rljob-user): a mount elsewhere can cover the image's own files"
+_POL = "(the operator's pod policy: {})"
+SITE = "/opt/rljob/lib/python3.12/site-packages"
+
+HOSTILE_MOUNTS: list[tuple[str, str, str | None]] = [
+    # (name, mountPath, subPath): each would put the manifest's bytes where the image keeps code
+    ("over-the-entrypoint", "/opt/rljob/bin/rljob-trainer", "run.sh"),
+    ("a-pth-in-site-packages", f"{SITE}/zz-hook.pth", "hook.pth"),
+    ("over-site-packages", SITE, None),
+    ("over-the-interpreter", "/usr/local/bin/python3", "py"),
+    ("ld-so-preload", "/etc/ld.so.preload", "preload"),
+    ("home-user-site", "/root/.local/lib/python3.12/site-packages", None),
+    ("backstep-out-of-a-root", "/data/../opt/rljob", None),
+    ("a-root-s-name-as-a-prefix", "/database", None),
+    ("over-the-venv", "/opt", None),
+]
+
+
+@pytest.mark.parametrize(("name", "path", "sub"), HOSTILE_MOUNTS, ids=[m[0] for m in HOSTILE_MOUNTS])
+def test_a_mount_over_the_image_is_refused(name: str, path: str, sub: str | None) -> None:
+    """A configMap mounted (subPath or whole) anywhere but the mount roots is refused with one line: the
+    roots are directories the images do not have, so nothing mounted can replace the image's code."""
+    mount: dict[str, Any] = {"name": "c", "mountPath": path}
+    if sub is not None:
+        mount["subPath"] = sub
+    spec = _t({"volumes": [{"name": "c", "configMap": {"name": "payload"}}], "volumeMounts": [mount]})
+    got = [line for line in _problems(spec) if "pod policy" in line]
+    assert got == [
+        f"{_SP}.volumeMounts[0].mountPath: {path} is not under an allowed mount root {_ROOTS} "
+        + _POL.format("mountRoots")
+    ]
+
+
+HOSTILE_ENV: list[tuple[str, str]] = [
+    # (name, the refused pattern it matches): each runs or loads code at start
+    ("PYTHONWARNINGS", "PYTHON*"),  # "ignore::evil.Warning" imports module evil
+    ("PYTHONBREAKPOINT", "PYTHON*"),
+    ("PYTHONPYCACHEPREFIX", "PYTHON*"),
+    ("PYTHONSTARTUP", "PYTHON*"),
+    ("PYTHONPATH", "PYTHON*"),
+    ("PYTHON_GIL", "PYTHON*"),
+    ("BROWSER", "BROWSER"),
+    ("MPLBACKEND", "MPLBACKEND"),  # module://evil
+    ("LD_AUDIT", "LD_*"),
+    ("LD_PRELOAD", "LD_*"),
+    ("GCONV_PATH", "GCONV_PATH"),
+    ("GLIBC_TUNABLES", "GLIBC_TUNABLES"),
+    ("OPENSSL_CONF", "OPENSSL_CONF"),  # an engine is a shared library
+    ("TPU_LIBRARY_PATH", "TPU_LIBRARY_PATH"),
+    ("PJRT_NAMES_AND_LIBRARY_PATHS", "PJRT_*"),
+    ("TF_PLUGGABLE_DEVICE_LIBRARY_PATH", "TF_PLUGGABLE_DEVICE_LIBRARY_PATH"),
+    ("NCCL_NET_PLUGIN", "NCCL_NET_PLUGIN"),
+    ("PATH", "PATH"),
+    ("HOME", "HOME"),
+    ("BASH_ENV", "BASH_ENV"),
+    ("BASH_FUNC_ls%%", "BASH_FUNC_*"),
+    ("PS4", "PS4"),
+    ("PERL5OPT", "PERL5OPT"),
+    ("NODE_OPTIONS", "NODE_OPTIONS"),
+    ("JAVA_TOOL_OPTIONS", "JAVA_TOOL_OPTIONS"),
+    ("GIT_SSH_COMMAND", "GIT_*"),
+]
+
+
+def test_every_code_loading_variable_is_refused_by_default() -> None:
+    """The issue's variables and one of each class, set by value and by valueFrom (a Secret's key): one
+    refusal line each, naming the pattern."""
+    names = [n for n, _ in HOSTILE_ENV if "%" not in n]  # the API's env-name pattern refuses % already
+    by_value = [{"name": n, "value": "x"} for n in names]
+    by_ref = [{"name": n, "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}} for n in names]
+    spec = {**_t({"env": by_value}), **_t({"env": by_ref}, "sampler")}
+    got = [line for line in _problems(spec) if "pod policy" in line]
+    pattern = dict(HOSTILE_ENV)
+    assert got == [
+        f"spec.{role}.template.spec.env[{i}].name: {n} is refused (matches {pattern[n]}) "
+        + _POL.format("refusedEnv")
+        for role in ("trainer", "sampler")
+        for i, n in enumerate(names)
+    ]
+    assert all(fnmatch_refused(n) == p for n, p in HOSTILE_ENV)
+
+
+def fnmatch_refused(name: str) -> str | None:
+    import fnmatch
+
+    return next((p for p in podpolicy.DEFAULT.refused_env if fnmatch.fnmatchcase(name, p)), None)
+
+
+@pytest.mark.parametrize("prefix", ["PY", "PYTHON", "PJRT_", "GIT", "P", "LD_", "H"])
+def test_an_env_from_prefix_that_can_form_a_refused_name_is_refused(prefix: str) -> None:
+    spec = _t({"envFrom": [{"prefix": prefix, "secretRef": {"name": "s"}}]})
+    got = [line for line in _problems(spec) if "pod policy" in line]
+    assert len(got) == 1 and got[0].startswith(f"{_SP}.envFrom[0].prefix: {prefix} could form a refused name")
+
+
+def test_what_the_boundary_still_allows() -> None:
+    """Data under the roots (a subPath included), ordinary variables and prefixes pass the default."""
+    spec = _t(
+        {
+            "volumes": [
+                {"name": "c", "configMap": {"name": "prompts"}},
+                {"name": "d", "persistentVolumeClaim": {"claimName": "data"}},
+                {"name": "s", "secret": {"secretName": "keys"}},
+            ],
+            "volumeMounts": [
+                {"name": "d", "mountPath": "/data"},
+                {"name": "c", "mountPath": "/mnt/prompts/p.jsonl", "subPath": "p.jsonl"},
+                {"name": "s", "mountPath": "/etc/rljob-user/keys", "readOnly": True},
+            ],
+            "env": [
+                {"name": "WANDB_API_KEY", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+                {"name": "HF_HUB_OFFLINE", "value": "1"},
+                {"name": "XLA_FLAGS", "value": "--xla_dump_to=/tmp/x"},
+            ],
+            "envFrom": [{"prefix": "WANDB_", "secretRef": {"name": "wandb"}}],
+        }
+    )
+    assert problems(manifest(spec)) == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "error"),
+    [
+        (
+            {"mountRoots": ["data"]},
+            "mountRoots: Value error, 'data' is not an absolute, normalised directory",
+        ),
+        ({"mountRoots": ["/data/../opt"]}, "mountRoots: Value error, '/data/../opt' is not an absolute"),
+        ({"mountRoots": ["/data/"]}, "mountRoots: Value error, '/data/' is not an absolute"),
+        ({"refusedEnv": ["*_PATH"]}, "refusedEnv: Value error, '*_PATH': a name or a prefix followed by one"),
+        ({"refusedEnv": ["LD_?"]}, "refusedEnv: Value error, 'LD_?': a name or a prefix"),
+    ],
+)
+def test_a_policy_with_a_root_or_pattern_it_cannot_enforce_is_refused(
+    policy: dict[str, Any], error: str
+) -> None:
+    with pytest.raises(podpolicy.PolicyError) as info:
+        podpolicy.parse(policy, "p")
+    assert info.value.problems[0].startswith(f"p: {error}"), info.value.problems
+
+
+def test_a_policy_can_move_the_mount_roots() -> None:
+    mount = {"name": "c", "mountPath": "/workspace/x"}
+    spec = _t({"volumes": [{"name": "c", "configMap": {"name": "x"}}], "volumeMounts": [mount]})
+    assert _problems(spec, podpolicy.PodPolicy(mount_roots=("/workspace",))) == []
+    assert _problems(spec, podpolicy.PodPolicy(mount_roots=("/",))) == []
+    assert len(_problems(spec)) == 1

@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 import yaml
 from fixtures.recipes import manifest, objects, recipe_manifest, resolve
-from rljob.recipes import render
+from rljob.recipes import plan, podpolicy, render
+from rljob.recipes.api import RLJob, Toleration
 from rljob.recipes.runconfig import RunConfig
 
 
@@ -293,7 +294,8 @@ def test_pods_meet_the_restricted_profile_but_for_the_named_exception(spec: dict
 def test_the_preflight_job_is_the_trainer_pod_without_the_tpu() -> None:
     """spec.trainer.preflight.compile: the trainer template's env, volumes, mounts, annotations and
     ServiceAccount reach the preflight pod (its storage credentials); its TPU, node selector and tolerations
-    do not."""
+    do not: the pod goes where the operator's pod policy says (by default, nodes that run the GKE metadata
+    server), and a policy's placement does not change what the digest names."""
     path = Path(__file__).resolve().parents[2] / "examples" / "qwen3-8b-v5p-spot-gcsfuse.yaml"
     doc = yaml.safe_load(path.read_text())
     assert render.preflight_job(resolve(doc)) is None  # off by default
@@ -314,7 +316,20 @@ def test_the_preflight_job_is_the_trainer_pod_without_the_tpu() -> None:
     assert [v["name"] for v in pod["spec"]["volumes"]] == ["run-config", "rljob-cache", "prompts"]
     assert pod["metadata"]["annotations"] == {"gke-gcsfuse/volumes": "true"}
     assert pod["spec"]["serviceAccountName"] == js["spec"]["serviceAccountName"]
-    assert "nodeSelector" not in pod["spec"] and "tolerations" not in pod["spec"]
+    assert pod["spec"]["nodeSelector"] == {podpolicy.METADATA_SERVER_LABEL: "true"}
+    assert "tolerations" not in pod["spec"]
+    policy = podpolicy.PodPolicy(
+        preflight_node_selector={"cloud.google.com/gke-nodepool": "compile"},
+        preflight_tolerations=(
+            Toleration(key="dedicated", operator="Equal", value="compile", effect="NoSchedule"),
+        ),
+    )
+    placed = render.preflight_job(plan.resolve(RLJob.model_validate(doc), policy))
+    assert placed is not None and placed["metadata"]["name"] == job["metadata"]["name"]
+    assert placed["spec"]["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-nodepool": "compile"}
+    assert placed["spec"]["template"]["spec"]["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "compile", "effect": "NoSchedule"}
+    ]
     assert (
         c["resources"]["limits"] == {"memory": "12Gi"} and "google.com/tpu" not in c["resources"]["requests"]
     )

@@ -20,7 +20,7 @@ from rljob.recipes.runconfig import ResolvedSpec, RunConfig
 # The fields of a resolved spec that may be None, each because the absence means something.
 OPTIONAL = {
     "recipe",  # no catalog recipe
-    "model.checkpoint",  # randomly initialized base weights
+    "model.checkpoint",  # the trainer converts spec.model.name itself (StoragePaths.converted)
     "trainer.profile",  # no profile of the recipe
     "trainer.template",  # no pod overrides
     "sampler.template",
@@ -30,6 +30,7 @@ OPTIONAL = {
     "service",  # the RL loop, not an API service
     "queueName",  # no Kueue queue
     "priorityClassName",  # no PriorityClass
+    "lora.initFrom",  # no warm start: the adapter starts at zero
 }
 
 

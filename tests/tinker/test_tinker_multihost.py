@@ -27,7 +27,7 @@ from fixtures.tinker import tinker_run_config
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
 
-tinker = pytest.importorskip("tinker")
+import tinker  # noqa: E402
 from tinker import types  # noqa: E402
 
 KEY = "tml-multihost"

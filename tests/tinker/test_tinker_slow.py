@@ -23,7 +23,7 @@ import pytest
 
 pytestmark = [pytest.mark.jax, pytest.mark.slow]
 
-tinker = pytest.importorskip("tinker")
+import tinker  # noqa: E402
 from fixtures.tinker import API_KEY, Served, serve_tinker, tinker_run_config  # noqa: E402
 from tinker import types  # noqa: E402
 

@@ -25,8 +25,8 @@ import pytest
 
 pytestmark = pytest.mark.jax
 
-tinker = pytest.importorskip("tinker")
-httpx = pytest.importorskip("httpx")
+import httpx  # noqa: E402
+import tinker  # noqa: E402
 from fixtures.tinker import API_KEY, Served, serve_tinker, tinker_run_config  # noqa: E402
 from tinker import types  # noqa: E402
 

@@ -527,3 +527,21 @@ def test_deepseek_adapter_is_maxtexts_conversion_of_the_lora_delta_both_ways(mod
                 broken_caught += 1
     assert checked == policy.num_layers * len(TARGETS[model])
     assert broken_caught == 2 * policy.num_layers
+
+
+def test_the_trainers_family_tables_are_the_registrys() -> None:
+    """trainer/peft.py and trainer/expert_lora.py read recipes/families.py: the values they held."""
+    from rljob.trainer import expert_lora, peft
+
+    assert expert_lora.EXPERT_HF_NAMES == {
+        "qwen3_moe": ("mlp.experts", {"wi_0": "gate_proj", "wi_1": "up_proj", "wo": "down_proj"}),
+        "mixtral": ("block_sparse_moe.experts", {"wi_0": "w1", "wi_1": "w3", "wo": "w2"}),
+    }
+    language_model = "base_model.model.model.language_model.layers"
+    assert {
+        "qwen3_5": language_model,
+        "gemma4": language_model,
+        "gemma3": language_model,
+    } == peft.HF_LAYERS_PREFIX
+    assert peft.DEFAULT_HF_LAYERS_PREFIX == "base_model.model.model.layers"
+    assert {"llama2", "mixtral"} == peft.QUERY_SCALE_FOLDED

@@ -136,7 +136,7 @@ def test_token_weights_modes() -> None:
     np.testing.assert_allclose(seq, [[1 / 6, 1 / 6, 0, 1 / 3], [1 / 3, 0, 0, 0]], rtol=1e-6)
     host = rollout_loss_weights([[1, 1], [1], [1], [0]], "sequence")
     np.testing.assert_allclose(np.concatenate(host), [1 / 6, 1 / 6, 1 / 3, 1 / 3, 0], rtol=1e-6)
-    with pytest.raises(ValueError, match="lossNormalization"):
+    with pytest.raises(ValueError, match=r"^loss weights mode: 'token' or 'sequence', got 'bogus'$"):
         token_weights(mask, idx, 4, "bogus")  # type: ignore[arg-type]
 
 
@@ -145,7 +145,7 @@ def test_token_weights_modes() -> None:
     [
         ({"kind": "grpo"}, "algorithm.loss"),
         ({"kl_coef": -1.0}, "klPenaltyCoef"),
-        ({"clip_low": -0.1}, "clip"),
+        ({"clip_low": -0.1}, r"^LossConfig clip_low, clip_high: must be >= 0, got -0.1, 0.2$"),
     ],
 )
 def test_loss_config_refuses(kwargs: dict[str, object], field: str) -> None:

@@ -27,4 +27,5 @@ def test_cli_runs_from_repo_root() -> None:
     """`.venv/bin/rljob` from the repo root must not pick up ./operator as the stdlib module."""
     exe = Path(sys.executable).parent / "rljob"
     proc = subprocess.run([str(exe), "--help"], cwd=REPO, capture_output=True, text=True)
-    assert "Traceback" not in proc.stderr
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert proc.stdout.startswith("usage: rljob")

@@ -509,14 +509,15 @@ class Engine:
     ) -> tuple[list[PackedBatch], list[dict[str, np.ndarray]]]:
         if not data:
             raise RequestError("data: empty")
-        if loss.kind == "ppo" and loss not in self._loss_variants:
-            if len(self._loss_variants) >= MAX_LOSS_VARIANTS:
-                raise RequestError(f"loss_fn_config: at most {MAX_LOSS_VARIANTS} distinct PPO clip settings")
-            self._loss_variants.add(loss)
         try:
             packed = pack_rollouts(self._rollouts(data, loss), self.pack_cfg)
         except PackingError as e:
             raise RequestError(str(e)) from None
+        # Only a request whose data passed may add a compiled variant: a refused one leaves the set as it was.
+        if loss.kind == "ppo" and loss not in self._loss_variants:
+            if len(self._loss_variants) >= MAX_LOSS_VARIANTS:
+                raise RequestError(f"loss_fn_config: at most {MAX_LOSS_VARIANTS} distinct PPO clip settings")
+            self._loss_variants.add(loss)
         return packed, stack_micro_batches(packed, self.cfg.micro_batches)
 
     def _unpack(self, packed: list[PackedBatch], lps: list[np.ndarray], count: int) -> list[np.ndarray]:

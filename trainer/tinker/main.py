@@ -23,14 +23,24 @@ import json
 import logging
 import os
 import signal
+import ssl
 import sys
+import tempfile
 from typing import Any
 
 from rljob.common.credentials import run_token
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.runconfig import API_KEYS_ENV, CONFIG_ENV, CONFIG_PATH, ResolvedService, RunConfig
+from rljob.recipes.runconfig import (
+    API_KEYS_ENV,
+    CONFIG_ENV,
+    CONFIG_PATH,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
+    ResolvedService,
+    RunConfig,
+)
 
-__all__ = ["build", "build_engine", "follow", "main", "parser", "serve"]
+__all__ = ["build", "build_engine", "follow", "main", "parser", "serve", "tls_context"]
 
 log = logging.getLogger("rljob.trainer.tinker")
 
@@ -47,7 +57,7 @@ def _service(rc: RunConfig) -> ResolvedService:
 def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, Any, str]:
     """(Engine, its StepConfig, the model's arch name) of the run config (``model``: "config" or "tiny");
     raises BadConfig naming the field."""
-    from rljob.trainer.main import BadConfig, model_setup
+    from rljob.trainer.main import BadConfig, model_setup, prepare_base_weights
     from rljob.trainer.model import CheckpointError, Policy
     from rljob.trainer.sync import align
     from rljob.trainer.tinker.engine import Engine
@@ -68,6 +78,8 @@ def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, An
     else:
         spec, step_cfg, _ = model_setup(rc, "config", None)
         arch = str(rc.trainer.maxtext.get("model_name", ""))
+        if policy is None:
+            prepare_base_weights(rc, spec.maxtext)
     if policy is None:
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.sync)
     try:
@@ -139,18 +151,55 @@ def build(
     return service, restored
 
 
+def tls_context(env: Any = None) -> ssl.SSLContext | None:
+    """The server's TLS context when TLS_CERT_ENV and TLS_KEY_ENV hold a PEM certificate chain and its key
+    (docs/tinker.md, "Security"), else None (plain HTTP); BadConfig naming the variable when only one is
+    set or they do not load. TLS 1.2 at least."""
+    from rljob.trainer.main import BadConfig
+
+    env = os.environ if env is None else env
+    cert, key = env.get(TLS_CERT_ENV, ""), env.get(TLS_KEY_ENV, "")
+    if not cert and not key:
+        return None
+    if not cert or not key:
+        missing = TLS_CERT_ENV if not cert else TLS_KEY_ENV
+        raise BadConfig(f"{missing}: not set; TLS needs both {TLS_CERT_ENV} and {TLS_KEY_ENV}")
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    with tempfile.TemporaryDirectory(prefix="rljob-tls-") as d:  # 0700: load_cert_chain reads files only
+        paths = [os.path.join(d, "tls.crt"), os.path.join(d, "tls.key")]
+        for path, pem in zip(paths, (cert, key), strict=True):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(pem)
+        try:
+            ctx.load_cert_chain(paths[0], paths[1])
+        except (ssl.SSLError, ValueError) as e:
+            raise BadConfig(
+                f"{TLS_CERT_ENV}/{TLS_KEY_ENV}: not a PEM certificate and its key ({e})"
+            ) from None
+    return ctx
+
+
 async def serve(
-    service: Any, host: str, port: int, ready: Any = None, stop: asyncio.Event | None = None
+    service: Any,
+    host: str,
+    port: int,
+    ready: Any = None,
+    stop: asyncio.Event | None = None,
+    tls: ssl.SSLContext | None = None,
 ) -> None:
-    """Serve until ``stop`` is set (default: SIGTERM / SIGINT); ``ready(url)`` once listening."""
+    """Serve until ``stop`` is set (default: SIGTERM / SIGINT); ``ready(url)`` once listening; HTTPS with
+    ``tls`` (tls_context)."""
     from aiohttp import web
 
     runner = web.AppRunner(service.app(), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, ssl_context=tls)
     await site.start()
     bound = runner.addresses[0][1]
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
+    scheme = "https" if tls is not None else "http"
+    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '') else host}:{bound}"
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -200,6 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             follow(rc, args.model)
             return EXIT_OK
         reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ))
+        tls = tls_context()
         service, restored = build(rc, args.model, reporter, dev_any_key=args.dev_any_key)
     except BadConfig as e:
         print(f"rljob-trainer: {e}", file=sys.stderr, flush=True)
@@ -216,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         print(json.dumps(line), flush=True)
 
-    asyncio.run(serve(service, args.host, port, ready))
+    asyncio.run(serve(service, args.host, port, ready, tls=tls))
     return EXIT_OK
 
 

@@ -6,10 +6,12 @@ storage; a sampler that does not serve it yet answers 404 for that model, and th
 sampler's adapter agent (``POST`` to the sampler's port + ADAPTER_AGENT_PORT_OFFSET at ADAPTER_AGENT_PATH,
 rljob.sampler.adapters.AdapterAgent)
 to download and load it, evicting the least recently used adapter beyond ``spec.sampler.maxLoras``, and
-sends the request again. Both carry the run's token (``Authorization: Bearer``, rljob.common.credentials),
-which the samplers require. A restarted sampler is therefore refilled on demand. Requests go round-robin over
-the samplers (rljob.common.http); an unreachable sampler is retried, backing off from ``retry_s``, until
-``timeout``.
+sends the request again. Both carry the run's token (``Authorization: Bearer``,
+rljob.common.credentials), which the samplers require. A restarted sampler is therefore refilled on demand.
+Requests go round-robin over the samplers (rljob.common.http); an unreachable sampler is retried, backing
+off from ``retry_s``, until ``timeout`` (a sampler restarting). A sampler's 4xx for the request (the
+client's input) fails it at once, as the client's fault; a 5xx answer is tried SERVER_ERROR_ATTEMPTS times
+in all, then fails as the service's fault.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET as AGENT_PORT_OFFS
 __all__ = ["Completion", "SamplerError", "SamplerPool", "agent_url"]
 
 log = logging.getLogger("rljob.trainer.tinker.sampling")
+
+SERVER_ERROR_ATTEMPTS = 3  # a sampler that answers 5xx to one request: its answer, not an outage
 
 
 class SamplerError(RuntimeError):
@@ -106,7 +110,7 @@ class SamplerPool:
         }
         deadline = time.monotonic() + self.timeout
         loaded = False
-        attempt = 0
+        attempt = faults = 0
         while True:
             try:
                 try:
@@ -121,6 +125,13 @@ class SamplerPool:
                     ) from None
                 break
             except HttpUnavailable as e:
+                if e.status is not None:  # an answer (5xx, 429): a few times, never until the deadline
+                    faults += 1
+                    if faults >= SERVER_ERROR_ATTEMPTS:
+                        raise SamplerError(
+                            f"sampler {url} failed the request {faults} times: HTTP {e.status}: "
+                            f"{e.text[:300]}"
+                        ) from None
                 if time.monotonic() > deadline:
                     raise SamplerError(f"sampler {url} unavailable: {e.last}") from e
                 log.warning("sampler %s unavailable (%s); retrying", url, e.last)
