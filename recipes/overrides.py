@@ -38,6 +38,8 @@ from rljob.recipes.runconfig import (
     LOCAL_CACHE_DEFAULT,
     RAY_AUTH_MODE_ENV,
     RAY_AUTH_TOKEN_ENV,
+    TLS_CERT_ENV,
+    TLS_KEY_ENV,
     VLLM_API_KEY_ENV,
 )
 from rljob.recipes.syntax import key_path
@@ -70,6 +72,8 @@ TRAINER_RESERVED_ENV: Final = frozenset({libtpu.ENV})
 RESERVED_ENV_PREFIXES: Final = ("MEGASCALE_", "RLJOB_")
 """Every RLJOB_* name is rljob's own (the entrypoints read them; the render sets most), and MEGASCALE_* is
 the multi-slice runtime's."""
+USER_ENV: Final = frozenset({TLS_CERT_ENV, TLS_KEY_ENV})
+"""RLJOB_* names a template sets itself: the Tinker API's TLS certificate and key (docs/tinker.md)."""
 
 RESERVED_VOLUMES: Final = frozenset({"run-config", "dshm", CACHE_VOLUME})
 RESERVED_MOUNTS: Final = (CONFIG_DIR, "/dev/shm", LOCAL_CACHE_DEFAULT)
@@ -190,7 +194,8 @@ def problems(path: str, template: PodTemplate | None) -> list[str]:
     seen: set[str] = set()
     for i, env in enumerate(spec.env or []):
         where = f"{sp}.env[{i}]"
-        if env.name in RESERVED_ENV or env.name.startswith(RESERVED_ENV_PREFIXES):
+        reserved = env.name in RESERVED_ENV or env.name.startswith(RESERVED_ENV_PREFIXES)
+        if reserved and env.name not in USER_ENV:
             out.append(f"{where}.name: {env.name} is set by rljob (the run's own coordinates)")
         elif env.name in TRAINER_RESERVED_ENV and path.startswith("spec.trainer"):
             out.append(f"{where}.name: {env.name} is set by rljob from {libtpu.FIELD} (set the flags there)")

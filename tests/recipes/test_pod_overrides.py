@@ -473,3 +473,19 @@ def test_free_form_overrides_are_refused_or_render_valid(
     else:
         event("rendered")
         objects(doc)  # raises RenderError if the JobSet were invalid
+
+
+def test_the_tinker_tls_names_are_the_templates_and_other_rljob_names_are_not() -> None:
+    """docs/tinker.md gives the service its certificate through spec.trainer.template env: those two RLJOB_*
+    names pass (they were refused with every RLJOB_* name), the rest of the prefix stays rljob's."""
+    env = [
+        {"name": name, "valueFrom": {"secretKeyRef": {"name": "tinker-api-tls", "key": key}}}
+        for name, key in (("RLJOB_TINKER_TLS_CERT", "tls.crt"), ("RLJOB_TINKER_TLS_KEY", "tls.key"))
+    ]
+    assert not problems(manifest({"trainer": {"template": {"spec": {"env": env}}}}))
+    found = problems(
+        manifest({"trainer": {"template": {"spec": {"env": [{"name": "RLJOB_CONFIG", "value": "x"}]}}}})
+    )
+    assert found == [
+        "spec.trainer.template.spec.env[0].name: RLJOB_CONFIG is set by rljob (the run's own coordinates)"
+    ]
