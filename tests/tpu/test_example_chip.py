@@ -20,6 +20,7 @@ This test then does what ``rljob-trainer`` does (rljob.trainer.loop): restores t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -76,7 +77,9 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
         caches.JAX_TRAINER, rc.storage.cache, Path(tempfile.mkdtemp()), jax.config.update, rc.trainer.maxtext
     )
     spec, step_cfg, _ = model_setup(rc, "config", STEPS + 1)
-    policy = Policy(spec)
+    # Random base weights, as the compile stage's shapes (no hub or storage on a TPU machine without network;
+    # a program's cache key does not depend on the weights' values).
+    policy = Policy(dataclasses.replace(spec, checkpoint=None))
     trainer = Trainer(policy, step_cfg)
     scored = policy.scoring_program()
 
