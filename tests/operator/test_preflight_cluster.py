@@ -14,6 +14,7 @@ from fixtures.cluster import Cluster, fail_pod, wait_for
 from fixtures.k8s import as_dict
 from fixtures.operator import OperatorProcess, create_rljob, get_rljob, manifest, wait_rljob
 from rljob.operator import conditions as c
+from rljob.recipes import podpolicy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
 
@@ -60,9 +61,11 @@ def test_a_refusal_creates_no_jobset_and_says_why(
 ) -> None:
     create_rljob(cluster, _with_preflight("pfno", namespace))
     pod = _preflight_pod(cluster, namespace, "pfno")
-    # The pod: CPU only, the trainer image, owned by the preflight Job the RLJob owns.
+    # The pod: CPU only, the trainer image, owned by the preflight Job the RLJob owns, on the nodes the pod
+    # policy names (by default those that run GKE's metadata server: the node's own identity stays out).
     container = pod["spec"]["containers"][0]
-    assert "google.com/tpu" not in container["resources"]["requests"] and "nodeSelector" not in pod["spec"]
+    assert "google.com/tpu" not in container["resources"]["requests"]
+    assert pod["spec"]["nodeSelector"] == {podpolicy.METADATA_SERVER_LABEL: "true"}
     job_name = pod["metadata"]["labels"][c.JOB_NAME_LABEL]
     job = _json(cluster, cluster.batch.read_namespaced_job(job_name, namespace))
     assert job["metadata"]["ownerReferences"][0]["name"] == "pfno"
