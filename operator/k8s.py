@@ -39,7 +39,7 @@ import aiohttp
 import kopf
 from rljob.operator import metrics
 from rljob.operator.conditions import EVENT_COMPONENT, FIELD_MANAGER
-from rljob.operator.status import controller_uid
+from rljob.operator.status.views import controller_uid
 from rljob.recipes import naming
 
 logger = logging.getLogger(__name__)
