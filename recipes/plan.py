@@ -59,8 +59,6 @@ from rljob.recipes.runconfig import (
     TrainerPlan,
 )
 
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
 
 def _require(spec: RLJobSpec, problems: list[str]) -> bool:
     """Append a problem for each required field nobody set; whether there was one."""
@@ -310,10 +308,10 @@ def _lora(spec: RLJobSpec, problems: list[str]) -> None:
     """spec.lora: a rank vLLM serves; fills alpha (2 x rank). The targets are checked with the trainer's
     MaxText keys (trainer_keys.lora_problems)."""
     assert spec.lora
-    if spec.lora.rank is not None and spec.lora.rank not in VLLM_LORA_RANKS:
+    if spec.lora.rank is not None and spec.lora.rank not in sampler_layout.VLLM_LORA_RANKS:
         problems.append(
             f"spec.lora.rank: {spec.lora.rank} is not a vLLM LoRA rank "
-            f"({', '.join(map(str, VLLM_LORA_RANKS))})"
+            f"({', '.join(map(str, sampler_layout.VLLM_LORA_RANKS))})"
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
