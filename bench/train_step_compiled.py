@@ -125,11 +125,12 @@ def emit(metric: str, value: object, **kw: object) -> None:
 
 def run_config(recipe: str) -> Any:
     import yaml
+    from rljob.recipes.api import API_VERSION, KIND
     from rljob.recipes.plan import parse_manifest, resolve
 
     doc = {
-        "apiVersion": "rljob.dev/v1alpha1",
-        "kind": "RLJob",
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": "sbs"},
         "spec": {"recipe": recipe, "storage": {"root": "gs://rljob-bench"}},
     }

@@ -149,14 +149,14 @@ def _steps(obj: dict[str, Any]) -> Any:
     """spec.algorithm.steps of an RLJob object as the plan merges it (manifest over the recipe over the
     defaults table); "?" for an object that does not parse as an RLJob."""
     from pydantic import ValidationError
-    from rljob.recipes import plan
+    from rljob.recipes import spec_layers
     from rljob.recipes.api import RLJob
 
     try:
         job = RLJob.model_validate({"metadata": obj.get("metadata") or {}, "spec": obj.get("spec") or {}})
     except ValidationError:
         return "?"
-    merged, _, _ = plan.merged_spec(job)
+    merged, _, _ = spec_layers.merged_spec(job)
     return merged["algorithm"]["steps"]
 
 

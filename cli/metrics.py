@@ -76,7 +76,8 @@ def profile_note(obj: dict[str, Any]) -> str:
     xplane; rljob.trainer.profiling), else ""."""
     from rljob.recipes import maxtext_policy
     from rljob.recipes.api import RLJob
-    from rljob.recipes.plan import merged_spec, storage_paths
+    from rljob.recipes.plan import storage_paths
+    from rljob.recipes.spec_layers import merged_spec
 
     try:
         job = RLJob.model_validate(
@@ -101,7 +102,8 @@ def profile_note(obj: dict[str, Any]) -> str:
 def tensorboard_dir(obj: dict[str, Any]) -> str:
     """The run's event directory, from its spec and uid as the plan derives it."""
     from rljob.recipes.api import RLJob
-    from rljob.recipes.plan import PlanError, merged_spec, storage_paths
+    from rljob.recipes.plan import PlanError, storage_paths
+    from rljob.recipes.spec_layers import merged_spec
 
     try:
         job = RLJob.model_validate(

@@ -67,6 +67,7 @@ def vllm_flags_unknown() -> list[str]:
     """The flags `build_command` gives `vllm serve`, over the catalog, that the installed vLLM lacks."""
     import yaml
     from rljob.recipes import recipe_catalog
+    from rljob.recipes.api import API_VERSION, KIND
     from rljob.recipes.plan import parse_manifest, resolve
     from rljob.sampler.vllm import build_command
 
@@ -76,7 +77,7 @@ def vllm_flags_unknown() -> list[str]:
             spec: dict[str, Any] = {"recipe": name, "storage": {"root": "gs://bucket"}}
             if profile:
                 spec["trainer"] = {"profile": profile}
-            doc = {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob",
+            doc = {"apiVersion": API_VERSION, "kind": KIND,
                    "metadata": {"name": "smoke", "namespace": "smoke"}, "spec": spec}  # fmt: skip
             argv = build_command(resolve(parse_manifest(yaml.safe_dump(doc)))).argv
             flags |= {a.split("=", 1)[0] for a in argv if a.startswith("--")}

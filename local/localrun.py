@@ -29,12 +29,13 @@ from rljob.local.gcs_emulator import (
     fake_gcs_server_binary,
     start_fake_gcs_server,
 )
+from rljob.recipes.api import API_VERSION, KIND
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
 
 LOCAL_MANIFEST: dict[str, Any] = {
-    "apiVersion": "rljob.dev/v1alpha1",
-    "kind": "RLJob",
+    "apiVersion": API_VERSION,
+    "kind": KIND,
     "metadata": {"name": "rl-cpu", "namespace": "local"},
     "spec": {
         "model": {"name": "rljob/tiny-qwen3", "maxtextModel": "qwen3-0.6b"},

@@ -13,7 +13,9 @@ from typing import Any
 from rljob.operator import conditions as c
 from rljob.operator import metrics
 from rljob.operator.plans import Plan
-from rljob.operator.status import JobSetView, PodFailure, PreflightPod, PreflightView, controller_uid
+from rljob.operator.status.pods import PodFailure
+from rljob.operator.status.preflight import PreflightPod, PreflightView
+from rljob.operator.status.views import JobSetView, controller_uid
 from rljob.operator.workqueue import Key
 from rljob.recipes.api import API_VERSION, KIND, Phase
 

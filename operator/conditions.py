@@ -118,6 +118,8 @@ REASON_TRAINER_COMPLETED: Final = "TrainerCompleted"
 REASON_RESTARTS_EXHAUSTED: Final = "RestartsExhausted"
 REASON_JOBSET_FAILED: Final = "JobSetFailed"
 REASON_NOT_FINISHED: Final = "NotFinished"
+# The JobSet disappeared before its outcome was observed.
+REASON_JOBSET_DELETED: Final = "JobSetDeleted"
 
 # Events (posted after the status write)
 EVENT_JOBSET_CREATED: Final = "JobSetCreated"

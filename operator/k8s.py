@@ -39,8 +39,9 @@ import aiohttp
 import kopf
 from rljob.operator import metrics
 from rljob.operator.conditions import EVENT_COMPONENT, FIELD_MANAGER
-from rljob.operator.status import controller_uid
+from rljob.operator.status.views import controller_uid
 from rljob.recipes import naming
+from rljob.recipes.api import API_VERSION, GROUP, KIND
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ SECRET: Final = Kind("", "v1", "secrets")  # only the run's credentials Secret: 
 JOB: Final = Kind("batch", "v1", "jobs")
 
 KINDS: Final = {
-    ("rljob.dev/v1alpha1", "RLJob"): RLJOB,
+    (API_VERSION, KIND): RLJOB,
     (naming.JOBSET_API_VERSION, "JobSet"): JOBSET,
     ("v1", "ConfigMap"): CONFIGMAP,
     ("v1", "ServiceAccount"): SERVICEACCOUNT,
@@ -358,7 +359,7 @@ class Kube:
                 "namespace": namespace,
             },
             "eventTime": now,
-            "reportingController": f"rljob.dev/{EVENT_COMPONENT}",
+            "reportingController": f"{GROUP}/{EVENT_COMPONENT}",
             "reportingInstance": EVENT_COMPONENT,
             "action": action,
             "reason": reason,

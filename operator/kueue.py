@@ -23,7 +23,7 @@ import dataclasses
 from typing import Any, Final
 
 from rljob.operator import k8s
-from rljob.operator.status import JobSetView
+from rljob.operator.status.views import JobSetView
 
 WORKLOAD: Final = k8s.Kind("kueue.x-k8s.io", "v1beta2", "workloads")
 JOB_UID_LABEL: Final = "kueue.x-k8s.io/job-uid"

@@ -15,7 +15,7 @@ workers then reconciles one RLJob at a time per key:
    `PlanCache` in operator/plans.py) and create the objects, the progress ConfigMap and the JobSet, with
    owner references, labels and the fixed field manager (server-side apply for any that exists already); if
    `suspend` or `queueName` differ: patch the JobSet;
-3. derive the complete new status (`rljob.operator.status.derive_status`, pure);
+3. derive the complete new status (`rljob.operator.status.phase.derive_status`, pure);
 4. write it with exactly one server-side apply of `.status` if it differs from what is stored;
 5. post the events of the transitions, after the status write.
 
@@ -43,18 +43,12 @@ from rljob.operator import k8s, kueue, metrics
 from rljob.operator.cache import Caches, ProgressEntry, RLJobEntry
 from rljob.operator.jobset_gate import RestartJobGate
 from rljob.operator.plans import Plan, PlanCache, Renderer
-from rljob.operator.status import (
-    TERMINAL,
-    JobSetView,
-    Observed,
-    classify_pod,
-    derive_status,
-    pod_create_error,
-    preflight_outcome,
-    preflight_pod,
-    status_body,
-    stop_jobset,
-)
+from rljob.operator.status.observed import Observed
+from rljob.operator.status.phase import TERMINAL, derive_status, status_body
+from rljob.operator.status.pods import classify_pod, pod_create_error
+from rljob.operator.status.preflight import preflight_outcome, preflight_pod
+from rljob.operator.status.restarts import stop_jobset
+from rljob.operator.status.views import JobSetView
 from rljob.operator.workqueue import Key, WorkQueue
 from rljob.recipes import naming
 from rljob.recipes.api import (

@@ -26,7 +26,7 @@ DEFAULT_VOCAB_CHUNK = 8192
 DEFAULT_DATASET_OBJECT = "data/train.jsonl"
 
 # Plain defaults of the spec (camelCase, as in a manifest). "service" applies only to a spec that sets
-# spec.service (rljob.recipes.plan.merged_spec).
+# spec.service (rljob.recipes.spec_layers.merged_spec).
 DEFAULTS: dict[str, Any] = {
     "model": {"revision": "main"},
     "trainer": {

@@ -59,7 +59,7 @@ NO_CREDENTIALS = (
 # - JobSet has one budget for both counted actions (spec.failurePolicy.maxRestarts of the JobSet bounds
 #   restartsCountTowardsMax + sum(replicatedJobsStatus[].jobRestartsCountTowardsMax)), so the render sets
 #   it to the sum of the two RLJob budgets and the operator holds each role to its own
-#   (rljob.operator.status.restarts_exhausted): a role past its budget fails the run;
+#   (rljob.operator.status.restarts.restarts_used): a role past its budget fails the run;
 # - RestartJob and RestartJobAndIgnoreMaxRestarts are behind JobSet's alpha feature gate RestartJob
 #   (off by default in v0.12.0; docs/gke.md turns it on, `rljob doctor` checks it). Without it (the
 #   plan's input `restart_job` False: SamplerFailure.RESTART_RUN) the sampler rules are left out: a
@@ -134,7 +134,7 @@ def budget_annotations(
     max_restarts: int, max_sampler_restarts: int, mode: SamplerFailure = SamplerFailure.RESTART_SAMPLER_JOB
 ) -> dict[str, str]:
     """The JobSet's annotations naming each role's budget and what a sampler crash restarts (read back by
-    rljob.operator.status.JobSetView); under RESTART_RUN the samplers have no budget of their own."""
+    rljob.operator.status.views.JobSetView); under RESTART_RUN the samplers have no budget of their own."""
     return {
         ANNOTATION_MAX_RESTARTS: str(max_restarts),
         ANNOTATION_MAX_SAMPLER_RESTARTS: str(

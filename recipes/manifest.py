@@ -28,14 +28,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 from pydantic import ValidationError
+from rljob.recipes.api import RLJob
 from rljob.recipes.problems import PlanError, pydantic_problems
 from rljob.recipes.syntax import ROOT_FIELDS, key_path
-
-if TYPE_CHECKING:
-    from rljob.recipes.api import RLJob
 
 MAX_TEXT_BYTES: Final = 256 * 1024
 MAX_JSON_BYTES: Final = 256 * 1024
@@ -345,8 +343,6 @@ def _set_aside(doc: dict[str, Any], err: ValidationError) -> list[str]:
 
 
 def _validate(doc: dict[str, Any]) -> RLJob:
-    from rljob.recipes.api import RLJob
-
     # Strict, from JSON: what the API server's structural schema accepts (no "8" for an integer, no 8 for
     # a string; RFC 3339 strings for timestamps).
     return RLJob.model_validate_json(json.dumps(doc), strict=True)

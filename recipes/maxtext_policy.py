@@ -6,7 +6,8 @@ rules) and runs its own step (rljob.trainer.train_step), loop (rljob.trainer.run
 So a key MaxText's own trainer reads (its optimizer, schedule, data pipeline, checkpointing, profiler,
 logging) would do nothing here unless rljob's trainer reads it. Each key of a MaxText version is one of:
 
-- ``derived``: set by rljob from a spec field (rljob.recipes.plan.DERIVED_KEYS); a manifest may not set it;
+- ``derived``: set by rljob from a spec field (rljob.recipes.trainer_keys.DERIVED_KEYS); a manifest may not
+  set it;
 - ``trainer``: read by rljob's trainer (:data:`TRAINER_KEYS` names where), with MaxText's meaning;
 - ``model``: read by the MaxText model code the trainer builds (``model_reads`` of the committed key list,
   from a scan of that version's source by hack/gen_maxtext_keys.py, which names the file);

@@ -6,7 +6,6 @@ each a line `spec.path: message`. Nothing here does I/O beyond the package's own
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -18,9 +17,7 @@ from rljob.recipes import (
     fit,
     libtpu,
     loop_options,
-    lora_targets,
     manifest,
-    maxtext_keys,
     maxtext_policy,
     mesh,
     models,
@@ -30,11 +27,13 @@ from rljob.recipes import (
     run_checks,
     sampler_layout,
     service_keys,
+    spec_layers,
     startup,
     tpu,
+    trainer_keys,
 )
 from rljob.recipes.api import PodTemplate, RLJob, RLJobSpec
-from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN, DEFAULTS
+from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT, DEFAULT_PAD_ALIGN
 from rljob.recipes.defaults import DEFAULT_SAMPLER_IMAGE as DEFAULT_SAMPLER_IMAGE  # re-exported
 from rljob.recipes.defaults import DEFAULT_TRAINER_IMAGE as DEFAULT_TRAINER_IMAGE  # re-exported
 from rljob.recipes.failure import SamplerFailure
@@ -50,7 +49,6 @@ from rljob.recipes.runconfig import (
     SAMPLER_PORT,
     CacheDisk,
     Endpoints,
-    MeshPlan,
     PreflightPlacement,
     ProgressTarget,
     ResolvedSpec,
@@ -60,144 +58,6 @@ from rljob.recipes.runconfig import (
     TpuPlan,
     TrainerPlan,
 )
-from rljob.recipes.syntax import key_path
-
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-# The fused log-prob head's token tile defaults to the largest divisor of a device's tokens per
-# micro-batch up to this (spec.trainer.logprobs.tokenTile).
-MAX_DEFAULT_TOKEN_TILE = 2048
-# The plain defaults (DEFAULTS: the one table, rljob.recipes.defaults) without spec.service's, which apply
-# only to a spec that sets spec.service.
-_BASE_DEFAULTS = {k: v for k, v in DEFAULTS.items() if k != "service"}
-
-# MaxText keys rljob derives from the spec; a recipe, profile or manifest may not set them. Those of
-# NOT_IN_KEYS are not put in the final key dict either: nothing rljob runs reads them there (the trainer
-# reads the spec field itself; rljob.recipes.maxtext_policy), so `rljob plan` does not list them.
-DERIVED_KEYS: dict[str, str] = {
-    "model_name": "spec.model.maxtextModel",
-    "run_name": "metadata.name",
-    "base_output_directory": "spec.storage.root",
-    "load_parameters_path": "spec.model.checkpoint",
-    "max_target_length": "spec.packing.tokenBudget",
-    "per_device_batch_size": "spec.trainer.microBatchSize",
-    "learning_rate": "spec.algorithm.learningRate",
-    "steps": "spec.algorithm.steps",
-    "packing": "spec.packing",
-    **{
-        f"{kind}_{axis}_parallelism": "spec.trainer.mesh"
-        for kind in ("ici", "dcn")
-        for axis in ("data", "fsdp", "tensor", "context", "expert")
-    },
-}
-
-# Unknown MaxText keys that get a "did you mean" hint (see _maxtext).
-MAX_KEY_HINTS = 10
-
-# Where each maxtext key came from, lowest precedence first; "derived": no layer set it and MaxText's
-# default would not run, so the plan filled the value that does (RunConfig.derived says why).
-SOURCES = ("rljob", "recipe", "profile", "manifest", "derived")
-
-
-def _merge(base: dict[str, Any], over: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Deep merge key by key; `tpu` and lists are replaced whole; a maxtext key set to null is removed.
-
-    Any other null is no value, as the API server prunes it from a stored RLJob (the CRD declares no
-    field nullable): the lower layer's value stays, so `rljob render` of a file with `maxTokens: null`
-    gives what the operator renders from the stored object."""
-    out = copy.deepcopy(base)
-    for key, value in over.items():
-        here = (*path, key)
-        if value is None:
-            if path and path[-1] in ("maxtext", "libtpuFlags"):
-                out.pop(key, None)
-        elif key != "tpu" and isinstance(value, Mapping) and isinstance(out.get(key), dict):
-            out[key] = _merge(out[key], value, here)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
-
-
-def _dump(spec: RLJobSpec) -> dict[str, Any]:
-    return spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
-
-
-class _Layers:
-    """The spec layers of a job and the maxtext keys each contributes."""
-
-    def __init__(self) -> None:
-        self.recipe: dict[str, Any] = {}
-        self.profile: dict[str, Any] = {}
-        self.recipe_name: str | None = None
-        self.profile_name: str | None = None
-        self.unknown_recipe = False
-        # What the plan filled because the default would not run: spec path -> reason (RunConfig.derived).
-        self.derived: dict[str, str] = {}
-
-    def sets(self, job: RLJob, *path: str) -> bool:
-        """Whether the recipe, its profile or the manifest sets the spec field at ``path`` (camelCase
-        keys under spec): a value the plan may not replace by a derived one."""
-        for layer in (self.recipe, self.profile, _dump(job.spec)):
-            node: Any = layer
-            for key in path:
-                node = node.get(key) if isinstance(node, dict) else None
-            if node is not None:
-                return True
-        return False
-
-
-def _layers(job: RLJob, problems: list[str]) -> _Layers:
-    from rljob.recipes import recipe_catalog
-
-    layers = _Layers()
-    manifest = _dump(job.spec)
-    name = job.spec.recipe
-    if name is not None:
-        try:
-            recipe = recipe_catalog.load(name)
-        except KeyError:
-            problems.append(
-                f"spec.recipe: unknown recipe {name!r}; known: {', '.join(recipe_catalog.names())}"
-            )
-            layers.unknown_recipe = True
-            return layers
-        layers.recipe_name = name
-        layers.recipe = _dump(recipe.spec)
-        profile = (manifest.get("trainer") or {}).get("profile") or (layers.recipe.get("trainer") or {}).get(
-            "profile"
-        )
-        if profile is not None:
-            if profile not in recipe.profiles:
-                known = ", ".join(recipe.profiles) or "none"
-                problems.append(
-                    f"spec.trainer.profile: recipe {name} has no profile {profile!r}; profiles: {known}"
-                )
-            else:
-                layers.profile_name = profile
-                layers.profile = _dump(recipe.profiles[profile].spec)
-    elif job.spec.trainer is not None and job.spec.trainer.profile is not None:
-        problems.append("spec.trainer.profile: a profile belongs to a recipe; set spec.recipe")
-    return layers
-
-
-def merged_spec(job: RLJob) -> tuple[dict[str, Any], _Layers, list[str]]:
-    """defaults < recipe < profile < manifest, as a camelCase dict, with the problems found so far."""
-    problems: list[str] = []
-    layers = _layers(job, problems)
-    upper = _merge(_merge(layers.recipe, layers.profile), _dump(job.spec))
-    base = _BASE_DEFAULTS
-    if isinstance(upper.get("service"), dict):
-        # The samplers' maxLoras then defaults to one adapter per training client (each client's newest
-        # sampler weights served at once).
-        clients = upper["service"].get("maxTrainingClients") or DEFAULTS["service"]["maxTrainingClients"]
-        base = _merge(
-            _BASE_DEFAULTS,
-            {
-                "service": DEFAULTS["service"],
-                "sampler": {"maxLoras": max(int(DEFAULTS["sampler"]["maxLoras"]), int(clients))},
-            },
-        )
-    merged = _merge(_merge(_merge(base, layers.recipe), layers.profile), _dump(job.spec))
-    return merged, layers, problems
 
 
 def _require(spec: RLJobSpec, problems: list[str]) -> bool:
@@ -212,10 +72,6 @@ def _require(spec: RLJobSpec, problems: list[str]) -> bool:
     for path in missing:
         problems.append(f"{path}: required (set it, or name a spec.recipe that does)")
     return bool(missing)
-
-
-def _round_up(n: int, k: int) -> int:
-    return -(-n // k) * k
 
 
 def resolve(
@@ -265,10 +121,10 @@ def resolve(
     )
 
 
-def _working_spec(job: RLJob) -> tuple[RLJobSpec, _Layers, list[str]]:
-    """The merged spec (merged_spec) as a model the sections fill in, its layers and the problems found so
-    far; PlanError at once when the merge is not a valid spec or lacks a required field."""
-    merged, layers, problems = merged_spec(job)
+def _working_spec(job: RLJob) -> tuple[RLJobSpec, spec_layers.Layers, list[str]]:
+    """The merged spec (spec_layers.merged_spec) as a model the sections fill in, its layers and the
+    problems found so far; PlanError at once when the merge is not a valid spec or lacks a required field."""
+    merged, layers, problems = spec_layers.merged_spec(job)
     try:
         spec = RLJobSpec.model_validate(merged)
     except ValidationError as err:
@@ -306,7 +162,9 @@ def _model(spec: RLJobSpec) -> None:
         spec.model.maxtext_model = spec.model.name.rsplit("/", 1)[-1].lower()
 
 
-def _algorithm_and_packing(spec: RLJobSpec, layers: _Layers, job: RLJob, problems: list[str]) -> int:
+def _algorithm_and_packing(
+    spec: RLJobSpec, layers: spec_layers.Layers, job: RLJob, problems: list[str]
+) -> int:
     """spec.algorithm and spec.packing: fills tokenBudget (and padAlign where its default cannot work);
     the longest sequence (maxPromptTokens + maxTokens)."""
     alg, pack = spec.algorithm, spec.packing
@@ -317,7 +175,7 @@ def _algorithm_and_packing(spec: RLJobSpec, layers: _Layers, job: RLJob, problem
     if group_problem:
         problems.append(group_problem)
     if pack.token_budget is None:
-        pack.token_budget = _round_up(seq, math.lcm(pack.segment_align, 128))
+        pack.token_budget = trainer_keys.round_up(seq, math.lcm(pack.segment_align, 128))
     if pack.token_budget < seq:
         problems.append(
             f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
@@ -362,13 +220,13 @@ def _algorithm_and_packing(spec: RLJobSpec, layers: _Layers, job: RLJob, problem
     return seq
 
 
-def _rows_of_the_model(spec: RLJobSpec, layers: _Layers, problems: list[str]) -> None:
+def _rows_of_the_model(spec: RLJobSpec, layers: spec_layers.Layers, problems: list[str]) -> None:
     """spec.packing for the model's decoder: fills maxSegmentsPerRow 1 for a decoder with gated delta net
     layers (models.RECURRENT_DECODER_BLOCKS) and refuses another value, or padding anywhere but at the
     end, for it; any other decoder keeps what the spec says (None: as many rollouts as fit)."""
     assert spec.packing and spec.model
     pack = spec.packing
-    block = _decoder_block(spec, (spec.trainer.maxtext if spec.trainer else None) or {})
+    block = trainer_keys.decoder_block(spec, (spec.trainer.maxtext if spec.trainer else None) or {})
     if not models.recurrent(block):
         return
     why = (
@@ -384,22 +242,6 @@ def _rows_of_the_model(spec: RLJobSpec, layers: _Layers, problems: list[str]) ->
         problems.append(
             f"spec.packing.maxSegmentsPerRow: {pack.max_segments_per_row}; {why} (set 1, or remove it)"
         )
-
-
-def _decoder_block(spec: RLJobSpec, keys: Mapping[str, Any]) -> str | None:
-    """The model's MaxText decoder block: the ``decoder_block`` key of ``keys``, else its model config's
-    (MaxText's default under it); None where the MaxText version or the model is unknown (reported by
-    _maxtext)."""
-    assert spec.model is not None
-    try:
-        keyset = maxtext_keys.load(_version(spec))
-    except KeyError:
-        return None
-    if str(spec.model.maxtext_model) not in keyset.models:
-        return None
-    return str(
-        maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))("decoder_block") or ""
-    ).lower()
 
 
 def _pad_align_below(segment_align: int, budget: int) -> int | None:
@@ -464,19 +306,24 @@ def _service(spec: RLJobSpec, problems: list[str]) -> None:
 
 def _lora(spec: RLJobSpec, problems: list[str]) -> None:
     """spec.lora: a rank vLLM serves; fills alpha (2 x rank). The targets are checked with the trainer's
-    MaxText keys (_lora_problems)."""
+    MaxText keys (trainer_keys.lora_problems)."""
     assert spec.lora
-    if spec.lora.rank is not None and spec.lora.rank not in VLLM_LORA_RANKS:
+    if spec.lora.rank is not None and spec.lora.rank not in sampler_layout.VLLM_LORA_RANKS:
         problems.append(
             f"spec.lora.rank: {spec.lora.rank} is not a vLLM LoRA rank "
-            f"({', '.join(map(str, VLLM_LORA_RANKS))})"
+            f"({', '.join(map(str, sampler_layout.VLLM_LORA_RANKS))})"
         )
     if spec.lora.alpha is None and spec.lora.rank is not None:
         spec.lora.alpha = float(2 * spec.lora.rank)
 
 
 def _sampler(
-    spec: RLJobSpec, sampler_tpu: TpuPlan | None, seq: int, layers: _Layers, job: RLJob, problems: list[str]
+    spec: RLJobSpec,
+    sampler_tpu: TpuPlan | None,
+    seq: int,
+    layers: spec_layers.Layers,
+    job: RLJob,
+    problems: list[str],
 ) -> SamplerPlan | None:
     """spec.sampler: fills the layout (rljob.recipes.sampler_layout: the rules of vLLM's TPU backend) and
     maxModelLen; None without a TPU plan."""
@@ -492,14 +339,14 @@ def _sampler(
         spec.sampler.tensor_parallel,
         spec.sampler.expert_parallel if layers.sets(job, "sampler", "expertParallel") else None,
         spec.sampler.data_parallel,
-        _version(spec),
+        trainer_keys.maxtext_version(spec),
     )
     tp, ep, dp = layout.tp, layout.ep, layout.dp
     spec.sampler.tensor_parallel, spec.sampler.expert_parallel, spec.sampler.data_parallel = tp, ep, dp
     layers.derived.update(layout.derived)
     problems.extend(layout.problems)
     if spec.sampler.max_model_len is None:
-        spec.sampler.max_model_len = _round_up(seq, 128)  # >= 128, the field's minimum
+        spec.sampler.max_model_len = trainer_keys.round_up(seq, 128)  # >= 128, the field's minimum
     if spec.sampler.max_model_len < seq:
         problems.append(
             f"spec.sampler.maxModelLen: {spec.sampler.max_model_len} is below "
@@ -521,7 +368,7 @@ def _sampler(
 
 
 def _trainer(
-    spec: RLJobSpec, trainer_tpu: TpuPlan | None, layers: _Layers, job: RLJob, problems: list[str]
+    spec: RLJobSpec, trainer_tpu: TpuPlan | None, layers: spec_layers.Layers, job: RLJob, problems: list[str]
 ) -> TrainerPlan | None:
     """spec.trainer: the meshes, the micro-batch (fills microBatchSize) and the final MaxText keys, with
     the log-prob head, balanced padding and LoRA targets checked against them; None without a TPU plan
@@ -534,8 +381,8 @@ def _trainer(
     resolved = mesh.resolve(spec.trainer.mesh, trainer_tpu.devices, slices)
     if isinstance(resolved, list):
         problems.extend(resolved)
-        _maxtext(spec, layers, job, {}, problems, rules=False)
-        problems.extend(_lora_problems(spec, None))
+        trainer_keys.final_keys(spec, layers, job, {}, problems, rules=False)
+        problems.extend(trainer_keys.lora_problems(spec, None))
         return None
     ici, dcn = resolved
     devices = trainer_tpu.devices * slices
@@ -552,11 +399,13 @@ def _trainer(
             f"{' x '.join(axes)} = {shards} shards, over which MaxText splits a micro-batch's rows "
             f"(Splash attention needs them even): use a multiple of {shards}"
         )
-    keys, sources = _maxtext(spec, layers, job, _derived_keys(spec, job, ici, dcn, micro / devices), problems)
-    problems.extend(_head_problems(spec, keys, micro * spec.packing.token_budget, devices))
+    keys, sources = trainer_keys.final_keys(
+        spec, layers, job, trainer_keys.rljob_keys(spec, job, ici, dcn, micro / devices), problems
+    )
+    problems.extend(trainer_keys.head_problems(spec, keys, micro * spec.packing.token_budget, devices))
     if spec.packing.pad_position == "balanced":
-        problems.extend(_balanced_problems(spec, keys, mesh.total(ici, dcn, "context")))
-    problems.extend(_lora_problems(spec, keys))
+        problems.extend(trainer_keys.balanced_problems(spec, keys, mesh.total(ici, dcn, "context")))
+    problems.extend(trainer_keys.lora_problems(spec, keys))
     return TrainerPlan(
         tpu=trainer_tpu,
         slices=slices,
@@ -585,26 +434,9 @@ def _cache_disk(
     final MaxText keys (the sampler's: the merged spec's keys, which hold every shape override)."""
     assert spec.model and spec.trainer
     model_keys = keys if keys is not None else (spec.trainer.maxtext or {})
-    return disk.plan(role, str(spec.model.maxtext_model), model_keys, _version(spec), tpu, template)
-
-
-NOT_IN_KEYS = frozenset(
-    {"run_name", "base_output_directory", "load_parameters_path", "learning_rate", "steps"}
-)
-
-
-def _derived_keys(
-    spec: RLJobSpec, job: RLJob, ici: MeshPlan, dcn: MeshPlan, per_device_batch: float
-) -> dict[str, Any]:
-    """The MaxText keys rljob sets from the spec (DERIVED_KEYS but NOT_IN_KEYS)."""
-    assert spec.model and spec.packing
-    return {
-        "model_name": spec.model.maxtext_model,
-        "max_target_length": spec.packing.token_budget,
-        "per_device_batch_size": per_device_batch,
-        "packing": True,
-        **mesh.maxtext_keys(ici, dcn),
-    }
+    return disk.plan(
+        role, str(spec.model.maxtext_model), model_keys, trainer_keys.maxtext_version(spec), tpu, template
+    )
 
 
 def _pod_overrides(spec: RLJobSpec, problems: list[str]) -> None:
@@ -699,134 +531,9 @@ def _resolved(spec: RLJobSpec) -> ResolvedSpec:
 def _converted(spec: RLJobSpec) -> str:
     """StoragePaths.converted of a resolved spec."""
     assert spec.model and spec.model.name and spec.model.revision and spec.storage and spec.storage.root
-    return converted_dir(spec.storage.root, spec.model.name, spec.model.revision, _version(spec))
-
-
-def _version(spec: RLJobSpec) -> str:
-    """spec.trainer.maxtextVersion (set by DEFAULTS)."""
-    assert spec.trainer is not None and spec.trainer.maxtext_version is not None
-    return spec.trainer.maxtext_version
-
-
-def _head_problems(spec: RLJobSpec, keys: Mapping[str, Any], tokens: int, devices: int) -> list[str]:
-    """What the trainer's fused log-prob head needs (rljob.trainer.model / logprobs), checked here so the
-    trainer never refuses at start: MaxText's hidden states in training, MaxText's vocabulary tiling at
-    the trainer's value, and block sizes that fit a device's share of a micro-batch (``tokens``: packed
-    tokens of one micro-batch over all ``devices``). Fills spec.trainer.logprobs.tokenTile."""
-    assert spec.trainer is not None and spec.trainer.logprobs is not None and spec.model is not None
-    out: list[str] = []
-    version = _version(spec)
-    try:
-        keyset = maxtext_keys.load(version)
-    except KeyError:
-        return out  # reported by _maxtext
-    get = maxtext_keys.effective(keys, keyset, str(spec.model.maxtext_model))
-
-    path = "spec.trainer.maxtext"
-    attention = str(get("attention"))
-    if attention in ("vllm_rpa", "vllm_batched_rpa"):
-        out.append(
-            f"{path}.attention: {attention} is vLLM's serving attention: MaxText then computes neither "
-            "logits nor the hidden states the trainer's log-prob head reads"
-        )
-    if (
-        maxtext_keys.truthy(get("use_indexer"))
-        and (maxtext_keys.number(get("indexer_loss_scaling_factor")) or 0.0) > 0
-        and not maxtext_keys.truthy(get("indexer_sparse_training"))
-    ):
-        out.append(
-            f"{path}.use_indexer: the indexer's dense warm-up (indexer_loss_scaling_factor > 0 without "
-            "indexer_sparse_training) trains the indexer alone: MaxText skips the hidden states the RL "
-            "trainer's log-prob head reads"
-        )
-    if maxtext_keys.truthy(get("quantize_logits_proj")):
-        out.append(
-            f"{path}.quantize_logits_proj: MaxText refuses it with vocabulary tiling, which the trainer "
-            f"always turns on (num_vocab_tiling >= {maxtext_keys.TRAINER_MIN_VOCAB_TILING}) to read the "
-            "hidden states instead of [B, T, V] logits"
-        )
-    tiling = maxtext_keys.TRAINER_MIN_VOCAB_TILING
-    per_device = tokens / devices  # per_device_batch_size x max_target_length
-    explicit = int(maxtext_keys.number(get("num_vocab_tiling")) or 1)
-    # An explicit num_vocab_tiling > 1 is MaxText's own rule (maxtext_keys.check_rules); at 1 the trainer
-    # raises it to its minimum, which MaxText then checks at start.
-    if explicit <= 1 and (per_device != int(per_device) or int(per_device) % tiling):
-        out.append(
-            f"spec.trainer.microBatchSize: {per_device:g} tokens per device (microBatchSize x tokenBudget / "
-            f"{devices} devices) do not split into the {tiling} vocabulary tiles of MaxText's "
-            "num_vocab_tiling, which the trainer sets to at least "
-            f"{maxtext_keys.TRAINER_MIN_VOCAB_TILING} (the hidden states instead of [B, T, V] logits)"
-        )
-    lp = spec.trainer.logprobs
-    if per_device == int(per_device) and per_device >= 1:
-        n = int(per_device)
-        if lp.token_tile is None:
-            lp.token_tile = max(d for d in range(1, min(n, MAX_DEFAULT_TOKEN_TILE) + 1) if n % d == 0)
-        elif n % lp.token_tile:
-            out.append(
-                f"spec.trainer.logprobs.tokenTile: {lp.token_tile} does not divide the {n} tokens each "
-                f"device scores per micro-batch (microBatchSize x tokenBudget / {devices} devices): the last "
-                "tile of every micro-batch would be partly recomputed"
-            )
-    elif lp.token_tile is None:
-        lp.token_tile = MAX_DEFAULT_TOKEN_TILE
-    vocab = maxtext_keys.number(get("vocab_size"))
-    if lp.vocab_chunk is not None and vocab and lp.vocab_chunk > vocab:
-        out.append(
-            f"spec.trainer.logprobs.vocabChunk: {lp.vocab_chunk} exceeds the model's vocabulary of {vocab:g} "
-            "tokens"
-        )
-    return out
-
-
-def _lora_problems(spec: RLJobSpec, keys: Mapping[str, Any] | None) -> list[str]:
-    """What the trainer checks of spec.lora.targets at start (rljob.recipes.lora_targets, the one table
-    both use): known projection names and, with the MaxText keys, projections the model's decoder block
-    has. ``keys`` None: the names only."""
-    assert spec.lora is not None and spec.model is not None and spec.trainer is not None
-    targets = spec.lora.targets or []
-    block = None  # the names only: no keys, or an unknown model (reported by _maxtext)
-    q_lora_rank, sliced = None, False
-    if keys is not None:
-        if _version(spec) not in maxtext_keys.versions():
-            return []  # reported by _maxtext
-        block = _decoder_block(spec, keys)
-        get = maxtext_keys.effective(keys, maxtext_keys.load(_version(spec)), str(spec.model.maxtext_model))
-        q_lora_rank, sliced = get("q_lora_rank") or 0, get("use_sliced_mla_proj") or False
-    found = lora_targets.problems(block, targets)
-    if not found:
-        found = lora_targets.mla_problems(block, targets, q_lora_rank, sliced)
-    found += lora_targets.sampler_problems(block, targets)
-    return [f"{field}: {message}" for field, message in found]
-
-
-def _balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
-    """padPosition balanced: the row must split into 2 x context chunks of whole query blocks and into
-    whole key blocks of both Splash kernels (the tile model the trainer's packer scores)."""
-    assert spec.packing and spec.packing.token_budget and spec.trainer
-    try:
-        keyset = maxtext_keys.load(_version(spec))
-    except KeyError:
-        return []  # the unknown version is reported by _maxtext
-    model = maxtext_keys.attention_tile_model(keys, keyset, context)
-    budget = spec.packing.token_budget
-    out = []
-    blocks = [n for q, k in model["kernel_blocks"] for n in (2 * context * q, k)]
-    # the smallest budget from this one up that every kernel's blocks split (with positive blocks)
-    unit = math.lcm(spec.packing.segment_align or 1, *blocks) if min(blocks) > 0 else 1
-    fits = _round_up(budget, unit)
-    for names, (bq, bk) in zip(maxtext_keys.SPLASH_BLOCK_KEYS, model["kernel_blocks"], strict=True):
-        if bq <= 0 or bk <= 0:
-            out.append(
-                f"spec.trainer.maxtext.{names[0]}: Splash blocks must be positive for padPosition balanced"
-            )
-        elif budget % (2 * context * bq) or budget % bk:
-            out.append(
-                f"spec.packing.tokenBudget: {budget} must be a multiple of 2 x context {context} x "
-                f"{names[0]} {bq} and of {names[1]} {bk} for padPosition balanced (the next budget that "
-                f"fits every kernel: {fits})"
-            )
-    return out
+    return converted_dir(
+        spec.storage.root, spec.model.name, spec.model.revision, trainer_keys.maxtext_version(spec)
+    )
 
 
 CONVERTED_DIR = "cache/converted"
@@ -854,82 +561,6 @@ def storage_paths(root: str, job: RLJob) -> StoragePaths:
         tensorboard=f"{base}/tensorboard",
         profile=f"{base}/tensorboard/plugins/profile",
     )
-
-
-def _maxtext(
-    spec: RLJobSpec,
-    layers: _Layers,
-    job: RLJob,
-    derived: dict[str, Any],
-    problems: list[str],
-    rules: bool = True,
-) -> tuple[dict[str, Any], dict[str, str]]:
-    """The final MaxText key dict and each key's source; problems appended."""
-    assert spec.trainer is not None
-    version = _version(spec)
-    try:
-        keyset = maxtext_keys.load(version)
-    except KeyError:
-        problems.append(
-            f"spec.trainer.maxtextVersion: no MaxText key list for {version!r}; "
-            f"known: {', '.join(maxtext_keys.versions())}"
-        )
-        return {}, {}
-    job_keys = dict((job.spec.trainer.maxtext or {}) if job.spec.trainer else {})
-    recipe_keys = dict((layers.recipe.get("trainer") or {}).get("maxtext") or {})
-    profile_keys = dict((layers.profile.get("trainer") or {}).get("maxtext") or {})
-    layer_keys = {"recipe": recipe_keys, "profile": profile_keys, "manifest": job_keys}
-    where = {
-        "recipe": f" (from recipe {layers.recipe_name})",
-        "profile": f" (from profile {layers.profile_name} of recipe {layers.recipe_name})",
-        "manifest": "",
-    }
-    keys: dict[str, Any] = {}
-    sources: dict[str, str] = {}
-    for k, v in derived.items():
-        keys[k], sources[k] = v, "rljob"
-    hints_left = MAX_KEY_HINTS
-    for source in ("recipe", "profile", "manifest"):
-        for k, v in layer_keys[source].items():
-            path = key_path("spec.trainer.maxtext", k)
-            if v is None:  # a manifest removing a recipe key
-                keys.pop(k, None)
-                sources.pop(k, None)
-                continue
-            if k in DERIVED_KEYS:
-                problems.append(
-                    f"{path}: set by rljob from {DERIVED_KEYS[k]}; set that instead{where[source]}"
-                )
-                continue
-            if k not in keyset:
-                # difflib costs O(keys x key length) per unknown key: hints for the first few only.
-                hint = keyset.suggest(k) if hints_left > 0 and len(k) <= 64 else []
-                hints_left -= 1
-                problems.append(
-                    f"{path}: not a MaxText {keyset.version} config key{where[source]}"
-                    + (f" (did you mean {', '.join(hint)}?)" if hint else "")
-                )
-                continue
-            if spec.service is not None and source != "manifest" and k in maxtext_policy.SERVICE_UNREAD:
-                continue  # a recipe's loop-mode key the Tinker service does not read: left out, not listed
-            why = maxtext_policy.problem(k, v, keyset, service=spec.service is not None)
-            if why is not None:
-                problems.append(f"{path}: {why}{where[source]}")
-                continue
-            keys[k], sources[k] = v, source
-    if spec.model and spec.model.maxtext_model not in keyset.models:
-        problems.append(
-            f"spec.model.maxtextModel: {spec.model.maxtext_model!r} is not a MaxText "
-            f"{keyset.version} model name"
-        )
-    for k, (value, why) in maxtext_keys.derived_keys(keys, keyset).items():
-        keys[k], sources[k] = value, "derived"
-        layers.derived[key_path("spec.trainer.maxtext", k)] = why
-    if rules:
-        for k, msg in maxtext_keys.check_rules(keys, keyset):
-            origin = where.get(sources.get(k, ""), "")
-            problems.append(f"{key_path('spec.trainer.maxtext', k)}: {msg}{origin}")
-    return dict(sorted(keys.items())), dict(sorted(sources.items()))
 
 
 def _resolve_problems(job: RLJob) -> list[str]:

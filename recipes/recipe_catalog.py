@@ -7,10 +7,12 @@ recipe and the manifest: recipe < profile < manifest.
 
 from __future__ import annotations
 
+import json
 from functools import cache
 from importlib import resources
 
 from pydantic import Field
+from rljob.recipes import manifest
 from rljob.recipes.api import ApiModel, RLJobSpec
 
 
@@ -50,10 +52,6 @@ def source(name: str) -> str:
 def load(name: str) -> Recipe:
     """A catalog recipe, read as a manifest is (rljob.recipes.manifest: bounded, duplicate keys refused,
     strict types)."""
-    import json
-
-    from rljob.recipes import manifest
-
     docs, problems = manifest.load_yaml(source(name))
     if problems or len(docs) != 1:
         raise ValueError(f"catalog/{name}.yaml: {'; '.join(problems) or 'not one YAML document'}")

@@ -53,6 +53,9 @@ from rljob.recipes import maxtext_keys, models, tpu
 
 # tpu-inference's GMM_TP pads each device's share of an expert's MLP up to this many columns
 # (process_weights/moe_weights.py get_w13_padding_config, align=128).
+# vLLM's allowed --max-lora-rank values (vllm/config/lora.py MaxLoRARanks at the pinned version): the plan
+# refuses another spec.lora.rank, the sampler passes the list on.
+VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 MOE_TP_ALIGN = 128
 # The plan lays an MoE model out with expert parallelism instead of its tensor-parallel default when that
 # padding would multiply each device's expert weights by at least this much.

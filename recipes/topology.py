@@ -60,6 +60,14 @@ CONTAINERS_ENV = "RLJOB_CONTAINERS_PER_HOST"
 CHIPS_ENV = "RLJOB_CHIPS_PER_CONTAINER"
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 JOB_INDEX_ENV = "JOB_INDEX"
+# Local runs only (no pod sets them; overrides.RESERVED_ENV keeps every RLJOB_ name rljob's): several
+# trainer processes on one machine, and the entrypoints' defaults of --model, --backend and the log level.
+LOCAL_PROCESS_ID_ENV = "RLJOB_PROCESS_ID"
+LOCAL_NUM_PROCESSES_ENV = "RLJOB_NUM_PROCESSES"
+LOCAL_COORDINATOR_ENV = "RLJOB_COORDINATOR"
+TRAINER_MODEL_ENV = "RLJOB_TRAINER_MODEL"  # rljob-trainer --model's default
+SAMPLER_BACKEND_ENV = "RLJOB_SAMPLER_BACKEND"  # rljob-sampler --backend's default
+LOG_LEVEL_ENV = "RLJOB_LOG_LEVEL"  # the trainer's Python log level
 COMPLETION_INDEX_ENV = "JOB_COMPLETION_INDEX"
 
 

@@ -44,7 +44,7 @@ from rljob.common.credentials import authorized, run_token
 from rljob.common.http import NO_RETRY, HttpError, shared
 from rljob.common.ports import free_port
 from rljob.common.storage import NoCredentials, join
-from rljob.recipes import naming
+from rljob.recipes import naming, topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
@@ -361,7 +361,7 @@ def parser() -> argparse.ArgumentParser:
         "--config", default=os.environ.get(CONFIG_ENV), help="RunConfig JSON (default $RLJOB_CONFIG)"
     )
     p.add_argument(
-        "--backend", choices=("vllm", "cpu"), default=os.environ.get("RLJOB_SAMPLER_BACKEND", "vllm")
+        "--backend", choices=("vllm", "cpu"), default=os.environ.get(topology.SAMPLER_BACKEND_ENV, "vllm")
     )
     p.add_argument(
         "--replica",

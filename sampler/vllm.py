@@ -20,11 +20,10 @@ from pathlib import Path
 
 from rljob.recipes import families, syntax
 from rljob.recipes.runconfig import SAMPLER_PORT, VLLM_API_KEY_ENV, RunConfig
+from rljob.recipes.sampler_layout import VLLM_LORA_RANKS
 
 # The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
 VLLM_TPU_VERSION = "0.32.0"
-# vLLM's allowed --max-lora-rank values (vllm/config/lora.py MaxLoRARanks at the pinned version).
-VLLM_LORA_RANKS: tuple[int, ...] = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # Model families whose LoRA punica buffers must match a power-of-two --max-num-batched-tokens
 # (multimodal-architecture checkpoints; see reference/seed-code-facts.md §5, limitation 4).
 # (rljob.recipes.families ``vllm_pow2_batched_tokens``)

@@ -118,17 +118,17 @@ def distributed_env(rc: RunConfig | None, env: dict[str, str] | None = None) -> 
                     f"{top.num_processes} processes, the run config's trainer has {want}"
                 )
         return DistributedEnv(top.coordinator, top.num_processes, top.process_id, in_cluster, top.tpu_env)
-    idx = env.get("RLJOB_PROCESS_ID", "0")
-    count = int(env.get("RLJOB_NUM_PROCESSES", "1"))
-    coord = env.get("RLJOB_COORDINATOR", rc.endpoints.coordinator if rc is not None else "")
+    idx = env.get(topology.LOCAL_PROCESS_ID_ENV, "0")
+    count = int(env.get(topology.LOCAL_NUM_PROCESSES_ENV, "1"))
+    coord = env.get(topology.LOCAL_COORDINATOR_ENV, rc.endpoints.coordinator if rc is not None else "")
     try:
         pid = int(idx)
     except ValueError as e:
-        raise BadConfig(f"env RLJOB_PROCESS_ID: not an integer: {idx!r}") from e
+        raise BadConfig(f"env {topology.LOCAL_PROCESS_ID_ENV}: not an integer: {idx!r}") from e
     if count > 1 and not coord:
         raise BadConfig("endpoints.coordinator: required with more than one trainer process")
     if not 0 <= pid < max(count, 1):
-        raise BadConfig(f"env RLJOB_PROCESS_ID: {pid} is outside 0..{count - 1}")
+        raise BadConfig(f"env {topology.LOCAL_PROCESS_ID_ENV}: {pid} is outside 0..{count - 1}")
     return DistributedEnv(coord, count, pid, in_cluster)
 
 
@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         choices=["config", "tiny", "miniature"],
-        default=os.environ.get("RLJOB_TRAINER_MODEL", "config"),
+        default=os.environ.get(topology.TRAINER_MODEL_ENV, "config"),
         help="MaxText model: the run config's keys, the tiny CPU model, or (sampler loop only) the "
         "miniature of the run's model on the run config's mesh (rljob drill)",
     )
@@ -527,7 +527,7 @@ def run_main(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=os.environ.get(topology.LOG_LEVEL_ENV, "WARNING"))
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
     try:
         args = _parser().parse_args(argv)

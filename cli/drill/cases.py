@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-EXIT_OK, EXIT_FAIL, EXIT_BAD = 0, 1, 2
+from rljob.recipes.api import API_VERSION, KIND
+from rljob.recipes.failure import EXIT_BAD_CONFIG
+from rljob.recipes.failure import EXIT_OK as EXIT_OK  # re-exported: the drill's exit codes
+
+# The drill's exit codes: 0 and 2 (a manifest or flag it refuses) are contract 3's (rljob.recipes.failure).
+EXIT_FAIL = 1
+EXIT_BAD = EXIT_BAD_CONFIG
 REPO = Path(__file__).resolve().parents[2]
 STORAGE = "gs://rljob-drill"
 
@@ -45,7 +51,7 @@ def recipe_doc(recipe: str, profile: str | None = None) -> dict[str, Any]:
     spec: dict[str, Any] = {"recipe": recipe, "storage": {"root": STORAGE}}
     if profile:
         spec["trainer"] = {"profile": profile}
-    return {"apiVersion": "rljob.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "drill"}, "spec": spec}
+    return {"apiVersion": API_VERSION, "kind": KIND, "metadata": {"name": "drill"}, "spec": spec}
 
 
 def all_cases() -> list[Case]:

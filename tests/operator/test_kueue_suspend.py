@@ -17,7 +17,7 @@ from fixtures.operator import stored_rljob as rljob
 from rljob.operator import conditions as c
 from rljob.operator import k8s, kueue
 from rljob.operator.reconcile import Reconciler
-from rljob.operator.status import JobSetView
+from rljob.operator.status.views import JobSetView
 from rljob.recipes.render import render
 
 KEY = ("ns", "demo")

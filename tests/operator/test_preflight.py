@@ -13,7 +13,7 @@ from fixtures.memkube import MemoryKube, run, setup
 from fixtures.operator import stored_rljob
 from rljob.operator import conditions as c
 from rljob.operator.reconcile import Reconciler
-from rljob.operator.status import PreflightPod, PreflightView, preflight_outcome, preflight_pod
+from rljob.operator.status.preflight import PreflightPod, PreflightView, preflight_outcome, preflight_pod
 from rljob.recipes.api import PreflightState
 
 KEY = ("ns", "demo")

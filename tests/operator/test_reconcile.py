@@ -20,7 +20,7 @@ from rljob.operator import k8s
 from rljob.operator.cache import newer
 from rljob.operator.plans import PlanCache, make_plan
 from rljob.operator.reconcile import POD_CREATE_POLL_S, Reconciler, owned
-from rljob.operator.status import controller_uid
+from rljob.operator.status.views import controller_uid
 from rljob.operator.workqueue import WorkQueue
 from rljob.recipes.render import render
 
@@ -191,7 +191,7 @@ def test_first_failure_of_the_newest_attempt_is_kept() -> None:
     from datetime import UTC, datetime, timedelta
 
     from rljob.operator.cache import Caches
-    from rljob.operator.status import PodFailure
+    from rljob.operator.status.pods import PodFailure
     from rljob.recipes.api import FailureClass
 
     t = datetime(2026, 1, 1, tzinfo=UTC)
@@ -384,7 +384,7 @@ def test_a_progress_configmap_not_ours_is_not_the_runs_progress() -> None:
 def test_a_pod_failure_of_another_jobset_is_not_counted() -> None:
     from datetime import UTC, datetime, timedelta
 
-    from rljob.operator.status import PodFailure
+    from rljob.operator.status.pods import PodFailure
     from rljob.recipes.api import FailureClass
 
     rec, kube = setup(rljob())
@@ -703,7 +703,8 @@ def test_pods_the_api_server_refuses_are_a_condition_and_an_event_until_they_com
 def test_failed_create_events_match_the_runs_jobs_by_exact_name() -> None:
     """RLJob `a`'s Jobs are a-trainer-0 and a-sampler-0; RLJob `a-b`'s (a-b-trainer-0, ...) and a Job named
     like a prefix of `a`'s are another's: their refusals are not `a`'s."""
-    from rljob.operator.status import JobSetView, pod_create_error
+    from rljob.operator.status.pods import pod_create_error
+    from rljob.operator.status.views import JobSetView
 
     js = JobSetView.from_body(
         {

@@ -8,15 +8,10 @@ from typing import Any
 
 import pytest
 from rljob.operator import conditions as c
-from rljob.operator.status import (
-    REASON_JOBSET_DELETED,
-    JobSetView,
-    Observed,
-    PodFailure,
-    classify_pod,
-    derive_status,
-    status_body,
-)
+from rljob.operator.status.observed import Observed
+from rljob.operator.status.phase import derive_status, status_body
+from rljob.operator.status.pods import PodFailure, classify_pod
+from rljob.operator.status.views import JobSetView
 from rljob.recipes.api import (
     FailureClass,
     LastFailure,
@@ -253,7 +248,7 @@ CASES = [
         "JobSet deleted before the outcome was seen",
         obs(prior=prior(Phase.RUNNING)),
         Phase.FAILED,
-        REASON_JOBSET_DELETED,
+        c.REASON_JOBSET_DELETED,
         events=(c.EVENT_FAILED,),
     ),
     Case("latched Succeeded: JobSet deleted by TTL", obs(prior=prior(Phase.SUCCEEDED)), Phase.SUCCEEDED, ""),
@@ -609,7 +604,7 @@ ROLE_CASES = [
 
 @pytest.mark.parametrize("case", ROLE_CASES, ids=lambda x: x.name)
 def test_role_scoped_restarts(case: RoleCase) -> None:
-    from rljob.operator.status import stop_jobset
+    from rljob.operator.status.restarts import stop_jobset
 
     derived = derive_status(case.obs)
     st = derived.status

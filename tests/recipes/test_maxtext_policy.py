@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from fixtures.recipes import catalog_cases, manifest, problems, resolve
 from rljob.recipes import maxtext_keys, maxtext_policy
-from rljob.recipes.plan import DERIVED_KEYS
+from rljob.recipes.trainer_keys import DERIVED_KEYS
 
 REPO = Path(__file__).resolve().parents[2]
 KEYSET = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
@@ -80,7 +80,7 @@ def test_plan_never_lists_a_key_nothing_reads() -> None:
 def test_derived_keys_nothing_reads_are_refused_but_not_listed() -> None:
     """run_name, base_output_directory, load_parameters_path, learning_rate, steps: the trainer reads the
     spec fields themselves, so the plan refuses them in a manifest and leaves them out of the key dict."""
-    from rljob.recipes.plan import NOT_IN_KEYS
+    from rljob.recipes.trainer_keys import NOT_IN_KEYS
 
     rc = resolve(manifest({"model": {"checkpoint": "gs://ckpt/q/0/items"}}))
     assert NOT_IN_KEYS.isdisjoint(rc.trainer.maxtext) and set(DERIVED_KEYS) > NOT_IN_KEYS

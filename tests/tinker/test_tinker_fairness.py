@@ -17,13 +17,11 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
+from fixtures.tinker import API_KEY, OTHER_KEY, Served, serve_tinker, tinker_run_config
 
 pytestmark = pytest.mark.jax
-
-tinker = pytest.importorskip("tinker")
-httpx = pytest.importorskip("httpx")
-from fixtures.tinker import API_KEY, OTHER_KEY, Served, serve_tinker, tinker_run_config  # noqa: E402
 
 TALLY: Counter[str] = Counter()
 

@@ -29,3 +29,18 @@ def test_cli_runs_from_repo_root() -> None:
     proc = subprocess.run([str(exe), "--help"], cwd=REPO, capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (0, "")
     assert proc.stdout.startswith("usage: rljob")
+
+
+def test_every_package_folder_is_listed() -> None:
+    """A non-editable install (the images' `uv pip install .`) ships only the packages pyproject.toml lists:
+    every folder with an __init__.py under a mapped folder must be one of them."""
+    import tomllib
+
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    found = set()
+    for name, folder in setup["package-dir"].items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            rel = init.parent.relative_to(REPO / folder)
+            found.add(".".join([name, *rel.parts]))
+    assert sorted(found - set(setup["packages"])) == []
+    assert sorted(set(setup["packages"]) - found) == []

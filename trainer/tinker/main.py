@@ -29,6 +29,7 @@ import tempfile
 from typing import Any
 
 from rljob.common.credentials import run_token
+from rljob.recipes import topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
 from rljob.recipes.runconfig import (
     API_KEYS_ENV,
@@ -219,7 +220,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--config", default=os.environ.get(CONFIG_ENV, CONFIG_PATH), help="run.json path")
     p.add_argument(
-        "--model", choices=["config", "tiny"], default=os.environ.get("RLJOB_TRAINER_MODEL", "config")
+        "--model", choices=["config", "tiny"], default=os.environ.get(topology.TRAINER_MODEL_ENV, "config")
     )
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=None, help="default spec.service.port")
@@ -232,7 +233,7 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    logging.basicConfig(level=os.environ.get("RLJOB_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=os.environ.get(topology.LOG_LEVEL_ENV, "WARNING"))
     logging.getLogger("gcsfs").setLevel(logging.ERROR)
     from rljob.trainer.main import BadConfig, distributed_env, initialize_distributed, load_config
     from rljob.trainer.progress import Reporter, sink_for
