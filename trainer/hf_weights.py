@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rljob.recipes.runconfig import RunConfig
 
 log = logging.getLogger("rljob.trainer.hf_weights")
@@ -63,6 +65,7 @@ class BaseWeights:
     maxtext_version: str
     checkpoint: str  # the MaxText checkpoint's items directory the trainer loads
     directory: str | None  # the cached conversion's directory; None: spec.model.checkpoint
+    ref: str = ""  # spec.model.revision as written, where ``revision`` is the commit it resolved to
 
     @property
     def convert(self) -> bool:
@@ -82,6 +85,63 @@ def base_weights(rc: RunConfig) -> BaseWeights:
     if not directory:
         raise WeightsError(f"{CHECKPOINT_FIELD}: unset, and the run config names no converted directory")
     return BaseWeights(m.name, m.revision, version, f"{directory}/0/items", directory)
+
+
+COMMIT = re.compile(r"[0-9a-f]{40}")
+REVISION_FIELD = "spec.model.revision"
+
+Resolve = Callable[[str, str], "str | None"]
+
+
+def hub_commit(model: str, revision: str) -> str | None:
+    """The commit ``revision`` (a branch or tag) of ``model`` names on the Hugging Face Hub now
+    (``HfApi.model_info``, ``HF_TOKEN`` when set); None where the Hub cannot be reached. A model or
+    revision the Hub does not have is refused naming the field."""
+    import httpx
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    try:
+        info = HfApi(token=os.environ.get("HF_TOKEN") or None).model_info(model, revision=revision)
+    except RevisionNotFoundError as e:
+        raise WeightsError(f"{REVISION_FIELD}: {model} has no revision {revision!r} on the Hub") from e
+    except RepositoryNotFoundError as e:
+        raise WeightsError(f"{NAME_FIELD}: {model} is not on the Hub (or not readable with HF_TOKEN)") from e
+    except (OSError, httpx.TransportError) as e:  # no route to the Hub, or offline mode
+        log.warning("could not resolve %s@%s to a commit: %s", model, revision, e)
+        return None
+    return str(info.sha) if info.sha else None
+
+
+def pin(bw: BaseWeights, commit: str | None) -> BaseWeights:
+    """``bw`` at ``commit``, the commit its moving revision resolved to (None: unresolved, ``bw`` as it
+    is): the cache is keyed on the commit, so a branch that moves between two starts converts the new
+    weights into a directory of their own instead of reusing the old ones."""
+    if commit is None or commit == bw.revision:
+        return bw
+    if not COMMIT.fullmatch(commit):
+        raise WeightsError(f"{REVISION_FIELD}: {bw.revision!r} resolved to {commit!r}, not a commit hash")
+    directory = bw.directory
+    if directory is not None:
+        key = f"/{bw.model}@{bw.revision}/"
+        head, sep, tail = directory.rpartition(key)
+        if not sep:
+            raise WeightsError(f"{REVISION_FIELD}: the converted directory {directory} names no {key}")
+        directory = f"{head}/{bw.model}@{commit}/{tail}"
+    checkpoint = f"{directory}/0/items" if directory is not None else bw.checkpoint
+    return BaseWeights(bw.model, commit, bw.maxtext_version, checkpoint, directory, ref=bw.ref or bw.revision)
+
+
+def resolve_revision(bw: BaseWeights, resolve: Resolve = hub_commit, share: Any = None) -> BaseWeights:
+    """``bw`` pinned to the commit its ``spec.model.revision`` names now (a commit hash is kept as it is).
+    ``share`` hands process 0's answer to every process (the trainer's: a JAX broadcast), so all of them
+    load one directory even if the branch moves while they ask."""
+    if COMMIT.fullmatch(bw.revision):
+        return bw
+    commit = resolve(bw.model, bw.revision)
+    if share is not None:
+        commit = share(commit)
+    return pin(bw, commit)
 
 
 def read_marker(directory: str) -> dict[str, Any] | None:
@@ -111,7 +171,7 @@ def check_source(bw: BaseWeights) -> None:
     if marker is None:
         return
     have = f"{marker.get('model')}@{marker.get('revision')}"
-    if have != f"{bw.model}@{bw.revision}":
+    if have not in {f"{bw.model}@{bw.revision}", f"{bw.model}@{bw.ref}"}:
         raise WeightsError(
             f"{CHECKPOINT_FIELD}: {bw.checkpoint} was converted from {have}, but the sampler serves "
             f"{bw.model}@{bw.revision} (spec.model.name, spec.model.revision)"
@@ -146,19 +206,20 @@ def download(model: str, revision: str, dest: Path) -> Path:
     return Path(path)
 
 
-def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report) -> int:
+def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report, scratch: Path) -> int:
     """Convert the Hugging Face model in ``hf_dir`` into a MaxText checkpoint at ``out_dir`` (step 0,
     item ``items``) for the MaxText config ``cfg`` (its model_name picks MaxText's mapping, its scan_layers
     the layout), MaxText's conversion used as a library; returns the number of HF tensors read. ``report``
-    gets a line such as ``converting Qwen/Qwen3-8B: 120/399 tensors, 41 s`` as tensors are read."""
+    gets a line such as ``converting Qwen/Qwen3-8B: 120/399 tensors, 41 s`` as tensors are read.
+
+    Host memory is bounded by one Hugging Face tensor (and what MaxText's hook makes of it), not the
+    model: each MaxText leaf is a file-backed array under ``scratch`` (local disk: the model once, in
+    the checkpoint's dtype), filled one Hugging Face tensor at a time (:func:`_fill_leaf`), and orbax
+    writes those files with at most ``SAVE_CONCURRENT_GB`` in flight (:func:`_save`)."""
     import jax
-    import numpy as np
     from maxtext.checkpoint_conversion import to_maxtext
     from maxtext.checkpoint_conversion.utils.param_mapping import HOOK_FNS, PARAM_MAPPING
-    from maxtext.checkpoint_conversion.utils.utils import (
-        save_weights_to_checkpoint,
-        validate_and_filter_param_map_keys,
-    )
+    from maxtext.checkpoint_conversion.utils.utils import validate_and_filter_param_map_keys
     from transformers import AutoConfig
 
     model_key = str(cfg.model_name)
@@ -168,9 +229,11 @@ def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report)
             f"(maxtext.checkpoint_conversion.utils.param_mapping); set {CHECKPOINT_FIELD}"
         )
     hf_config = AutoConfig.from_pretrained(str(hf_dir)).to_dict()
-    param_map = PARAM_MAPPING[model_key](hf_config, cfg, cfg.scan_layers)
-    hooks = HOOK_FNS[model_key](hf_config, cfg, cfg.scan_layers, saving_to_hf=False)
     abstract, treedef = to_maxtext.get_maxtext_model_info(cfg)
+    param_map = _with_variable_collections(
+        PARAM_MAPPING[model_key](hf_config, cfg, cfg.scan_layers), abstract
+    )
+    hooks = HOOK_FNS[model_key](hf_config, cfg, cfg.scan_layers, saving_to_hf=False)
     save_dtype = str(cfg.weight_dtype) if str(cfg.weight_dtype) == "float32" else "bfloat16"
     loader = to_maxtext.LazyHFLoader(str(hf_dir), None, save_dtype=save_dtype)
     total = len(loader.shard_map) if None not in loader.shard_map else _count_tensors(hf_dir)
@@ -190,35 +253,158 @@ def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report)
             report(f"converting {label}: {len(read)}/{total} tensors, {now - start:.0f} s")
         return out
 
-    weights: list[Any] = [None] * len(abstract)
-    for mt_key in validate_and_filter_param_map_keys(param_map.keys(), abstract.keys()):
-        idx, shape = to_maxtext._get_maxtext_indices_and_shapes(mt_key, abstract)
-        load_fn = to_maxtext._get_hf_loading_function(
-            param_map[mt_key], getter, hooks.get(mt_key), shape, cfg, mt_key
-        )
-        to_maxtext._get_maxtext_weight(load_fn, idx, shape, mt_key, weights, save_dtype, True)
-    missing = [k for k, (i, _) in abstract.items() if weights[i] is None]
-    if missing:
-        raise WeightsError(f"{NAME_FIELD}: {label}: MaxText's mapping leaves {missing[:3]} unset")
-    # Materialized leaf by leaf (each HF tensor read once, each MaxText leaf built by MaxText's hooks):
-    # orbax's v1 save, which MaxText 0.2.5's save_weights_to_checkpoint calls, takes no LazyTensor leaf
-    # with one device, and with several it makes every leaf a JAX array first (shard_jax_weights) anyway.
-    weights = [np.asarray(w) for w in weights]
-    tree = jax.tree_util.tree_unflatten(treedef, weights)
+    scratch.mkdir(parents=True, exist_ok=True)
+    leaves: list[Any] = [None] * len(abstract)
     try:
-        save_weights_to_checkpoint(
-            out_dir,
-            tree,
-            1,
-            bool(cfg.checkpoint_storage_use_ocdbt),
-            bool(cfg.checkpoint_storage_use_zarr3),
-            config=cfg,
-        )
-    except ValueError as e:  # LazyTensor's shape check: the files are not this model's
+        for mt_key in validate_and_filter_param_map_keys(param_map.keys(), abstract.keys()):
+            idx, shape = to_maxtext._get_maxtext_indices_and_shapes(mt_key, abstract)
+            idxs = list(idx) if isinstance(mt_key, tuple) else [idx]
+            shapes = list(shape) if isinstance(mt_key, tuple) else [shape]
+            outs = [_scratch_array(scratch, i, s, save_dtype) for i, s in zip(idxs, shapes, strict=True)]
+            _fill_leaf(param_map[mt_key], getter, hooks.get(mt_key), shape, cfg, mt_key, outs, label)
+            for i, out in zip(idxs, outs, strict=True):
+                out.flush()
+                leaves[i] = out.view(np.ndarray)  # file-backed: the page cache holds it, not the heap
+    except ValueError as e:  # a hook's reshape: the files are not this model's
+        if isinstance(e, WeightsError):
+            raise
         first = str(e).splitlines()[0]
         raise WeightsError(f"{NAME_FIELD}: {label}: does not match the model: {first}") from e
+    missing = [k for k, (i, _) in abstract.items() if leaves[i] is None]
+    if missing:
+        raise WeightsError(f"{NAME_FIELD}: {label}: MaxText's mapping leaves {missing[:3]} unset")
+    _save(out_dir, jax.tree_util.tree_unflatten(treedef, leaves), cfg)
     report(f"converted {label}: {len(read)}/{total} tensors, {time.monotonic() - start:.0f} s")
     return len(read)
+
+
+# Orbax's bytes in flight while writing the converted leaves (MaxText's default, 96, would let it hold
+# that many GB of copies of the file-backed leaves at once).
+SAVE_CONCURRENT_GB = 1
+
+
+def _scratch_array(scratch: Path, index: int, shape: tuple[int, ...], dtype: str) -> Any:
+    """A zeroed array of ``shape`` backed by the file ``scratch/leaf-<index>`` (written on flush)."""
+    import ml_dtypes
+
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    return np.memmap(scratch / f"leaf-{index}", dtype=dt, mode="w+", shape=tuple(shape))
+
+
+def _with_variable_collections(param_map: dict[Any, Any], abstract: dict[str, Any]) -> dict[Any, Any]:
+    """MaxText's mapping, plus its own entry for each leaf the model keeps in a variable collection of
+    its own rather than ``params`` (DeepSeek-V3's routed gate bias is a ``MoEBiasVar``: MaxText 0.2.5
+    layers/moe.py; its DeepSeek mapping still names it ``params-...-gate-bias``, as MaxText's DeepSeek-V4
+    mapping re-keys the same way: ``prefix.replace('params-', 'MoEBiasVar-')``)."""
+    out = dict(param_map)
+    for key in abstract:
+        collection, _, rest = key.partition("-")
+        if collection != "params" and key not in out and f"params-{rest}" in param_map:
+            out[key] = param_map[f"params-{rest}"]
+    return out
+
+
+def _single_stack_axis(mt_key: Any, target: Any, count: int, cfg: Any) -> int:
+    """The axis a flat list of ``count`` Hugging Face tensors stacks on: MaxText's own choice
+    (``to_maxtext._build_single_axis_stacked_tensor``: the scan axis for scanned layers, 0 for
+    variable collections and for MoE leaves it takes to be stacked over experts), unless the target
+    leaf is not ``count`` long there and is at the other one. MaxText 0.2.5 takes every ``MoeBlock``
+    leaf without ``scanned_blocks`` for an expert stack; Mixtral's and DeepSeek's scanned router
+    kernels are layer stacks, (emb, layers, experts), whose axis is the scan axis."""
+    scan_axis = int(cfg.param_scan_axis)
+    axis = 0
+    if cfg.scan_layers:
+        key = str(mt_key)
+        var_collection = "MoEBiasVar" in key or "Tid2EidVar" in key
+        unscanned_moe = "MoeBlock" in key and "scanned_blocks" not in key
+        if not (var_collection or unscanned_moe):
+            axis = scan_axis if len(target) > scan_axis else 0
+    if isinstance(mt_key, str) and len(target) > axis and target[axis] != count:
+        for other in (scan_axis, 0):
+            if len(target) > other and target[other] == count:
+                return other
+    return axis
+
+
+def _fill_leaf(
+    source: Any, getter: Any, hook: Any, target: Any, cfg: Any, mt_key: Any, outs: list[Any], label: str
+) -> None:
+    """Write the MaxText leaf (or, for a composite key, each of its parts: the hook's last axis) of
+    ``source`` into ``outs`` one Hugging Face tensor at a time, with MaxText's hooks and its stacking
+    (``to_maxtext._get_hf_loading_function``'s four forms: one key, a list stacked on one axis, nested
+    lists stacked on several): the same array MaxText's loader builds whole."""
+    from maxtext.checkpoint_conversion.utils.tensor_handling import (
+        apply_hook_fns,
+        nesting_depth,
+        slice_shape,
+        stacked_axes,
+    )
+
+    def load(keys: Any, shape: Any) -> Any:
+        if keys is None:
+            return apply_hook_fns(None, shape, hook)
+        raw = tuple(getter(k) for k in keys) if isinstance(keys, (list, tuple)) else getter(keys)
+        return apply_hook_fns(raw, shape, hook)
+
+    def put(index: tuple[Any, ...], piece: Any) -> None:
+        piece = np.asarray(piece)
+        for i, out in enumerate(outs):
+            part = piece[..., i] if len(outs) > 1 else piece
+            if out[index].shape != part.shape:
+                raise WeightsError(
+                    f"{NAME_FIELD}: {label}: does not match the model: {mt_key} wants "
+                    f"{out[index].shape} per slice, the Hugging Face files give {part.shape}"
+                )
+            out[index] = part
+
+    depth = nesting_depth(source)
+    if depth == 0:
+        put((...,), load(source, target))
+        return
+    if depth == 1:
+        axis = _single_stack_axis(mt_key, target, len(source), cfg)
+        shape = tuple(d for j, d in enumerate(target) if j != axis)
+        for j, keys in enumerate(source):
+            put((slice(None),) * axis + (j,), load(keys, shape))
+        return
+    axes = stacked_axes(mt_key, cfg, depth)
+    shape = slice_shape(target, axes)
+
+    def walk(keys: Any, at: tuple[int, ...]) -> None:
+        if len(at) == depth:
+            index: list[Any] = [slice(None)] * (max(axes) + 1)
+            for axis, j in zip(axes, at, strict=True):
+                index[axis] = j
+            put(tuple(index), load(keys, shape))
+            return
+        for j, sub in enumerate(keys):
+            walk(sub, (*at, j))
+
+    walk(source, ())
+
+
+def _save(out_dir: str, tree: Any, cfg: Any) -> None:
+    """Orbax's save of ``tree`` as MaxText's ``save_weights_to_checkpoint`` makes it with one device (a
+    TrainState at step 0 whose params are the tree), with at most ``SAVE_CONCURRENT_GB`` in flight."""
+    from flax.training import train_state
+    from maxtext.common import checkpointing
+
+    manager = checkpointing.create_orbax_checkpoint_manager(
+        out_dir,
+        True,
+        False,
+        1,
+        use_ocdbt=bool(cfg.checkpoint_storage_use_ocdbt),
+        use_zarr3=bool(cfg.checkpoint_storage_use_zarr3),
+        enable_continuous_checkpointing=True,
+        checkpoint_storage_concurrent_gb=SAVE_CONCURRENT_GB,
+    )
+    if manager is None:
+        raise RuntimeError("MaxText created no orbax checkpoint manager")
+    params = tree if isinstance(tree, dict) and "params" in tree else {"params": tree}
+    state = train_state.TrainState(step=0, apply_fn=None, params=params, tx=None, opt_state={})  # type: ignore[arg-type]
+    checkpointing.save_checkpoint(manager, 0, state, config=cfg)
+    checkpointing.wait_until_finished(manager)
 
 
 def _count_tensors(hf_dir: Path) -> int:
@@ -267,11 +453,13 @@ def ensure_converted(
             store.delete(key)
     label = f"{bw.model}@{bw.revision}"
     report(f"downloading {label}")
-    dest = local_dir / "hf-convert" / bw.model.replace("/", "--") / bw.revision
+    work = local_dir / "hf-convert" / bw.model.replace("/", "--") / bw.revision
+    dest = work / "hf"
     hf_dir = fetch(bw.model, bw.revision, dest)
     try:
-        tensors = convert(hf_dir, directory, cfg, label=label, report=report)
+        tensors = convert(hf_dir, directory, cfg, label=label, report=report, scratch=work / "leaves")
     finally:
+        shutil.rmtree(work / "leaves", ignore_errors=True)
         if hf_dir.is_relative_to(local_dir):
             shutil.rmtree(dest, ignore_errors=True)
     store.write(MARKER, json.dumps(bw.source(), sort_keys=True).encode())
@@ -288,5 +476,8 @@ __all__ = [
     "convert",
     "download",
     "ensure_converted",
+    "hub_commit",
+    "pin",
     "read_marker",
+    "resolve_revision",
 ]

@@ -26,6 +26,7 @@ DNS names in a cluster, local ports here); an unreachable or restarting sampler 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -158,7 +159,8 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
                 if jax.process_index() == 0
                 else None
             )
-            prepare_base_weights(rc, model_spec.maxtext, lambda line: early.update(message=line))
+            base = prepare_base_weights(rc, model_spec.maxtext, lambda line: early.update(message=line))
+            model_spec = dataclasses.replace(model_spec, checkpoint=base)
         elif args.model == "miniature":
             model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)
             step_cfg = cpu_step_config(rc, int(model_spec.maxtext["max_target_length"]), steps)

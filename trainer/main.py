@@ -32,6 +32,7 @@ failure (a restart counted against spec.failurePolicy.maxRestarts).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import os
@@ -379,14 +380,24 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     return spec, step_cfg, st
 
 
-def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> None:
-    """Before the policy of ``--model config`` is built: spec.model's weights converted into the storage
-    cache unless a complete conversion is there (process 0 converts, the others wait:
+def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str:
+    """Before the policy of ``--model config`` is built: spec.model.revision resolved to a commit on the
+    Hub (process 0 asks, every process gets its answer; a commit hash, or no route to the Hub, keeps the
+    revision as written), then spec.model's weights converted into the storage cache keyed on that
+    commit unless a complete conversion is there (process 0 converts, the others wait:
     rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
-    ``report`` (a str callable) gets the conversion's progress lines; BadConfig names the field."""
+    Returns the checkpoint the policy loads. ``report`` (a str callable) gets the resolved commit and
+    the conversion's progress lines; BadConfig names the field."""
     import jax
     from rljob.common import caches
-    from rljob.trainer.hf_weights import WeightsError, base_weights, check_source, ensure_converted
+    from rljob.trainer.hf_weights import (
+        WeightsError,
+        base_weights,
+        check_source,
+        ensure_converted,
+        hub_commit,
+        resolve_revision,
+    )
     from rljob.trainer.model import maxtext_config
 
     def say(line: str) -> None:
@@ -395,10 +406,17 @@ def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> Non
             report(line)
 
     try:
-        bw = base_weights(rc)
+        first = base_weights(rc)
+        bw = resolve_revision(
+            first,
+            hub_commit if jax.process_index() == 0 else (lambda _m, _r: None),
+            share=_from_process_0,
+        )
+        if bw is not first:
+            say(f"base weights: {bw.model}@{bw.ref} is commit {bw.revision}")
         if not bw.convert:
             check_source(bw)
-            return
+            return bw.checkpoint
         done = ensure_converted(
             bw,
             maxtext_config(maxtext),
@@ -410,6 +428,23 @@ def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> Non
         raise BadConfig(str(e)) from e
     if not done.hit:
         say(f"base weights: converted {done.tensors} tensors in {done.seconds:.0f} s into {bw.directory}")
+    return bw.checkpoint
+
+
+def _from_process_0(value: str | None) -> str | None:
+    """Process 0's ``value`` (a commit hash or None) on every process of the trainer."""
+    import jax
+    import numpy as np
+
+    if jax.process_count() == 1:
+        return value
+    from jax.experimental import multihost_utils
+
+    buf = np.zeros(40, np.uint8)
+    if value:
+        buf[:] = np.frombuffer(value.encode()[:40].ljust(40, b"0"), np.uint8)
+    got = np.asarray(multihost_utils.broadcast_one_to_all(buf))
+    return bytes(got).decode() if got.any() else None
 
 
 def max_non_finite_steps(rc: RunConfig) -> int:
@@ -475,7 +510,8 @@ def run_main(args: argparse.Namespace) -> int:
     budget, rows, groups, group_size = step_cfg.budget, step_cfg.rows, st["groups"], st["group_size"]
     reporter = Reporter(sink_for(rc, denv.in_cluster) if jax.process_index() == 0 else None)
     if args.model == "config":
-        prepare_base_weights(rc, spec.maxtext, lambda line: reporter.update(message=line))
+        base = prepare_base_weights(rc, spec.maxtext, lambda line: reporter.update(message=line))
+        spec = dataclasses.replace(spec, checkpoint=base)
     try:
         policy = Policy(spec)
     except CheckpointError as e:

@@ -236,6 +236,25 @@ def _sized(hf: dict[str, Any], cfg: Any) -> dict[str, Any]:
     return out
 
 
+def _with_head_dim(shapes: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]:
+    """MaxText's Mixtral shapes take head_dim to be hidden_size / heads (hf_shape.py); the Hugging Face
+    model reads config.head_dim (transformers models/mixtral/modeling_mixtral.py), which the miniature
+    sets apart: the attention projections at that head_dim."""
+    d, hidden = hf.get("head_dim"), hf.get("hidden_size")
+    if not d or not any(n.endswith("self_attn.k_proj.weight") for n in shapes):
+        return shapes  # no per-head key projection (DeepSeek's MLA): MaxText's shapes as they are
+    out = dict(shapes)
+    widths = {"q_proj": hf["num_attention_heads"] * d, "k_proj": hf["num_key_value_heads"] * d}
+    widths["v_proj"] = widths["k_proj"]
+    for name in shapes:
+        proj = name.rsplit(".", 2)[-2]
+        if ".self_attn." in name and name.endswith(".weight") and proj in widths:
+            out[name] = [widths[proj], hidden]
+        elif ".self_attn." in name and name.endswith("o_proj.weight"):
+            out[name] = [hidden, widths["q_proj"]]
+    return out
+
+
 def _write_family(directory: Path, model: str, cfg: Any) -> int:
     """config.json (MaxText's copy of the family's Hugging Face config, sized as the miniature) and random
     safetensors under the names and shapes MaxText's conversion lists for it; returns the tensor count."""
@@ -248,20 +267,18 @@ def _write_family(directory: Path, model: str, cfg: Any) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf))
     rng = np.random.default_rng(11)
-    shapes = HF_SHAPE[model](hf)
+    shapes = _with_head_dim(HF_SHAPE[model](hf), hf)
     tensors = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
     save_file(tensors, str(directory / "model.safetensors"))
     return len(tensors)
 
 
 # The families rljob trains besides qwen3-8b above (recipes/miniature.py: one miniature per family),
-# except those whose MaxText 0.2.5 conversion of this test's sized config does not run yet: Mixtral
-# (MaxText's stacked router kernel comes out (layers, emb, experts) for a scanned (emb, layers, experts)
-# target), DeepSeek (MaxText's mapping has no entry for DeepSeek-V3's MoEBiasVar gate bias; V2-Lite's
-# sized config does not reshape) and Qwen3.5 (its sized text_config does not build the shapes).
-NOT_YET = {"mixtral-8x7b", "deepseek2-16b", "deepseek3-671b", "qwen3.5-397b-a17b"}
+# except those whose Hugging Face files this test cannot yet write from MaxText's copy of their config
+# (hf_model_configs.py sized as the miniature): DeepSeek-V3 (its sized config gives q_b_proj another head
+# count than the miniature's) and Qwen3.5 (MaxText's hf_shape.py lists nested shapes for its text_config).
+NOT_YET = {"deepseek3-671b", "qwen3.5-397b-a17b"}
 FAMILIES = [m for m in miniature.MODELS if m != MODEL and m not in NOT_YET]
-ATTENTION = ("q_proj", "k_proj", "v_proj", "o_proj")
 
 
 @pytest.mark.slow
@@ -283,9 +300,110 @@ def test_every_family_converts_and_loads_into_the_trainer(tmp_path: Path, model:
     assert not done.hit and 0 < done.tensors <= count
     # The trainer's restore compares every leaf's tree path and shape with the model's before reading.
     policy = Policy(
-        ModelSpec(maxtext=keys, lora_rank=4, lora_alpha=8.0, lora_targets=ATTENTION, checkpoint=bw.checkpoint)
+        ModelSpec(
+            maxtext=keys, lora_rank=4, lora_alpha=8.0, lora_targets=("o_proj",), checkpoint=bw.checkpoint
+        )
     )
     tokens = np.array([[5, 17, 200, 3, 99, 42, 7, 128]], np.int32)
     pos = np.arange(tokens.shape[1], dtype=np.int32)[None]
     got = np.asarray(policy.logits(policy.lora0, tokens, pos, np.ones_like(tokens)))
     assert np.isfinite(got).all() and np.abs(got).max() > 0
+
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.mark.parametrize(
+    ("revision", "answer", "want_revision", "want_dir"),
+    [
+        ("main", COMMIT, COMMIT, f"/s/cache/converted/Qwen/Q@{COMMIT}/maxtext-0.2.5"),
+        ("main", None, "main", "/s/cache/converted/Qwen/Q@main/maxtext-0.2.5"),  # no route to the Hub
+        (COMMIT, "never asked", COMMIT, f"/s/cache/converted/Qwen/Q@{COMMIT}/maxtext-0.2.5"),
+    ],
+)
+def test_a_moving_revision_is_pinned_to_its_commit_and_the_cache_keyed_on_it(
+    revision: str, answer: str | None, want_revision: str, want_dir: str
+) -> None:
+    directory = f"/s/cache/converted/Qwen/Q@{revision}/maxtext-0.2.5"
+    bw = BaseWeights("Qwen/Q", revision, "0.2.5", f"{directory}/0/items", directory)
+    asked: list[tuple[str, str]] = []
+
+    def resolve(model: str, rev: str) -> str | None:
+        asked.append((model, rev))
+        return answer
+
+    got = hf_weights.resolve_revision(bw, resolve)
+    assert (got.revision, got.directory, got.checkpoint) == (want_revision, want_dir, f"{want_dir}/0/items")
+    assert asked == ([] if revision == COMMIT else [("Qwen/Q", "main")])
+    assert got.source()["revision"] == want_revision  # the marker names the commit
+    assert got.ref == ("main" if got is not bw else "")
+
+
+def test_process_0s_commit_is_the_one_every_process_loads() -> None:
+    directory = "/s/cache/converted/Qwen/Q@main/maxtext-0.2.5"
+    bw = BaseWeights("Qwen/Q", "main", "0.2.5", f"{directory}/0/items", directory)
+    # Another process asks nothing itself and takes process 0's answer.
+    got = hf_weights.resolve_revision(bw, lambda _m, _r: None, share=lambda _mine: COMMIT)
+    assert got.revision == COMMIT and got.ref == "main"
+
+
+def test_a_resolver_answer_that_is_no_commit_is_refused_naming_the_field() -> None:
+    directory = "/s/cache/converted/Qwen/Q@main/maxtext-0.2.5"
+    bw = BaseWeights("Qwen/Q", "main", "0.2.5", f"{directory}/0/items", directory)
+    with pytest.raises(hf_weights.WeightsError, match=r"^spec\.model\.revision: "):
+        hf_weights.resolve_revision(bw, lambda _m, _r: "not-a-commit")
+
+
+def test_a_checkpoint_converted_from_the_commit_the_ref_names_is_accepted(tmp_path: Path) -> None:
+    conv = tmp_path / "conv"
+    conv.mkdir()
+    (conv / MARKER).write_text(json.dumps({"model": "Qwen/Q", "revision": COMMIT, "maxtext": "0.2.5"}))
+    user = BaseWeights("Qwen/Q", "main", "0.2.5", f"{conv}/0/items", None)
+    hf_weights.check_source(hf_weights.pin(user, COMMIT))  # the ref resolved to the marker's commit
+    with pytest.raises(hf_weights.WeightsError, match=r"^spec\.model\.checkpoint: "):
+        hf_weights.check_source(hf_weights.pin(user, "f" * 40))  # main moved since that conversion
+
+
+def test_conversion_holds_about_one_tensor_in_host_memory_not_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tracemalloc counts numpy's buffers: building the MaxText leaves of a 16-layer model (~26 MB of
+    float32 tensors, none over 0.5 MB) peaks far below the model's size (the leaves are file-backed,
+    filled one Hugging Face tensor at a time; the earlier conversion held every leaf at once). Measured
+    up to orbax's save, whose bytes in flight are bounded by SAVE_CONCURRENT_GB (1 GB: more than this
+    whole model, so not measurable here); a first conversion imports every module outside the count."""
+    import tracemalloc
+
+    keys = {**_keys(), "base_num_decoder_layers": 16, "base_mlp_dim": 1024, "base_emb_dim": 128}
+    cfg = maxtext_config(keys)
+    tensors = _write_hf_model(tmp_path / "hf", cfg)
+    total = sum(t.nbytes for t in tensors.values())
+    largest = max(t.nbytes for t in tensors.values())
+    del tensors
+    assert total > 40 * largest  # many tensors: holding the model would show
+
+    def run(out: str) -> None:
+        hf_weights.convert(
+            tmp_path / "hf",
+            str(tmp_path / out),
+            cfg,
+            label="tiny",
+            report=lambda _: None,
+            scratch=tmp_path / f"{out}-leaves",
+        )
+
+    run("warm")
+    peaks: list[int] = []
+    real = hf_weights._save
+
+    def at_save(*a: Any, **kw: Any) -> None:
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        real(*a, **kw)
+
+    monkeypatch.setattr(hf_weights, "_save", at_save)
+    tracemalloc.start()
+    try:
+        run("measured")
+    finally:
+        tracemalloc.stop()
+    assert len(peaks) == 1 and peaks[0] < total / 3, (peaks, total, largest)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -80,7 +81,7 @@ def build_engine(rc: RunConfig, model: str, policy: Any = None) -> tuple[Any, An
         spec, step_cfg, _ = model_setup(rc, "config", None)
         arch = str(rc.trainer.maxtext.get("model_name", ""))
         if policy is None:
-            prepare_base_weights(rc, spec.maxtext)
+            spec = dataclasses.replace(spec, checkpoint=prepare_base_weights(rc, spec.maxtext))
     if policy is None:
         align("rljob-policy")  # the policy's first collective, with every process there (rljob.trainer.sync)
     try:
