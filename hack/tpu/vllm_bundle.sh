@@ -12,6 +12,7 @@
 set -euo pipefail
 uv=.venv/bin/uv
 [[ -x $uv ]] || { echo "no $uv: run make venv first" >&2; exit 2; }
+export PYTHONSAFEPATH=1
 py312=${PYTHON312:-$(.venv/bin/python -c 'import sys; print(sys._base_executable)')}
 target=(--python-version 3.12 --python-platform x86_64-manylinux_2_31)
 if [[ ${1:-} == --lock ]]; then
