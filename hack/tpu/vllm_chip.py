@@ -117,7 +117,7 @@ def prepare(directory: Path) -> None:
         tensors[name] = t.astype(np.float32).astype(jax.numpy.bfloat16)
     save_file({k: np.asarray(v) for k, v in tensors.items()}, str(hf / "model.safetensors"))
     t0 = time.monotonic()
-    n = hf_weights.convert(hf, str(directory / "mt"), cfg, label=HF_ID, report=print)
+    n = hf_weights.convert(hf, str(directory / "mt"), cfg, label=HF_ID, report=print, scratch=directory / "scratch")
     emit(directory, "conversion_s", round(time.monotonic() - t0, 1), tensors=n, model=MODEL)
 
     policy = _policy(directory)
@@ -150,6 +150,8 @@ def engine(directory: Path) -> None:
     cmd = build_command(rc)
     os.environ.update(cmd.env)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if os.environ.get("RLJOB_VLLM_NO_TCP") == "1":
+        _no_tcp_process_groups()
     from vllm import LLM, SamplingParams
     import dataclasses
 
@@ -168,6 +170,10 @@ def engine(directory: Path) -> None:
     dests = [a[2:].replace("-", "_") for a in argv if a.startswith("--")]
     kwargs = {d: getattr(ea, d) for d in dests if d in fields and d != "model"}
     kwargs["skip_tokenizer_init"] = True  # token ids in, token ids out: the files have no tokenizer
+    # Scoring prompts (prompt_logprobs) materializes [tokens, vocab] logits (1.16 GiB in bf16 for 8 x 512
+    # tokens), which the sampler's own traffic never does; at vLLM's default 0.92 the KV cache leaves 120 MiB
+    # for it (seen on the v5e chip).
+    kwargs["gpu_memory_utilization"] = 0.8
     emit(directory, "engine_args", {k: str(v) for k, v in sorted(kwargs.items())}, argv=" ".join(cmd.argv))
     t0 = time.monotonic()
     llm = LLM(model=str(directory / "hf"), **kwargs)
@@ -177,7 +183,8 @@ def engine(directory: Path) -> None:
     score = SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False)
 
     def prompt_logprobs(req: Any) -> np.ndarray:
-        outs = llm.generate(prompts, score, lora_request=req, use_tqdm=False)
+        # one row at a time: a row's [512, vocab] float32 logits are 0.3 GiB, the batch's 2.3 GiB (seen: OOM)
+        outs = [llm.generate([p], score, lora_request=req, use_tqdm=False)[0] for p in prompts]
         got = np.zeros(tokens.shape, np.float32)
         for i, out in enumerate(outs):
             for j, entry in enumerate(out.prompt_logprobs or []):
@@ -195,7 +202,7 @@ def engine(directory: Path) -> None:
     v1 = LoRARequest("rljob-v1", 1, str(adapters / "v1"))
     compare("v1", prompt_logprobs(v1), np.load(directory / "trainer_v1.npy"))
     # Sampled tokens with their log-probs under v1: what the parity gate compares at step 0.
-    sample = SamplingParams(max_tokens=128, temperature=1.0, logprobs=0, seed=0, detokenize=False, ignore_eos=True)
+    sample = SamplingParams(max_tokens=128, temperature=1.0, logprobs=0, detokenize=False, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": row[:64].tolist()} for row in tokens], sample, lora_request=v1, use_tqdm=False)
     seqs, lps = [], []
     for out in outs:
@@ -211,16 +218,39 @@ def engine(directory: Path) -> None:
     assert llm.llm_engine.remove_lora(1)
     emit(directory, "hot_swap_s", round(time.monotonic() - t0, 3), loaded=sorted(llm.llm_engine.list_loras()))
     compare("v2", prompt_logprobs(v2), np.load(directory / "trainer_v2.npy"))
-    # Throughput of a loop-like batch: 64 prompts of 256 tokens, 512 new tokens each, adapter v2.
-    batch = [{"prompt_token_ids": tokens[i % ROWS, :256].tolist()} for i in range(64)]
-    gen = SamplingParams(max_tokens=512, temperature=1.0, seed=1, detokenize=False, ignore_eos=True)
-    llm.generate(batch[:8], SamplingParams(max_tokens=16, detokenize=False, ignore_eos=True), lora_request=v2, use_tqdm=False)
+    # Throughput of a loop-like batch: 32 prompts of 256 tokens, 128 new tokens each, adapter v2; the same
+    # batch once before, so that the timed one compiles nothing (SKIP_JAX_PRECOMPILE compiles on first use).
+    batch = [{"prompt_token_ids": tokens[i % ROWS, :256].tolist()} for i in range(32)]
+    gen = SamplingParams(max_tokens=128, temperature=1.0, detokenize=False, ignore_eos=True)
+    llm.generate(batch, gen, lora_request=v2, use_tqdm=False)
     t0 = time.monotonic()
     outs = llm.generate(batch, gen, lora_request=v2, use_tqdm=False)
     dt = time.monotonic() - t0
     new = sum(len(o.outputs[0].token_ids) for o in outs)
-    emit(directory, "sampling_tokens_per_s", round(new / dt, 1), prompts=64, prompt_len=256, new_tokens=new,
+    emit(directory, "sampling_tokens_per_s", round(new / dt, 1), prompts=32, prompt_len=256, new_tokens=new,
          seconds=round(dt, 2), lora="rank 16, every projection", model=MODEL)
+
+
+def _no_tcp_process_groups() -> None:
+    """A machine with no TCP socket cannot open gloo's one-process group (vLLM's world of 1: it binds
+    127.0.0.1 all the same): torch's own in-process "fake" backend takes its place. Collectives over a world
+    of one are identities, so the engine computes what it would with gloo; a TPU VM or a GKE pod has TCP and
+    never takes this path."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    real_init, real_new = dist.init_process_group, dist.new_group
+
+    def init(*_: Any, **kw: Any) -> Any:
+        kw.pop("init_method", None)
+        kw.update(backend="fake", store=FakeStore(), world_size=1, rank=0)
+        return real_init(**kw)
+
+    def new(*a: Any, **kw: Any) -> Any:
+        kw["backend"] = "fake"
+        return real_new(*a, **kw)
+
+    dist.init_process_group, dist.new_group = init, new  # type: ignore[assignment]
 
 
 def score(directory: Path) -> None:
