@@ -10,8 +10,9 @@ Backends:
   this backend from a stand-in for `vllm serve` that first checks every node (rljob.sampler.ray_replica).
 
 The run's token (env RLJOB_RUN_TOKEN, from the run's credentials Secret: rljob.common.credentials) is
-required: without it the sampler exits 2. vLLM (or the CPU backend) requires it on its /v1 API and the
-adapter agent on every request.
+required: without it the sampler exits 2. Both backends listen on loopback only, behind the front on the
+sampler's port (rljob.sampler.front), which requires it on every route but /health; the adapter agent
+requires it on every request.
 
 Either way an AdapterWatcher polls `{adapters}/LATEST` and loads each new version under a versioned name
 (`<rljob>-v<N>`), then unloads the previous one. On the sampler's port + 1 the adapter agent loads named
@@ -269,6 +270,23 @@ def cpu_policy(rc: RunConfig, model: str = "tiny") -> Any:
     )
 
 
+async def serve_behind_front(
+    app: web.Application, token: str, host: str, port: int, backend: int
+) -> tuple[web.AppRunner, AppThread]:
+    """The cpu backend's ``app`` on 127.0.0.1:``backend`` and the front (rljob.sampler.front) on
+    ``host:port``, as run_vllm serves vLLM: the pod's port requires the run's token on every route but
+    /health. OSError (nothing left listening) when a port is taken."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, "127.0.0.1", backend).start()
+        front = await asyncio.to_thread(serve_front, f"http://127.0.0.1:{backend}", token, port, host)
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, front
+
+
 def run_cpu(
     rc: RunConfig,
     watcher_for: WatcherFactory,
@@ -294,19 +312,18 @@ def run_cpu(
     except CheckpointError as e:
         print(str(e), file=sys.stderr)
         return EXIT_BAD_CONFIG
-    base = f"http://127.0.0.1:{port}"
+    # As vLLM (run_vllm): the server listens on loopback only, behind the front on the pod's port.
+    backend = free_port()
+    base = f"http://127.0.0.1:{backend}"
     watcher = watcher_for(base)
     server = CpuSampler(
         policy, max_loras=rc.sampler.max_loras, status=watcher.status, seed=seed, token=watcher_for.token
     )
 
     async def serve() -> None:
-        runner = web.AppRunner(server.app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, host, port)
         status_port = port + ADAPTER_AGENT_PORT_OFFSET
         try:
-            await site.start()
+            runner, front = await serve_behind_front(server.app(), watcher_for.token, host, port, backend)
             _status_server(status_port, watcher, watcher_for.agent(base), watcher_for.token, host)
         except OSError as e:  # a port is taken: a restart (exit 1, counted, retried) may find it free
             print(
@@ -314,7 +331,6 @@ def run_cpu(
                 file=sys.stderr,
                 flush=True,
             )
-            await runner.cleanup()
             raise SystemExit(1) from None
         log.warning("CPU sampler serving on %s:%d", host, port)
         if watch and rc.spec.service is None:
@@ -324,6 +340,7 @@ def run_cpu(
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await stop.wait()
+        front.shutdown()
         await runner.cleanup()
 
     asyncio.run(serve())

@@ -33,12 +33,11 @@ from rljob.cli.doctor.needs import Needs, check_references
 from rljob.cli.doctor.nodepools import check_node_pools
 from rljob.cli.doctor.operator_checks import (
     OPERATOR_LABEL,
-    OPERATOR_PERMISSIONS,
     RLJOB_CRD,
-    Permission,
     check_operator,
     find_operator,
 )
+from rljob.cli.doctor.operator_rules import OPERATOR_PERMISSIONS, Permission
 from rljob.cli.doctor.podsecurity import check_pod_security
 from rljob.recipes.api import GROUP, PLURAL
 from rljob.recipes.api import VERSION as RLJOB_VERSION

@@ -4,67 +4,15 @@ whether you may create RLJobs."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from rljob.cli.doctor import DEFAULT_OPERATOR_NAMESPACE, DEFAULT_OPERATOR_SERVICE_ACCOUNT
 from rljob.cli.doctor.common import Obj
 from rljob.cli.doctor.findings import Finding, ok, problem, warning
 from rljob.cli.doctor.jobset import Probe, _webhook_covers, _webhook_unreachable
-from rljob.cli.doctor.kueue import KUEUE_GROUP
+from rljob.cli.doctor.operator_rules import Permission
 from rljob.recipes.api import GROUP, PLURAL
-from rljob.recipes.naming import JOBSET_GROUP
 
 RLJOB_CRD = f"{PLURAL}.{GROUP}"
-
-
-@dataclass(frozen=True)
-class Permission:
-    """One permission the operator's ServiceAccount needs."""
-
-    verb: str
-    group: str
-    resource: str
-    subresource: str = ""
-    namespaced: bool = True
-
-    def __str__(self) -> str:
-        res = f"{self.resource}/{self.subresource}" if self.subresource else self.resource
-        return f"{self.verb} {res}.{self.group}" if self.group else f"{self.verb} {res}"
-
-
-def _perms(verbs: str, group: str, resource: str, sub: str = "", namespaced: bool = True) -> list[Permission]:
-    return [Permission(v, group, resource, sub, namespaced) for v in verbs.split()]
-
-
-# What the operator does with each kind: exactly the chart's ClusterRole (charts/rljob/templates/rbac.yaml;
-# tests/doctor/ checks the two agree). RLJobs are watched and only their status written; the JobSet and the
-# run/progress ConfigMaps are server-side applied; failed pods are watched to classify failures (never
-# created: the JobSet controller makes pods); each RLJob's pods get a ServiceAccount and a Role/RoleBinding
-# for their progress ConfigMap, and NetworkPolicies admitting only the run's own pods; events are posted; a
-# queued run's Kueue Workload gets spec.active (spec.suspend under Kueue, rljob.operator.kueue); the Jobs a
-# JobSet will create are dry-run (never created: the JobSet controller makes them), a run with the compile
-# preflight gets a CPU Job of its own (rljob.recipes.render); each run's credentials
-# Secret is created (and read back only after a 409, to check its owner).
-OPERATOR_PERMISSIONS: tuple[Permission, ...] = tuple(
-    _perms("get list watch", GROUP, PLURAL)
-    + _perms("get patch", GROUP, PLURAL, "status")
-    + _perms("update", GROUP, PLURAL, "finalizers")
-    + _perms("get list watch create patch", JOBSET_GROUP, "jobsets")
-    + _perms("list patch", KUEUE_GROUP, "workloads")
-    + _perms("get list watch create patch", "", "configmaps")
-    + _perms("list watch", "", "pods")
-    # the dry runs of the JobSet's Jobs, and the opt-in compile preflight's Job (created, watched, read back
-    # after a 409; no delete: its TTL removes it)
-    + _perms("get list watch create patch", "batch", "jobs")
-    + _perms("get create patch", "", "serviceaccounts")
-    + _perms("get create patch", "", "services")
-    + _perms("get create patch", "networking.k8s.io", "networkpolicies")
-    + _perms("get create", "", "secrets")
-    + _perms("get create patch", "rbac.authorization.k8s.io", "roles")
-    + _perms("get create patch", "rbac.authorization.k8s.io", "rolebindings")
-    + _perms("create patch", "events.k8s.io", "events")
-    + _perms("create patch list", "", "events")  # list: the Job controller's FailedCreate (reconcile)
-)
 
 
 # The chart labels its ServiceAccount and Deployment with this; doctor finds the operator by it.

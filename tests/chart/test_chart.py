@@ -52,8 +52,8 @@ def test_default_install(helm: Path) -> None:
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
-            "ClusterRole",
-            "ClusterRoleBinding",
+            "Role",  # rbac.scope namespaced by default: the release's namespace only
+            "RoleBinding",
             "ClusterRoleBinding",  # system:auth-delegator, for metrics.auth
             "CustomResourceDefinition",
             "Deployment",
@@ -86,22 +86,56 @@ def test_default_install(helm: Path) -> None:
     assert crd == yaml.safe_load((REPO / "crds" / "rljob.dev_rljobs.yaml").read_text())
 
 
-def test_rbac_is_least_privilege(helm: Path) -> None:
+def test_default_scope_is_the_release_namespace(helm: Path) -> None:
+    """No value set: the operator's rules are a Role in the release's namespace; the only cluster-wide
+    grant is system:auth-delegator (TokenReviews and SubjectAccessReviews, for /metrics)."""
     docs = template(helm)
+    assert not by_kind(docs, "ClusterRole")
+    (role,) = by_kind(docs, "Role")
+    assert role["metadata"]["namespace"] == "rljob-system"
+    (crb,) = by_kind(docs, "ClusterRoleBinding")
+    assert crb["roleRef"]["name"] == "system:auth-delegator"
+    assert not by_kind(template(helm, "metrics.auth=false"), "ClusterRoleBinding")
+    (dep,) = by_kind(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["RLJOB_NAMESPACES"] == "rljob-system"
+
+
+def test_rendered_rules_are_the_doctor_table(helm: Path) -> None:
+    """The chart's rules, in both scopes, are rljob.cli.doctor.operator_rules' table, verb for verb: what
+    `rljob doctor` checks is what the chart grants, and docs/operator.md lists it (hack/gen_rbac.py)."""
+    from rljob.cli.doctor.operator_rules import OPERATOR_RULES
+
+    want = [
+        {"apiGroups": [r.group], "resources": [r.resource], "verbs": list(r.verbs)} for r in OPERATOR_RULES
+    ]
+    (role,) = by_kind(template(helm), "Role")
+    (cluster_role,) = by_kind(template(helm, "rbac.scope=cluster"), "ClusterRole")
+    assert role["rules"] == want
+    assert cluster_role["rules"] == want
+
+
+def test_rbac_is_least_privilege(helm: Path) -> None:
+    docs = template(helm, "rbac.scope=cluster")
     (role,) = by_kind(docs, "ClusterRole")
     rules = role["rules"]
     bindings = {b["roleRef"]["name"]: b for b in by_kind(docs, "ClusterRoleBinding")}
     # The only other cluster-wide grant: TokenReviews and SubjectAccessReviews, for /metrics.
     assert set(bindings) == {"rljob-rljob-operator", "system:auth-delegator"}
-    assert by_kind(template(helm, "metrics.auth=false"), "ClusterRoleBinding") == [
+    assert by_kind(template(helm, "rbac.scope=cluster", "metrics.auth=false"), "ClusterRoleBinding") == [
         bindings["rljob-rljob-operator"]
     ]
     # Secrets: only create and get (each run's credentials Secret; get after a 409, to check its owner).
     secrets = [r for r in rules if "secrets" in r["resources"]]
     assert secrets == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "create"]}]
+    # Events are only created (and core ones listed, for FailedCreate): no patch.
+    events = {r["apiGroups"][0]: r["verbs"] for r in rules if r["resources"] == ["events"]}
+    assert events == {"events.k8s.io": ["create"], "": ["create", "list"]}
     for rule in rules:
         assert "*" not in rule["verbs"] and "*" not in rule["resources"], rule
-        assert "delete" not in rule["verbs"], rule
+        assert ("delete" not in rule["verbs"] and "update" not in rule["verbs"]) or rule["resources"] == [
+            "rljobs/finalizers"
+        ], rule
     pods = [r for r in rules if "pods" in r["resources"]]
     assert pods == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}]
     # Dry runs of the JobSet's Jobs, and the compile preflight's Job (rljob.operator.reconcile): no delete.
@@ -124,7 +158,7 @@ def test_local_operator_values(helm: Path) -> None:
         "url": "https://127.0.0.1:9443/validate-rljob",
         "caBundle": ca,
     }
-    assert by_kind(docs, "ServiceAccount") and by_kind(docs, "ClusterRole")
+    assert by_kind(docs, "ServiceAccount") and by_kind(docs, "Role")
 
 
 def test_webhook_disabled(helm: Path) -> None:
@@ -166,7 +200,7 @@ def test_values_schema_refuses(helm: Path, value: str, complaint: str) -> None:
 def test_namespaced_mode_has_no_cluster_role_for_the_children(helm: Path) -> None:
     """rbac.scope namespaced: the ClusterRole's rules as a Role + RoleBinding in each served namespace, the
     operator told which (RLJOB_NAMESPACES), the webhook limited to them; no ClusterRole at all."""
-    cluster_rules = by_kind(template(helm), "ClusterRole")[0]["rules"]
+    cluster_rules = by_kind(template(helm, "rbac.scope=cluster"), "ClusterRole")[0]["rules"]
     docs = template(helm, "rbac.scope=namespaced", "rbac.namespaces={team-a,team-b}", "metrics.auth=false")
     assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding")
     roles, bindings = by_kind(docs, "Role"), by_kind(docs, "RoleBinding")
@@ -191,7 +225,7 @@ def test_namespaced_mode_has_no_cluster_role_for_the_children(helm: Path) -> Non
         ]
     }
     # Default: the release's namespace.
-    docs = template(helm, "rbac.scope=namespaced")
+    docs = template(helm)
     assert [r["metadata"]["namespace"] for r in by_kind(docs, "Role")] == ["rljob-system"]
 
 

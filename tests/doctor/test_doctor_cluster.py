@@ -30,7 +30,7 @@ from fixtures.operator import OperatorProcess
 from kubernetes import client
 from rljob.cli.doctor.jobset import probe_object, probe_result
 from rljob.cli.doctor.kueue import KUEUE_CONFIG_KEY, KUEUE_CONFIG_MAP, KUEUE_CONFIG_NAMESPACE
-from rljob.cli.doctor.operator_checks import OPERATOR_PERMISSIONS
+from rljob.cli.doctor.operator_rules import OPERATOR_PERMISSIONS
 
 pytestmark = pytest.mark.cluster
 

@@ -30,6 +30,7 @@ from fixtures.operator import (
 )
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+from rljob.cli.doctor.operator_rules import OPERATOR_PERMISSIONS
 from rljob.common.ports import free_port
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
@@ -65,8 +66,9 @@ def can_i(c: Cluster, sa: str, verb: str, resource: str, namespace: str | None) 
 
 @pytest.fixture
 def namespaced_release(cluster: Cluster, namespace: str) -> Iterator[tuple[str, str]]:
-    """The chart in namespaced mode serving `namespace` only (no Deployment, no webhook: the operator runs
-    as a local process), in a release namespace of its own. Yields (release namespace, ServiceAccount)."""
+    """The chart with its default scope (namespaced) serving `namespace` only (no Deployment, no webhook:
+    the operator runs as a local process), in a release namespace of its own. Yields (release namespace,
+    ServiceAccount)."""
     release_ns = f"{namespace}-op"[:63]
     helm(
         cluster,
@@ -77,9 +79,7 @@ def namespaced_release(cluster: Cluster, namespace: str) -> Iterator[tuple[str, 
         release_ns,
         "--create-namespace",
         "--set",
-        "rbac.scope=namespaced",
-        "--set",
-        f"rbac.namespaces={{{namespace}}}",
+        f"rbac.namespaces={{{namespace}}}",  # rbac.scope namespaced: the chart's default
         "--set",
         "deployment.enabled=false",
         "--set",
@@ -100,25 +100,12 @@ def test_namespaced_mode_grants_only_the_served_namespace(
     release_ns, sa_name = namespaced_release
     sa = f"system:serviceaccount:{release_ns}:{sa_name}"
     other = release_ns  # any namespace the release does not serve
-    # What the operator needs, in the namespace it serves.
-    for verb, resource in [
-        ("watch", "rljobs.rljob.dev"),
-        ("patch", "rljobs.rljob.dev/status"),
-        ("create", "jobsets.jobset.x-k8s.io"),
-        ("patch", "jobsets.jobset.x-k8s.io"),
-        ("create", "configmaps"),
-        ("watch", "configmaps"),
-        ("list", "pods"),
-        ("create", "serviceaccounts"),
-        ("create", "roles.rbac.authorization.k8s.io"),
-        ("create", "rolebindings.rbac.authorization.k8s.io"),
-        ("create", "events.events.k8s.io"),
-        ("create", "secrets"),  # each run's credentials Secret (get: read back after a 409)
-        ("get", "secrets"),
-        ("create", "jobs.batch"),  # the compile preflight's Job (spec.trainer.preflight.compile)
-        ("watch", "jobs.batch"),
-    ]:
-        assert can_i(cluster, sa, verb, resource, namespace), f"{verb} {resource} in {namespace}"
+    # What the operator needs, in the namespace it serves: every verb of the one table
+    # (rljob.cli.doctor.operator_rules, which the chart's rules are generated from and doctor checks).
+    for perm in OPERATOR_PERMISSIONS:
+        kind = f"{perm.resource}.{perm.group}" if perm.group else perm.resource
+        resource = f"{kind}/{perm.subresource}" if perm.subresource else kind
+        assert can_i(cluster, sa, perm.verb, resource, namespace), f"{perm} in {namespace}"
     # Never: other Secret verbs, deletes, pods of its own, anything cluster-scoped for the children.
     for verb, resource in [
         ("list", "secrets"),
@@ -131,6 +118,8 @@ def test_namespaced_mode_grants_only_the_served_namespace(
         ("delete", "jobs.batch"),
         ("update", "rljobs.rljob.dev"),
         ("escalate", "roles.rbac.authorization.k8s.io"),
+        ("patch", "events"),
+        ("patch", "events.events.k8s.io"),
         ("bind", "roles.rbac.authorization.k8s.io"),
     ]:
         assert not can_i(cluster, sa, verb, resource, namespace), f"{verb} {resource} in {namespace}"
@@ -284,8 +273,6 @@ def test_helm_upgrade_keeps_the_webhook_certificate_and_a_new_one_rolls_the_oper
     common = [
         "--namespace",
         namespace,
-        "--set",
-        "rbac.scope=namespaced",
         "--set",
         "webhook.failurePolicy=Ignore",
     ]

@@ -72,7 +72,7 @@ def test_every_pod_of_a_run_admits_only_the_runs_own_pods(name: str, doc: dict[s
     run = js["metadata"]["name"]
     pods = pol = policies(objs)[naming.network_policy(run)]
     spec = pol["spec"]
-    assert spec["policyTypes"] == ["Ingress"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
     labels = pod_labels(js)
     assert set(labels) == {naming.TRAINER, naming.SAMPLER}
     for role, lab in labels.items():
@@ -127,3 +127,63 @@ def test_client_namespaces_must_be_namespace_names(bad: str) -> None:
     doc = manifest({"service": {**SERVICE["service"], "clientNamespaces": [bad]}})
     with pytest.raises(ValueError, match="clientNamespaces"):
         plan.resolve(RLJob.model_validate(doc))
+
+
+def egress_admits(spec: dict[str, Any], address: str, port: int) -> bool:
+    """Whether a NetworkPolicy's egress rules admit a connection to an address outside the cluster
+    (ipBlock: the CIDR less its excepts; a rule without ports admits every port)."""
+    import ipaddress
+
+    ip = ipaddress.ip_address(address)
+    for rule in spec["egress"]:
+        ports = rule.get("ports")
+        if ports is not None and not any(p["port"] == port and p["protocol"] == "TCP" for p in ports):
+            continue
+        for peer in rule["to"]:
+            block = peer.get("ipBlock")
+            if block is None or ip.version != ipaddress.ip_network(block["cidr"]).version:
+                continue
+            if ip in ipaddress.ip_network(block["cidr"]) and not any(
+                ip in ipaddress.ip_network(e) for e in block.get("except", [])
+            ):
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("address", "port", "admitted"),
+    [
+        # Workload Identity's path (GKE's network-policy page): kept.
+        ("169.254.169.254", 80, True),  # Dataplane V2 checks the address the pod dials
+        ("169.254.169.252", 988, True),  # the GKE metadata server, after the node's redirect
+        # Anything else of the metadata server: closed.
+        ("169.254.169.254", 8080, False),
+        ("169.254.169.254", 443, False),
+        ("169.254.169.252", 80, False),
+        ("169.254.169.252", 987, False),
+        ("fd20:ce::254", 80, False),
+        # The rest of the world stays open: GCS, the API server, DNS, other slices.
+        ("142.250.64.123", 443, True),
+        ("172.16.0.2", 443, True),
+        ("169.254.20.10", 53, True),  # NodeLocal DNSCache
+        ("169.254.169.253", 80, True),
+        ("2607:f8b0:4004:c07::80", 443, True),
+    ],
+)
+def test_egress_closes_the_metadata_server_but_workload_identitys_path(
+    address: str, port: int, admitted: bool
+) -> None:
+    objs = objects(manifest())
+    run = objs[-1]["metadata"]["name"]
+    spec = policies(objs)[naming.network_policy(run)]["spec"]
+    assert egress_admits(spec, address, port) is admitted
+
+
+def test_egress_admits_every_pod_of_the_cluster() -> None:
+    """Cilium (GKE Dataplane V2) matches no pod with an ipBlock: pods are admitted by a selector of their
+    own, every namespace's (the run's peers, cluster DNS)."""
+    objs = objects(manifest())
+    run = objs[-1]["metadata"]["name"]
+    spec = policies(objs)[naming.network_policy(run)]["spec"]
+    pod_rules = [r for r in spec["egress"] if any("namespaceSelector" in p for p in r["to"])]
+    assert pod_rules == [{"to": [{"namespaceSelector": {}}]}]

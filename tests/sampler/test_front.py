@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,49 @@ def test_vllm_listens_on_loopback_only() -> None:
     cmd = build_command(resolve(manifest({})), port=12345, api_key=TOKEN)
     i = cmd.argv.index("--host")
     assert cmd.argv[i + 1] == "127.0.0.1" and cmd.argv[cmd.argv.index("--port") + 1] == "12345"
+
+
+def test_the_cpu_backend_is_served_behind_the_same_front() -> None:
+    """The CPU backend (make rl-cpu, rljob drill, make demo) listens on loopback behind the front, as vLLM:
+    on the sampler's port every route of its own router and of vLLM's table is 401 without the token
+    (its `GET /rljob/v1/adapter` answered anyone before), `/health` alone open, and the server itself on
+    loopback only."""
+    from types import SimpleNamespace
+
+    from rljob.sampler.cpu_server import CpuSampler
+    from rljob.sampler.main import serve_behind_front
+
+    policy = SimpleNamespace(vocab_size=256, spec=SimpleNamespace(base_model="tiny"))
+    server = CpuSampler(policy, max_loras=1, status=lambda: {"version": 3}, token=TOKEN)  # type: ignore[arg-type]
+    app = server.app()
+    own = sorted({(r.method, r.resource.canonical) for r in app.router.routes() if r.resource is not None})
+    port, backend = free_port(), free_port()
+    loop = asyncio.new_event_loop()  # the backend's, in a thread of its own (as the sampler's main loop)
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    served = asyncio.run_coroutine_threadsafe(
+        serve_behind_front(app, TOKEN, "127.0.0.1", port, backend), loop
+    )
+    runner, front = served.result(60)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        routes = own + sorted({(r["method"], r["path"]) for r in ROUTES["routes"]})
+        tried = refused = 0
+        for method, path in routes:
+            if method == "HEAD":
+                continue
+            if path == "/health" and method == "GET":
+                assert _ask(method, base + path)[0] == 200
+                continue
+            tried += 1
+            status, _ = _ask(method, base + _concrete(path), {}, b'{"lora_name": "x", "lora_path": "/tmp"}')
+            assert status == 401, (method, path, status)
+            refused += 1
+        assert ("GET", "/rljob/v1/adapter") in own and tried == refused > len(own)
+        status, body = _ask("GET", base + "/rljob/v1/adapter", {"Authorization": f"Bearer {TOKEN}"})
+        assert status == 200 and json.loads(body)["version"] == 3
+    finally:
+        front.shutdown()
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
