@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rljob.recipes import families, syntax
+from rljob.recipes import families, quantization, syntax
 from rljob.recipes.runconfig import SAMPLER_PORT, VLLM_API_KEY_ENV, RunConfig
 
 # The vLLM build the TPU sampler image installs (pip install vllm-tpu==...; it pins tpu-inference==same).
@@ -91,14 +91,17 @@ def build_command(
         raise SamplerConfigError(
             f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA only without data parallelism"
         )
+    weights = spec.sampler.weights
+    quant = quantization.get(weights.quantization)
     argv = [
         "vllm",
         "serve",
-        model,
-        # The revision the trainer converts and trains (spec.model.revision): both roles start from the
-        # same weights, which the step-0 parity gate then checks.
+        # spec.model.name at spec.model.revision, the weights the trainer converts and trains (both roles
+        # start from the same weights, which the step-0 parity gate then checks); or the quantized checkpoint
+        # of that model that spec.sampler.weights names (rljob.recipes.quantization).
+        weights.name,
         "--revision",
-        spec.model.revision,
+        weights.revision,
         "--host",
         "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",
@@ -119,6 +122,10 @@ def build_command(
         "--served-model-name",
         model,
     ]
+    if quant.vllm_method is not None:
+        # vLLM refuses a checkpoint whose quantization_config names another method
+        # (vllm/config/model.py ModelConfig._verify_quantization).
+        argv += ["--quantization", quant.vllm_method]
     if needs_pow2_batched_tokens([model, spec.model.maxtext_model]):
         tokens = pow2_at_least(max(POW2_BATCHED_TOKENS_MIN, plan.max_model_len))
         argv += ["--max-num-batched-tokens", str(tokens)]

@@ -41,7 +41,6 @@ from rljob.trainer.data import DatasetError, Task
 from rljob.trainer.evaluation import EvalOptions
 from rljob.trainer.remote_reward import RemoteReward
 from rljob.trainer.rollouts import (
-    DEFAULT_PARITY_THRESHOLD,
     ParityError,
     SamplerSource,
 )
@@ -111,7 +110,9 @@ class LoopOptions:
     seed: int = 0  # seed of the task's prompts (e.g. math sampling)
     checkpoint_every: int | None = None  # None: MaxText checkpoint_period, else every step
     eval_every: int | None = None  # override spec.evaluation.every (0: never)
-    parity_threshold: float = DEFAULT_PARITY_THRESHOLD
+    # None: spec.sampler.weights.parityTolerance (rollouts.DEFAULT_PARITY_THRESHOLD at bfloat16, wider for a
+    # quantized sampler: rljob.recipes.quantization)
+    parity_threshold: float | None = None
     tensorboard_dir: str | None = None  # default: storage.root's tensorboard/ (outlives the pod)
     log_jsonl: str | None = None  # also append the JSON lines to this file
 
@@ -191,7 +192,11 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             parity_rows=policy.row_multiple(),
             parity_len=int(policy.cfg.max_target_length),
             evaluation=evaluation_options(rc, args.eval_every),
-            parity_threshold=args.parity_threshold,
+            parity_threshold=(
+                args.parity_threshold
+                if args.parity_threshold is not None
+                else rc.spec.sampler.weights.parity_tolerance
+            ),
             advantage_normalization=alg.advantage_normalization,
             loss_normalization=alg.loss_normalization,
             overlong=(alg.overlong_buffer, alg.overlong_penalty),
