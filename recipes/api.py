@@ -27,7 +27,7 @@ from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
 from rljob.recipes.defaults import text as _default
 from rljob.recipes.failure import SamplerFailure
 from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
-from rljob.recipes.quantization import BF16_PARITY_NATS, QUANTIZATIONS, QUANTIZED_PARITY_NATS
+from rljob.recipes.quantization import BF16_PARITY_NATS, QUANTIZATIONS, QUANTIZED_PARITY_NATS, served_on
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -133,9 +133,9 @@ class ModelSpec(ApiModel):
         pattern=syntax.MAXTEXT_MODEL,
     )
     revision: str | None = _hf_id(
-        "Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both roles load: the "
-        "trainer converts it into MaxText's layout and the sampler serves it. A branch can move between two "
-        "starts; a commit hash pins the weights. " + _default("model.revision"),
+        "Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both roles load: "
+        "the trainer converts it into MaxText's layout and the sampler serves it. A branch can move "
+        "between two starts; a commit hash pins the weights. " + _default("model.revision"),
         revision=True,
     )
     checkpoint: str | None = Field(
@@ -475,7 +475,7 @@ class TrainerSpec(ApiModel):
 
 # Each quantization and the generations vLLM's TPU backend serves it on (rljob.recipes.quantization).
 _QUANTIZED_ON = "; ".join(
-    f"{q.name}: {', '.join(g.prefix for g in GENERATIONS.values() if g.vllm_quantization_name in q.generations)}"
+    f"{q.name}: {', '.join(g.prefix for g in GENERATIONS.values() if served_on(q, g))}"
     + (f" (quantization_config.quant_method {q.vllm_method})" if q.vllm_method else "")
     for q in QUANTIZATIONS.values()
     if q.generations
@@ -497,7 +497,8 @@ class SamplerWeightsSpec(ApiModel):
     )
     name: str | None = _hf_id(
         "Hugging Face id of the quantized checkpoint of spec.model.name the samplers serve, e.g. "
-        "Qwen/Qwen3.5-397B-A17B-FP8; required with a quantization. The trainer still trains spec.model.name's "
+        "Qwen/Qwen3.5-397B-A17B-FP8; required with a quantization. The trainer still trains "
+        "spec.model.name's "
         "bfloat16 weights: this checkpoint must be a quantization of exactly those (the step-0 parity gate "
         "refuses one whose log-probs are not). Default: spec.model.name."
     )

@@ -21,7 +21,8 @@ Trainer (rljob.trainer: MaxText model + qwix LoRA + optax AdamW on the LoRA fact
 
 Sampler (vLLM's TPU backend, tpu-inference): the weights under the replica's layout (bf16, or a quantized
 checkpoint's bytes: its quantized linear weights and their scales at the quantization's bytes, the
-embeddings, output head, routers and gated delta net's small projections in bf16; rljob.recipes.quantization) (MLPs and
+embeddings, output head, routers and gated delta net's small projections in bf16;
+rljob.recipes.quantization) (MLPs and
 experts split over tensor x expert parallelism; attention and embeddings over tensor parallelism,
 replicated over the expert axis, as tpu-inference's sharding axis names lay them out), the LoRA slots
 vLLM allocates (maxLoras x the largest rank over every attention and dense-MLP projection), within
@@ -472,14 +473,14 @@ def sampler_fit(
     max_num_seqs: int,
     max_loras: int,
     lora_rank: int,
-    quant: quantization.Quantization = quantization.get(None),
+    quant: quantization.Quantization | None = None,
 ) -> RoleFit:
     """One sampler replica's bytes per device at tensor parallelism tp x expert parallelism ep, serving
-    weights stored as ``quant``."""
+    weights stored as ``quant`` (None: bf16)."""
     # tpu-inference's mesh (data, attn_dp, expert, model): attention heads on model only, MLPs and experts
     # on model x expert (tpu_inference/layers/common/sharding.py ShardingAxisName: ATTN_HEAD 'model',
     # MLP_TENSOR ('attn_dp', 'model', 'expert')); the embedding is counted over model only.
-    attention, mlp = sampler_weight_bytes(s, quant)
+    attention, mlp = sampler_weight_bytes(s, quant or quantization.get(None))
     weights = _ceil_div(attention, tp) + _ceil_div(mlp, tp * ep)
     every = (*lora_targets.ATTENTION, *lora_targets.MLP)
     lora = max_loras * lora_params(s, lora_rank, every) * SAMPLER_WEIGHT_BYTES
@@ -552,8 +553,8 @@ def check_sampler(
     ]
     if smaller:
         msg += (
-            f"at spec.sampler.weights.quantization {smaller[0].name} (the model's {smaller[0].name} checkpoint"
-            f") this replica serves it ({fit_at(tp, ep, smaller[0]).kv_sequences} sequences of "
+            f"at spec.sampler.weights.quantization {smaller[0].name} (the model's {smaller[0].name} "
+            f"checkpoint) this replica serves it ({fit_at(tp, ep, smaller[0]).kv_sequences} sequences of "
             "maxModelLen at once); "
         )
     return fit, msg + _sampler_hint(s, plan, hbm, quant)

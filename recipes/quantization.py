@@ -1,5 +1,5 @@
-"""The sampler's weights: the bfloat16 weights of spec.model.name, or a quantized checkpoint of the same model,
-as vLLM's TPU backend serves them. One row per quantization the manifest may name
+"""The sampler's weights: the bfloat16 weights of spec.model.name, or a quantized checkpoint of the same
+model, as vLLM's TPU backend serves them. One row per quantization the manifest may name
 (``spec.sampler.weights.quantization``); the plan (its checks), the fit check (the bytes of a weight), the
 sampler's ``vllm serve`` flags (rljob.sampler.vllm) and the trainer's step-0 parity gate (its default
 tolerance) read this table, no table of their own.

@@ -93,15 +93,19 @@ def build_command(
         )
     weights = spec.sampler.weights
     quant = quantization.get(weights.quantization)
+    # bfloat16: the model itself (the plan allows no other name there); else the declared quantized checkpoint
+    served, revision = (
+        (model, spec.model.revision) if quant.vllm_method is None else (weights.name, weights.revision)
+    )
     argv = [
         "vllm",
         "serve",
         # spec.model.name at spec.model.revision, the weights the trainer converts and trains (both roles
         # start from the same weights, which the step-0 parity gate then checks); or the quantized checkpoint
         # of that model that spec.sampler.weights names (rljob.recipes.quantization).
-        weights.name,
+        served,
         "--revision",
-        weights.revision,
+        revision,
         "--host",
         "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",

@@ -5,6 +5,7 @@ Qwen3.5-397B tpu7x-8 serving layout (Qwen/Qwen3.5-397B-A17B-FP8) validating."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -190,6 +191,11 @@ def test_the_sampler_serves_the_quantized_checkpoint_with_its_method() -> None:
     # the API name stays spec.model.name, which the trainer asks for
     assert argv[argv.index("--served-model-name") + 1] == "Qwen/Qwen3.5-397B-A17B"
     assert "--enable-lora" in argv
+    # every flag is an option of the pinned vllm-tpu's `vllm serve` (tests/sampler/data, extracted from it)
+    known = json.loads(
+        (Path(__file__).parents[1] / "sampler" / "data" / "vllm-tpu-0.32.0-serve-args.json").read_text()
+    )
+    assert {a for a in argv[3:] if a.startswith("--")} <= set(known["options"])
 
 
 def test_bf16_serves_the_model_itself_without_a_quantization_flag() -> None:
