@@ -14,8 +14,9 @@ adapter export `v{N}` + LATEST, progress, JSON step lines); this module is its r
    (rljob.trainer.evaluation).
 
 Before the first step, a parity gate compares the trainer's log-probs of the first batch's tokens with
-the sampler's on the same weights (adapter v0): the mean absolute difference is logged and the run is
-refused (exit 2) above `--parity-threshold`. The samplers come from RunConfig.endpoints.samplers (JobSet
+the sampler's (adapter v0; the same weights, or a declared quantization of them: rljob.recipes.quantization):
+the mean absolute difference is logged and the run is refused (exit 2) above `--parity-threshold`, by default
+spec.sampler.weights.parityTolerance. The samplers come from RunConfig.endpoints.samplers (JobSet
 DNS names in a cluster, local ports here); an unreachable or restarting sampler is waited for.
 
 `rljob-trainer --config run.json` (the pods' command, rljob.trainer.main, the one entrance; default
