@@ -19,7 +19,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from rljob.recipes import failure, naming
+from rljob.recipes import failure, naming, quantization
 
 if TYPE_CHECKING:
     from rljob.recipes.api import RLJob
@@ -212,7 +212,14 @@ def explain(run: RunConfig) -> str:
             else f"{spec.model.name}@{spec.model.revision} from Hugging Face, converted by the trainer "
             f"once into {run.storage.converted}"
         ),
-        f"  sampler serves: {spec.model.name}@{spec.model.revision}",
+        f"  sampler serves: {spec.sampler.weights.name}@{spec.sampler.weights.revision} "
+        f"({spec.sampler.weights.quantization}"
+        + (
+            f", a quantized checkpoint of {spec.model.name}"
+            if spec.sampler.weights.quantization != quantization.BFLOAT16
+            else ""
+        )
+        + f"; step-0 parity gate {spec.sampler.weights.parity_tolerance:g} nats)",
         "trainer:",
         f"  tpu: {t.tpu.type_name} = {t.tpu.accelerator} {t.tpu.topology}, machine {t.tpu.machine_type}",
         f"  per slice: {t.tpu.chips} chips, {t.tpu.hosts} hosts, {t.tpu.devices} JAX devices "

@@ -27,6 +27,7 @@ from rljob.recipes.defaults import DEFAULT_DATASET_OBJECT
 from rljob.recipes.defaults import text as _default
 from rljob.recipes.failure import SamplerFailure
 from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
+from rljob.recipes.quantization import BF16_PARITY_NATS, QUANTIZATIONS, QUANTIZED_PARITY_NATS, served_on
 
 GROUP = "rljob.dev"
 VERSION = "v1alpha1"
@@ -107,16 +108,22 @@ TpuField = Annotated[
 ]
 
 
+def _hf_id(description: str, revision: bool = False) -> Any:
+    """An optional Hugging Face model id field (a revision with ``revision``)."""
+    limit, pattern = (
+        (syntax.HF_REVISION_MAX, syntax.HF_REVISION)
+        if revision
+        else (syntax.HF_MODEL_ID_MAX, syntax.HF_MODEL_ID)
+    )
+    return Field(None, description=description, min_length=1, max_length=limit, pattern=pattern)
+
+
 class ModelSpec(ApiModel):
     """The model being post-trained."""
 
-    name: str | None = Field(
-        default=None,
-        description="Hugging Face model id of the base model, e.g. Qwen/Qwen3-8B (org/name or name; starts "
-        "with a letter or digit).",
-        min_length=1,
-        max_length=syntax.HF_MODEL_ID_MAX,
-        pattern=syntax.HF_MODEL_ID,
+    name: str | None = _hf_id(
+        "Hugging Face model id of the base model, e.g. Qwen/Qwen3-8B (org/name or name; starts with a letter "
+        "or digit)."
     )
     maxtext_model: str | None = Field(
         default=None,
@@ -125,14 +132,11 @@ class ModelSpec(ApiModel):
         max_length=syntax.MAXTEXT_MODEL_MAX,
         pattern=syntax.MAXTEXT_MODEL,
     )
-    revision: str | None = Field(
-        default=None,
-        description="Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both "
-        "roles load: the trainer converts it into MaxText's layout and the sampler serves it. A branch "
-        "can move between two starts; a commit hash pins the weights. " + _default("model.revision"),
-        min_length=1,
-        max_length=syntax.HF_REVISION_MAX,
-        pattern=syntax.HF_REVISION,
+    revision: str | None = _hf_id(
+        "Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both roles load: "
+        "the trainer converts it into MaxText's layout and the sampler serves it. A branch can move "
+        "between two starts; a commit hash pins the weights. " + _default("model.revision"),
+        revision=True,
     )
     checkpoint: str | None = Field(
         default=None,
@@ -469,6 +473,51 @@ class TrainerSpec(ApiModel):
     )
 
 
+# Each quantization and the generations vLLM's TPU backend serves it on (rljob.recipes.quantization).
+_QUANTIZED_ON = "; ".join(
+    f"{q.name}: {', '.join(g.prefix for g in GENERATIONS.values() if served_on(q, g))}"
+    + (f" (quantization_config.quant_method {q.vllm_method})" if q.vllm_method else "")
+    for q in QUANTIZATIONS.values()
+    if q.generations
+)
+
+
+class SamplerWeightsSpec(ApiModel):
+    """The weights the samplers serve: spec.model.name's own (bfloat16), or a quantized checkpoint of the same
+    model where vLLM's TPU backend serves it (rljob.recipes.quantization; docs/fit.md)."""
+
+    quantization: Literal[tuple(QUANTIZATIONS)] | None = Field(  # type: ignore[valid-type]
+        default=None,
+        description="How the served checkpoint stores its weights: bfloat16 (spec.model.name itself, the "
+        "weights the trainer trains) or a quantization vLLM's TPU backend serves on the sampler's TPU "
+        f"generation ({_QUANTIZED_ON}). A quantized checkpoint counts its quantized weights at their bytes "
+        "in the fit check (embeddings, the output head, routers and norms stay bfloat16), is served with "
+        "vLLM --quantization, and the trainer's step-0 parity gate compares against it at "
+        "parityTolerance. " + _default("sampler.weights.quantization"),
+    )
+    name: str | None = _hf_id(
+        "Hugging Face id of the quantized checkpoint of spec.model.name the samplers serve, e.g. "
+        "Qwen/Qwen3.5-397B-A17B-FP8; required with a quantization. The trainer still trains "
+        "spec.model.name's "
+        "bfloat16 weights: this checkpoint must be a quantization of exactly those (the step-0 parity gate "
+        "refuses one whose log-probs are not). Default: spec.model.name."
+    )
+    revision: str | None = _hf_id(
+        "Hugging Face revision of name (a branch, a tag or a commit hash). Default: spec.model.revision at "
+        "bfloat16, else main.",
+        revision=True,
+    )
+    parity_tolerance: float | None = Field(
+        default=None,
+        gt=0,
+        le=10,
+        description="The trainer's step-0 parity gate: the largest mean |trainer - sampler| log-prob (nats) "
+        "over the first batch's sampled tokens before it trains; above it the trainer exits 2. Default: "
+        f"{BF16_PARITY_NATS:g} at bfloat16 (the same weights), {QUANTIZED_PARITY_NATS:g} for a quantized "
+        "checkpoint (a rounding of them; a bound chosen, not measured: docs/fit.md).",
+    )
+
+
 class SamplerSpec(ApiModel):
     """The vLLM samplers that generate rollouts with the latest LoRA adapter."""
 
@@ -524,6 +573,10 @@ class SamplerSpec(ApiModel):
         le=1 << 16,
         description="vLLM --max-num-seqs: sequences one replica decodes at once; the trainer sends a "
         "replica at most this many at a time. " + _default("sampler.maxNumSeqs"),
+    )
+    weights: SamplerWeightsSpec | None = Field(
+        default=None,
+        description="The weights the samplers serve: spec.model.name's, or a quantized checkpoint of it.",
     )
     image: str | None = Field(
         default=None,

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, Any] = {
         "dataParallel": 1,
         "maxLoras": 2,
         "maxNumSeqs": 256,
+        "weights": {"quantization": "bfloat16"},
         "image": DEFAULT_SAMPLER_IMAGE,
     },
     "lora": {"rank": 16, "targets": DEFAULT_LORA_TARGETS},

@@ -19,7 +19,10 @@ Trainer (rljob.trainer: MaxText model + qwix LoRA + optax AdamW on the LoRA fact
   working set, collective buffers, XLA temporaries, libtpu's own). That is a floor, not a forecast: the
   real peak is the TPU compiler's to say (`rljob drill --compile`, docs/drill.md).
 
-Sampler (vLLM's TPU backend, tpu-inference): the bf16 weights under the replica's layout (MLPs and
+Sampler (vLLM's TPU backend, tpu-inference): the weights under the replica's layout (bf16, or a quantized
+checkpoint's bytes: its quantized linear weights and their scales at the quantization's bytes, the
+embeddings, output head, routers and gated delta net's small projections in bf16;
+rljob.recipes.quantization) (MLPs and
 experts split over tensor x expert parallelism; attention and embeddings over tensor parallelism,
 replicated over the expert axis, as tpu-inference's sharding axis names lay them out), the LoRA slots
 vLLM allocates (maxLoras x the largest rank over every attention and dense-MLP projection), within
@@ -45,7 +48,7 @@ from fractions import Fraction
 from functools import cache
 from typing import Any
 
-from rljob.recipes import families, lora_targets, maxtext_keys, mesh, tpu
+from rljob.recipes import families, lora_targets, maxtext_keys, mesh, quantization, tpu
 from rljob.recipes.api import RLJobSpec
 from rljob.recipes.runconfig import MESH_AXES, MeshPlan, RunConfig, SamplerPlan, TrainerPlan
 
@@ -55,7 +58,7 @@ TRAINER_RESERVE = 0.10
 # https://docs.vllm.ai/en/stable/api/vllm/config/cache/: 0.9 in the releases tpu-inference 0.32 builds on,
 # 0.92 in later ones; the lower is taken). rljob's sampler does not set it.
 VLLM_MEMORY_UTILIZATION = 0.9
-SAMPLER_WEIGHT_BYTES = 2  # the sampler serves bf16 weights (recipes/catalog: "serve a bf16 copy")
+SAMPLER_WEIGHT_BYTES = 2  # the sampler's LoRA slots and unquantized weights: bf16
 KV_BYTES = 2  # KV cache and recurrent state in the model's dtype, bf16
 GIB = 2**30
 
@@ -434,6 +437,33 @@ def state_bytes_per_sequence(s: Shapes, tp: int) -> int:
     return _ceil_div(s.gdn_layers * per_layer * KV_BYTES, max(1, tp))
 
 
+def unquantized_params(s: Shapes) -> tuple[int, int]:
+    """Parameters a quantized checkpoint keeps in bf16 (rljob.recipes.quantization), as (attention side:
+    the embedding and output head, the gated delta net layers' in_proj_ba and convolution; MLP side: the
+    routers), the two sides of params(s) that sampler_fit splits differently."""
+    p = params(s)
+    nk, dk, nv, dv, kernel = s.gdn
+    small_gdn = s.gdn_layers * (s.emb * 2 * nv + (2 * nk * dk + nv * dv) * kernel) if s.gdn_layers else 0
+    routers = s.moe_layers() * s.emb * s.experts if s.experts > 1 else 0
+    return p.embedding + small_gdn, routers
+
+
+def sampler_weight_bytes(s: Shapes, q: quantization.Quantization) -> tuple[int, int]:
+    """The served weights' bytes as (attention and embeddings, MLPs and experts): every parameter at
+    ``q``'s bytes with its scales, but those unquantized_params keeps in bf16."""
+    p = params(s)
+    sides = (p.embedding + p.attention, p.dense_mlp + p.experts)
+    if q.vllm_method is None:
+        return sides[0] * SAMPLER_WEIGHT_BYTES, sides[1] * SAMPLER_WEIGHT_BYTES
+    out = []
+    for total, kept in zip(sides, unquantized_params(s), strict=True):
+        quantized = total - kept
+        out.append(
+            kept * SAMPLER_WEIGHT_BYTES + quantized * q.weight_bytes + math.ceil(quantized * q.scale_bytes)
+        )
+    return out[0], out[1]
+
+
 def sampler_fit(
     s: Shapes,
     hbm: int,
@@ -443,15 +473,15 @@ def sampler_fit(
     max_num_seqs: int,
     max_loras: int,
     lora_rank: int,
+    quant: quantization.Quantization | None = None,
 ) -> RoleFit:
-    """One sampler replica's bytes per device at tensor parallelism tp x expert parallelism ep."""
-    p = params(s)
+    """One sampler replica's bytes per device at tensor parallelism tp x expert parallelism ep, serving
+    weights stored as ``quant`` (None: bf16)."""
     # tpu-inference's mesh (data, attn_dp, expert, model): attention heads on model only, MLPs and experts
     # on model x expert (tpu_inference/layers/common/sharding.py ShardingAxisName: ATTN_HEAD 'model',
     # MLP_TENSOR ('attn_dp', 'model', 'expert')); the embedding is counted over model only.
-    attention = p.embedding + p.attention
-    mlp = p.dense_mlp + p.experts
-    weights = _ceil_div(attention * SAMPLER_WEIGHT_BYTES, tp) + _ceil_div(mlp * SAMPLER_WEIGHT_BYTES, tp * ep)
+    attention, mlp = sampler_weight_bytes(s, quant or quantization.get(None))
+    weights = _ceil_div(attention, tp) + _ceil_div(mlp, tp * ep)
     every = (*lora_targets.ATTENTION, *lora_targets.MLP)
     lora = max_loras * lora_params(s, lora_rank, every) * SAMPLER_WEIGHT_BYTES
     capacity = int(hbm * VLLM_MEMORY_UTILIZATION)
@@ -496,28 +526,54 @@ def check_sampler(
     if tp * ep * plan.data_parallel != plan.tpu.devices or plan.data_parallel != 1:
         tp, ep = plan.tpu.devices, 1  # the best case: every weight split over every device
         layout = f"even with every weight split over its {tp} devices"
-    fit = sampler_fit(
-        s, hbm, tp, ep, plan.max_model_len, plan.max_num_seqs, plan.max_loras, plan.lora_max_rank
-    )
+    quant = quantization.get(plan.quantization)
+
+    def fit_at(tp: int, ep: int, q: quantization.Quantization = quant) -> RoleFit:
+        return sampler_fit(
+            s, hbm, tp, ep, plan.max_model_len, plan.max_num_seqs, plan.max_loras, plan.lora_max_rank, q
+        )
+
+    fit = fit_at(tp, ep)
     if fit.fits:
         return fit, None
     need = kv_bytes_per_token(s, tp) * plan.max_model_len + state_bytes_per_sequence(s, tp)
     msg = (
         f"spec.sampler.tpu: a {plan.tpu.type_name} replica ({layout}) "
         "cannot "
-        f"serve {model}: {_gib(fit.parts['weights'])} of bf16 weights and {_gib(fit.parts['lora_slots'])} of "
-        f"LoRA slots per device leave no room for the KV cache of one maxModelLen {plan.max_model_len} "
-        f"sequence ({_gib(need)}) within vLLM's {VLLM_MEMORY_UTILIZATION:.0%} of a device's {_gib(hbm)} HBM; "
+        f"serve {model}: {_gib(fit.parts['weights'])} of {quant.name} weights and "
+        f"{_gib(fit.parts['lora_slots'])} of LoRA slots per device leave no room for the KV cache of one "
+        f"maxModelLen {plan.max_model_len} sequence ({_gib(need)}) within vLLM's "
+        f"{VLLM_MEMORY_UTILIZATION:.0%} of a device's {_gib(hbm)} HBM; "
     )
-    return fit, msg + _sampler_hint(s, plan, hbm)
+    gen = tpu.BY_ACCELERATOR[plan.tpu.accelerator]
+    smaller = [
+        q
+        for q in quantization.QUANTIZATIONS.values()
+        if q.weight_bytes < quant.weight_bytes and quantization.served_on(q, gen) and fit_at(tp, ep, q).fits
+    ]
+    if smaller:
+        msg += (
+            f"at spec.sampler.weights.quantization {smaller[0].name} (the model's {smaller[0].name} "
+            f"checkpoint) this replica serves it ({fit_at(tp, ep, smaller[0]).kv_sequences} sequences of "
+            "maxModelLen at once); "
+        )
+    return fit, msg + _sampler_hint(s, plan, hbm, quant)
 
 
-def _sampler_hint(s: Shapes, plan: SamplerPlan, hbm: int) -> str:
+def _sampler_hint(s: Shapes, plan: SamplerPlan, hbm: int, quant: quantization.Quantization) -> str:
     gen = tpu.BY_ACCELERATOR[plan.tpu.accelerator]
     for name, devices in _slice_sizes(gen.prefix):
         for tp, ep in _layouts(s, devices):
             f = sampler_fit(
-                s, hbm, tp, ep, plan.max_model_len, plan.max_num_seqs, plan.max_loras, plan.lora_max_rank
+                s,
+                hbm,
+                tp,
+                ep,
+                plan.max_model_len,
+                plan.max_num_seqs,
+                plan.max_loras,
+                plan.lora_max_rank,
+                quant,
             )
             if f.fits:
                 return (
@@ -619,7 +675,9 @@ __all__ = [
     "params",
     "plan_problems",
     "sampler_fit",
+    "sampler_weight_bytes",
     "shapes",
     "summary",
     "trainer_fit",
+    "unquantized_params",
 ]

@@ -26,7 +26,10 @@ Sources, per field (public pages):
 - ``hbm_gib_per_chip``, ``peak_bf16_tflops``, ``hbm_gb_per_s``, ``ici_gbps_per_chip``: the generation's page
   (``spec_source``);
 - ``vllm_tpu_support``: vLLM's TPU backend, https://github.com/vllm-project/tpu-inference, README
-  "Compatible TPU Generations": recommended v7x, v6e, v5e; experimental v3, v4, v5p.
+  "Compatible TPU Generations": recommended v7x, v6e, v5e; experimental v3, v4, v5p;
+- ``vllm_quantization_name``: how the same backend's quantization table names the generation ("v5", "v6",
+  "v7": docs/includes/quantization.md, column "Supported Hardware Acceleration"), which
+  rljob.recipes.quantization reads to say which quantized checkpoints a sampler of the generation serves.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class Generation:
     # How vLLM's TPU backend (tpu-inference, the sampler's) lists the generation: "recommended" or
     # "experimental".
     vllm_tpu_support: str = "recommended"
+    # The generation's name in vLLM's TPU backend's quantization table ("v5", "v6", "v7"); "": not listed
+    # there (its samplers serve bfloat16 weights only).
+    vllm_quantization_name: str = ""
     split_containers: bool = False  # a 4-chip host may run two containers of 2 chips (one per NUMA node)
     # Multi-host node pools are created with a GKE workload policy (--placement-policy) instead of
     # --tpu-topology; pods then select it by name (xpk: requires_placement_policy).
@@ -107,6 +113,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gb_per_s=2765,
         ici_gbps_per_chip=4800,  # "Interchip Interconnect BW 4,800 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v5p",
+        vllm_quantization_name="v5",
         vllm_tpu_support="experimental",
     ),
     "tpu7x": Generation(
@@ -125,6 +132,7 @@ GENERATIONS: dict[str, Generation] = {
         peak_bf16_tflops=2307,
         hbm_gb_per_s=7380,
         spec_source="https://cloud.google.com/tpu/docs/tpu7x",
+        vllm_quantization_name="v7",
         split_containers=True,
         workload_policy=True,
         # https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood; AI-Hypercomputer/tpu-recipes,
@@ -150,6 +158,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gb_per_s=819,
         ici_gbps_per_chip=1600,  # "Interchip Interconnect BW 1,600 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v5e",
+        vllm_quantization_name="v5",
     ),
     "v6e": Generation(
         prefix="v6e",
@@ -167,6 +176,7 @@ GENERATIONS: dict[str, Generation] = {
         hbm_gb_per_s=1640,
         ici_gbps_per_chip=3584,  # "Interchip Interconnect BW 3,584 Gbps"
         spec_source="https://cloud.google.com/tpu/docs/v6e",
+        vllm_quantization_name="v6",
     ),
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}

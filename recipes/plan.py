@@ -24,6 +24,7 @@ from rljob.recipes import (
     naming,
     overrides,
     podpolicy,
+    quantization,
     run_checks,
     sampler_layout,
     service_keys,
@@ -353,6 +354,7 @@ def _sampler(
             f"maxPromptTokens + maxTokens = {seq}"
         )
     assert spec.lora.rank and spec.sampler.replicas and spec.sampler.max_loras
+    quant = _sampler_weights(spec, sampler_tpu, problems)
     return SamplerPlan(
         tpu=sampler_tpu,
         replicas=spec.sampler.replicas,
@@ -363,8 +365,27 @@ def _sampler(
         lora_max_rank=spec.lora.rank,
         max_loras=spec.sampler.max_loras,
         max_num_seqs=spec.sampler.max_num_seqs,
+        quantization=quant,
         cache_disk=_cache_disk(spec, "sampler", sampler_tpu, spec.sampler.template),
     )
+
+
+def _sampler_weights(spec: RLJobSpec, sampler_tpu: TpuPlan, problems: list[str]) -> str:
+    """spec.sampler.weights: checks it (rljob.recipes.quantization) and fills name, revision and
+    parityTolerance; returns the quantization."""
+    assert spec.sampler and spec.model and spec.model.name and spec.model.revision
+    weights = spec.sampler.weights
+    assert weights is not None and weights.quantization  # DEFAULTS
+    generation = tpu.BY_ACCELERATOR.get(sampler_tpu.accelerator)
+    problems += quantization.problems(weights.quantization, weights.name, spec.model.name, generation)
+    q = quantization.get(weights.quantization)
+    if weights.name is None or (q.vllm_method is None and weights.name == spec.model.name):
+        weights.name = spec.model.name
+        weights.revision = weights.revision or spec.model.revision
+    weights.revision = weights.revision or "main"
+    if weights.parity_tolerance is None:
+        weights.parity_tolerance = q.parity_tolerance
+    return q.name
 
 
 def _trainer(

@@ -166,6 +166,11 @@ class SamplerPlan(ApiModel):
     lora_max_rank: int = Field(description="vLLM --max-lora-rank.")
     max_loras: int = Field(description="vLLM --max-loras.")
     max_num_seqs: int = Field(description="vLLM --max-num-seqs (sequences in flight per replica).")
+    quantization: str = Field(
+        default="bfloat16",
+        description="How the served weights are stored (spec.sampler.weights.quantization; "
+        "rljob.recipes.quantization): the fit check counts their bytes.",
+    )
     cache_disk: CacheDisk = Field(description="The local disk of one host's caches (the model's weights).")
 
 
@@ -273,6 +278,15 @@ class ResolvedTrainer(_Resolved):
     preflight: ResolvedPreflight = Field(description="The compile preflight.")
 
 
+class ResolvedSamplerWeights(_Resolved):
+    """spec.sampler.weights, resolved."""
+
+    quantization: str = Field(description="bfloat16, or the quantization of the served checkpoint.")
+    name: str = Field(description="Hugging Face id the samplers serve (spec.model.name at bfloat16).")
+    revision: str = Field(description="Hugging Face revision of `name`.")
+    parity_tolerance: float = Field(gt=0, description="The step-0 parity gate's bound (nats).")
+
+
 class ResolvedSampler(_Resolved):
     """spec.sampler, resolved (its TPU: RunConfig.sampler)."""
 
@@ -283,6 +297,7 @@ class ResolvedSampler(_Resolved):
     max_model_len: _Count = Field(description="vLLM --max-model-len.")
     max_loras: _Count = Field(description="vLLM --max-loras.")
     max_num_seqs: _Count = Field(description="vLLM --max-num-seqs.")
+    weights: ResolvedSamplerWeights = Field(description="The weights the samplers serve.")
     image: str = Field(description="Sampler container image.")
     template: PodTemplate | None = Field(default=None, description="Pod overrides; None: none.")
 

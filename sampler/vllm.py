@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rljob.recipes import families, syntax
+from rljob.recipes import families, quantization, syntax
 from rljob.recipes.runconfig import SAMPLER_PORT, VLLM_API_KEY_ENV, RunConfig
 from rljob.recipes.sampler_layout import VLLM_LORA_RANKS
 
@@ -90,14 +90,21 @@ def build_command(
         raise SamplerConfigError(
             f"spec.sampler.dataParallel: {dp}; vLLM's TPU backend serves LoRA only without data parallelism"
         )
+    weights = spec.sampler.weights
+    quant = quantization.get(weights.quantization)
+    # bfloat16: the model itself (the plan allows no other name there); else the declared quantized checkpoint
+    served, revision = (
+        (model, spec.model.revision) if quant.vllm_method is None else (weights.name, weights.revision)
+    )
     argv = [
         "vllm",
         "serve",
-        model,
-        # The revision the trainer converts and trains (spec.model.revision): both roles start from the
-        # same weights, which the step-0 parity gate then checks.
+        # spec.model.name at spec.model.revision, the weights the trainer converts and trains (both roles
+        # start from the same weights, which the step-0 parity gate then checks); or the quantized checkpoint
+        # of that model that spec.sampler.weights names (rljob.recipes.quantization).
+        served,
         "--revision",
-        spec.model.revision,
+        revision,
         "--host",
         "127.0.0.1",  # loopback only: the pod's port is the authenticating front's (rljob.sampler.front)
         "--port",
@@ -118,6 +125,10 @@ def build_command(
         "--served-model-name",
         model,
     ]
+    if quant.vllm_method is not None:
+        # vLLM refuses a checkpoint whose quantization_config names another method
+        # (vllm/config/model.py ModelConfig._verify_quantization).
+        argv += ["--quantization", quant.vllm_method]
     if needs_pow2_batched_tokens([model, spec.model.maxtext_model]):
         tokens = pow2_at_least(max(POW2_BATCHED_TOKENS_MIN, plan.max_model_len))
         argv += ["--max-num-batched-tokens", str(tokens)]

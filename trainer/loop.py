@@ -14,8 +14,9 @@ adapter export `v{N}` + LATEST, progress, JSON step lines); this module is its r
    (rljob.trainer.evaluation).
 
 Before the first step, a parity gate compares the trainer's log-probs of the first batch's tokens with
-the sampler's on the same weights (adapter v0): the mean absolute difference is logged and the run is
-refused (exit 2) above `--parity-threshold`. The samplers come from RunConfig.endpoints.samplers (JobSet
+the sampler's (adapter v0; the same weights, or a declared quantization of them: rljob.recipes.quantization):
+the mean absolute difference is logged and the run is refused (exit 2) above `--parity-threshold`, by default
+spec.sampler.weights.parityTolerance. The samplers come from RunConfig.endpoints.samplers (JobSet
 DNS names in a cluster, local ports here); an unreachable or restarting sampler is waited for.
 
 `rljob-trainer --config run.json` (the pods' command, rljob.trainer.main, the one entrance; default
@@ -42,7 +43,6 @@ from rljob.trainer.data import DatasetError, Task
 from rljob.trainer.evaluation import EvalOptions
 from rljob.trainer.remote_reward import RemoteReward
 from rljob.trainer.rollouts import (
-    DEFAULT_PARITY_THRESHOLD,
     ParityError,
     SamplerSource,
 )
@@ -112,7 +112,9 @@ class LoopOptions:
     seed: int = 0  # seed of the task's prompts (e.g. math sampling)
     checkpoint_every: int | None = None  # None: MaxText checkpoint_period, else every step
     eval_every: int | None = None  # override spec.evaluation.every (0: never)
-    parity_threshold: float = DEFAULT_PARITY_THRESHOLD
+    # None: spec.sampler.weights.parityTolerance (rollouts.DEFAULT_PARITY_THRESHOLD at bfloat16, wider for a
+    # quantized sampler: rljob.recipes.quantization)
+    parity_threshold: float | None = None
     tensorboard_dir: str | None = None  # default: storage.root's tensorboard/ (outlives the pod)
     log_jsonl: str | None = None  # also append the JSON lines to this file
 
@@ -193,7 +195,11 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             parity_rows=policy.row_multiple(),
             parity_len=int(policy.cfg.max_target_length),
             evaluation=evaluation_options(rc, args.eval_every),
-            parity_threshold=args.parity_threshold,
+            parity_threshold=(
+                args.parity_threshold
+                if args.parity_threshold is not None
+                else rc.spec.sampler.weights.parity_tolerance
+            ),
             advantage_normalization=alg.advantage_normalization,
             loss_normalization=alg.loss_normalization,
             overlong=(alg.overlong_buffer, alg.overlong_penalty),

@@ -189,7 +189,8 @@ def _parser() -> argparse.ArgumentParser:
         "--parity-threshold",
         type=float,
         default=None,
-        help="sampler loop: the step-0 parity gate's bound on the mean |logprob difference| (nats)",
+        help="sampler loop: the step-0 parity gate's bound on the mean |logprob difference| (nats); default "
+        "spec.sampler.weights.parityTolerance",
     )
     p.add_argument(
         "--distributed-check",
@@ -467,7 +468,7 @@ def run_main(args: argparse.Namespace) -> int:
     import jax
 
     if args.rollouts == "sampler" and not args.distributed_check:
-        from rljob.trainer import loop, rollouts
+        from rljob.trainer import loop
 
         return loop.run_loop(
             rc,
@@ -477,11 +478,7 @@ def run_main(args: argparse.Namespace) -> int:
                 seed=args.seed,
                 checkpoint_every=checkpoint_every(rc, args.checkpoint_every),
                 eval_every=args.eval_every,
-                parity_threshold=(
-                    args.parity_threshold
-                    if args.parity_threshold is not None
-                    else rollouts.DEFAULT_PARITY_THRESHOLD
-                ),
+                parity_threshold=args.parity_threshold,
                 tensorboard_dir=args.tensorboard_dir,
                 log_jsonl=args.log_jsonl,
             ),

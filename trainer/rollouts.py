@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from rljob.recipes import startup
+from rljob.recipes import quantization, startup
 from rljob.trainer.data import Prompt, Task
 from rljob.trainer.evaluation import EvalOptions, answer_of, scores
 from rljob.trainer.losses import (
@@ -39,7 +39,9 @@ from rljob.trainer.sampler_client import (
 log = logging.getLogger("rljob.trainer.rollouts")
 
 PARITY_ALIGN = 128  # row budget rounding of the parity gate when no pack shape is given
-DEFAULT_PARITY_THRESHOLD = 1e-3  # nats; the seed measured 1.7e-4 on TPU, CPU float32 gives ~1e-6
+# nats, on the same bfloat16 weights; a quantized sampler's default is the wider
+# spec.sampler.weights.parityTolerance (rljob.recipes.quantization)
+DEFAULT_PARITY_THRESHOLD = quantization.BF16_PARITY_NATS
 
 
 class ParityError(RuntimeError):
@@ -263,7 +265,7 @@ class SamplerSource:
         )
         if not np.isfinite(diff) or diff > self.parity_threshold:
             raise ParityError(
-                f"trainer and sampler log-probs differ by {diff:.3g} nats on the same weights "
+                f"trainer and sampler log-probs differ by {diff:.3g} nats on the first batch "
                 f"(adapter v{step}; threshold {self.parity_threshold:.3g}): refusing to train"
             )
         self.parity_checked = True

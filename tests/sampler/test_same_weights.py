@@ -1,6 +1,9 @@
 """Trainer and sampler start from the same weights, in every catalog recipe, profile and example: the
 rendered run config (the ConfigMap's run.json both roles read) gives the trainer a MaxText checkpoint
-converted from exactly the Hugging Face model and revision the sampler's `vllm serve` command loads."""
+converted from exactly the Hugging Face model and revision the sampler's `vllm serve` command loads, or,
+where spec.sampler.weights declares a quantized checkpoint of that model, the sampler loads that checkpoint
+with its quantization method and the parity gate's tolerance is the quantization's
+(rljob.recipes.quantization)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import Any
 
 import pytest
 from fixtures.recipes import catalog_cases, objects
+from rljob.recipes import quantization
 from rljob.recipes.runconfig import CONFIG_KEY, RunConfig
 from rljob.sampler.vllm import build_command
 from rljob.trainer.hf_weights import BaseWeights, WeightsError, base_weights, check_source
@@ -32,7 +36,18 @@ def _served(rc: RunConfig) -> tuple[str, str]:
 def test_both_roles_name_the_same_weights(name: str, doc: dict[str, Any]) -> None:
     rc = _rendered(doc)
     bw = base_weights(rc)
-    assert _served(rc) == (bw.model, bw.revision) == (rc.spec.model.name, rc.spec.model.revision)
+    weights = rc.spec.sampler.weights
+    q = quantization.get(weights.quantization)
+    assert (bw.model, bw.revision) == (rc.spec.model.name, rc.spec.model.revision)
+    assert weights.parity_tolerance == q.parity_tolerance
+    argv = build_command(rc).argv
+    if q.vllm_method is None:
+        assert _served(rc) == (bw.model, bw.revision)
+        assert "--quantization" not in argv
+    else:  # a declared quantization of the trainer's model, loaded as one
+        assert _served(rc) == (weights.name, weights.revision) != (bw.model, bw.revision)
+        assert argv[argv.index("--quantization") + 1] == q.vllm_method
+        assert weights.parity_tolerance > quantization.BF16_PARITY_NATS
     # No catalog entry names a checkpoint: the trainer converts the served model itself, into a directory
     # keyed by that model, revision and the trainer's MaxText version.
     assert bw.convert and bw.directory is not None
