@@ -15,7 +15,6 @@ unresolved: the dynamic linker binds functions lazily, and no CPU path calls the
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -25,7 +24,9 @@ from pathlib import Path
 
 # NVIDIA's libraries (what torch's CUDA build links): only these are stubbed; anything else missing is left
 # for the import to report.
-NVIDIA = re.compile(r"^lib(cuda|cudart|cublas|cublasLt|cudnn\w*|cufft|cufile|cupti|curand|cusolver|cusparse|cusparseLt|nccl|nvrtc|nvshmem_host|nvJitLink|nvToolsExt)\.so")
+NVIDIA = re.compile(
+    r"^lib(cuda|cudart|cublas|cublasLt|cudnn\w*|cufft|cufile|cupti|curand|cusolver|cusparse|cusparseLt|nccl|nvrtc|nvshmem_host|nvJitLink|nvToolsExt)\.so"
+)
 # The names NVIDIA's libraries export (an unversioned import outside these is Python's C API, libstdc++, ...).
 NVIDIA_API = re.compile(r"^_*(cu|nccl|nvrtc|nvshmem|nvtx)")
 NO_DEVICE = 100
@@ -73,7 +74,11 @@ def dynamic_symbols(path: Path) -> tuple[list[tuple[str, str]], set[str]]:
 
 
 def main(site: Path) -> int:
-    objects = [p for p in site.rglob("*") if re.search(r"\.so(\.\d+)*$", p.name) and p.is_file() and not p.is_symlink()]
+    objects = [
+        p
+        for p in site.rglob("*")
+        if re.search(r"\.so(\.\d+)*$", p.name) and p.is_file() and not p.is_symlink()
+    ]
     # A stub written by an earlier run (it defines rljob_cuda_stub) is rewritten, not taken for the library.
     present = {p.name for p in objects if "rljob_cuda_stub" not in readelf("--dyn-syms", str(p))}
     wants: dict[str, dict[str, set[str]]] = defaultdict(lambda: defaultdict(set))  # lib -> version -> symbols
@@ -108,18 +113,34 @@ def main(site: Path) -> int:
             src.write_text(
                 "int rljob_cuda_stub(void) { return 0; }\n"
                 + "".join(f"int {s}(void) {{ return {NO_DEVICE}; }}\n" for s in funcs)
-                + "".join(f"int rljob_stub_{i}(void) {{ return {NO_DEVICE}; }}\n" for i, _ in enumerate(named))
+                + "".join(
+                    f"int rljob_stub_{i}(void) {{ return {NO_DEVICE}; }}\n" for i, _ in enumerate(named)
+                )
             )
             nodes = []
             for i, version in enumerate(named):
-                syms = versions[version] | {f"rljob_stub_{i}"} | ({"rljob_cuda_stub"} | versions.get("", set()) if i == 0 else set())
+                syms = (
+                    versions[version]
+                    | {f"rljob_stub_{i}"}
+                    | ({"rljob_cuda_stub"} | versions.get("", set()) if i == 0 else set())
+                )
                 nodes.append(f"{version} {{ global: {' '.join(f'{s};' for s in sorted(syms))} }};")
             script.write_text("\n".join(nodes) + "\n" if nodes else "{ global: *; };\n")
             for where in sorted(dirs[lib]):
                 out = where / lib
                 subprocess.run(
-                    ["gcc", "-shared", "-fPIC", "-O0", "-w", f"-Wl,-soname,{lib}",
-                     f"-Wl,--version-script={script}", "-o", str(out), str(src)],
+                    [
+                        "gcc",
+                        "-shared",
+                        "-fPIC",
+                        "-O0",
+                        "-w",
+                        f"-Wl,-soname,{lib}",
+                        f"-Wl,--version-script={script}",
+                        "-o",
+                        str(out),
+                        str(src),
+                    ],
                     check=True,
                 )
             print(f"stub {lib}: {len(versions)} versions, {len(funcs)} functions", file=sys.stderr)

@@ -1,7 +1,7 @@
 """vLLM's TPU engine against rljob's trainer on one chip: the step-0 parity gate on real hardware.
 
-One process holds the chip at a time and the two sides pin different JAX builds (the trainer 0.12.0.1, vllm-tpu
-0.32.0's tpu-inference 0.11.2), so the run is three processes over one directory, in this order:
+One process holds the chip at a time and the two sides pin different JAX builds (the trainer 0.12.0.1,
+vllm-tpu 0.32.0's tpu-inference 0.11.2), so the run is three processes over one directory, in this order:
 
   prepare DIR  (trainer bundle) a full-size Qwen3-0.6B (28 layers, 151,936 tokens, tied head) with random
                weights of a realistic logit scale, written as Hugging Face files (config.json,
@@ -49,7 +49,9 @@ def _keys() -> dict[str, Any]:
 
     if CPU_DRY_RUN:
         return fullsize_keys(MODEL, budget=LEN, depth=2, attention="dot_product", dtype="float32")
-    return fullsize_keys(MODEL, budget=LEN)  # tied head: logits' std about EMBED_STD * sqrt(1024) = 2.6 nats, a trained model's spread
+    return fullsize_keys(
+        MODEL, budget=LEN
+    )  # tied head: logits' std about EMBED_STD * sqrt(1024) = 2.6 nats, a trained model's spread
 
 
 def emit(directory: Path, metric: str, value: Any, **context: Any) -> None:
@@ -64,7 +66,14 @@ def emit(directory: Path, metric: str, value: Any, **context: Any) -> None:
 def _policy(directory: Path) -> Any:
     from rljob.trainer.model import ModelSpec, Policy
 
-    return Policy(ModelSpec(maxtext=_keys(), lora_rank=RANK, lora_alpha=ALPHA, checkpoint=str(directory / "mt" / "0" / "items")))
+    return Policy(
+        ModelSpec(
+            maxtext=_keys(),
+            lora_rank=RANK,
+            lora_alpha=ALPHA,
+            checkpoint=str(directory / "mt" / "0" / "items"),
+        )
+    )
 
 
 def _scores(policy: Any, lora: Any, tokens: np.ndarray) -> np.ndarray:
@@ -117,7 +126,9 @@ def prepare(directory: Path) -> None:
         tensors[name] = t.astype(np.float32).astype(jax.numpy.bfloat16)
     save_file({k: np.asarray(v) for k, v in tensors.items()}, str(hf / "model.safetensors"))
     t0 = time.monotonic()
-    n = hf_weights.convert(hf, str(directory / "mt"), cfg, label=HF_ID, report=print, scratch=directory / "scratch")
+    n = hf_weights.convert(
+        hf, str(directory / "mt"), cfg, label=HF_ID, report=print, scratch=directory / "scratch"
+    )
     emit(directory, "conversion_s", round(time.monotonic() - t0, 1), tensors=n, model=MODEL)
 
     policy = _policy(directory)
@@ -129,7 +140,9 @@ def prepare(directory: Path) -> None:
     emit(directory, "trainer_mean_token_logprob", round(float(base[:, 1:].mean()), 3), model=MODEL)
     for version in (1, 2):
         lora = jax.tree.map(
-            lambda x, k=version: x + 0.02 * jax.random.normal(jax.random.key(100 * k + x.size % 97), x.shape, x.dtype),
+            lambda x, k=version: (
+                x + 0.02 * jax.random.normal(jax.random.key(100 * k + x.size % 97), x.shape, x.dtype)
+            ),
             policy.lora0,
         )
         policy.peft.save(lora, directory / "adapters" / f"v{version}")
@@ -152,9 +165,9 @@ def engine(directory: Path) -> None:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     if os.environ.get("RLJOB_VLLM_NO_TCP") == "1":
         _no_tcp_process_groups()
-    from vllm import LLM, SamplingParams
     import dataclasses
 
+    from vllm import LLM, SamplingParams
     from vllm.engine.arg_utils import EngineArgs
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.lora.request import LoRARequest
@@ -194,8 +207,14 @@ def engine(directory: Path) -> None:
 
     def compare(name: str, got: np.ndarray, want: np.ndarray) -> None:
         d = np.abs(got[:, 1:] - want[:, 1:])
-        emit(directory, f"prompt_logprob_diff_{name}", {"mean": float(d.mean()), "max": float(d.max())},
-             rows=ROWS, tokens=LEN, dtype="bfloat16")
+        emit(
+            directory,
+            f"prompt_logprob_diff_{name}",
+            {"mean": float(d.mean()), "max": float(d.max())},
+            rows=ROWS,
+            tokens=LEN,
+            dtype="bfloat16",
+        )
 
     compare("base", prompt_logprobs(None), np.load(directory / "trainer_base.npy"))
     adapters = directory / "adapters"
@@ -203,7 +222,9 @@ def engine(directory: Path) -> None:
     compare("v1", prompt_logprobs(v1), np.load(directory / "trainer_v1.npy"))
     # Sampled tokens with their log-probs under v1: what the parity gate compares at step 0.
     sample = SamplingParams(max_tokens=128, temperature=1.0, logprobs=0, detokenize=False, ignore_eos=True)
-    outs = llm.generate([{"prompt_token_ids": row[:64].tolist()} for row in tokens], sample, lora_request=v1, use_tqdm=False)
+    outs = llm.generate(
+        [{"prompt_token_ids": row[:64].tolist()} for row in tokens], sample, lora_request=v1, use_tqdm=False
+    )
     seqs, lps = [], []
     for out in outs:
         c = out.outputs[0]
@@ -227,8 +248,17 @@ def engine(directory: Path) -> None:
     outs = llm.generate(batch, gen, lora_request=v2, use_tqdm=False)
     dt = time.monotonic() - t0
     new = sum(len(o.outputs[0].token_ids) for o in outs)
-    emit(directory, "sampling_tokens_per_s", round(new / dt, 1), prompts=32, prompt_len=256, new_tokens=new,
-         seconds=round(dt, 2), lora="rank 16, every projection", model=MODEL)
+    emit(
+        directory,
+        "sampling_tokens_per_s",
+        round(new / dt, 1),
+        prompts=32,
+        prompt_len=256,
+        new_tokens=new,
+        seconds=round(dt, 2),
+        lora="rank 16, every projection",
+        model=MODEL,
+    )
 
 
 def _no_tcp_process_groups() -> None:
@@ -270,8 +300,16 @@ def score(directory: Path) -> None:
     mine = _scores(policy, lora, rows)[:, 64 : 64 + sampled.shape[1]]
     theirs = np.load(directory / "sampled_logprobs.npy")
     d = np.abs(mine - theirs)
-    emit(directory, "parity_gate_mean_abs_logprob_diff", float(d.mean()), max=float(d.max()), tokens=int(d.size),
-         threshold=1e-3, adapter="v1", dtype="bfloat16")
+    emit(
+        directory,
+        "parity_gate_mean_abs_logprob_diff",
+        float(d.mean()),
+        max=float(d.max()),
+        tokens=int(d.size),
+        threshold=1e-3,
+        adapter="v1",
+        dtype="bfloat16",
+    )
 
 
 def _run_config() -> Any:

@@ -4,9 +4,9 @@ The same full-size qwen3-0.6b weights (realistic logit scale: fixtures.chip_mode
 packed rows with segment ids, laid out as the trainer packs them (``pad_position`` end, start and balanced);
 the trainer's own next-token log-probs under each attention are compared at every position the loss reads.
 Tolerances per dtype: the mean and the largest |difference| over those positions (nats). bf16 attention
-rounds its probabilities and its P.V product differently in the two kernels, and 28 layers carry each
-rounding forward (8 layers here), hence the bf16 bounds; float32 is the check that the masks agree (a masking bug moves
-the mean by whole nats)."""
+rounds its probabilities and its P.V product differently in the two kernels, and the layers (8 here) carry
+each rounding forward, hence the bf16 bounds; float32 is the check that the masks agree (a masking bug
+moves the mean by whole nats)."""
 
 from __future__ import annotations
 
