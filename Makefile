@@ -120,6 +120,12 @@ tpu-bundle: venv
 	@hack/tpu/bundle.sh .tpu-bundle
 	@echo "then, on the TPU machine: copy .tpu-bundle/part.* to /tmp/tpu-parts/ and run hack/tpu/run.sh from the repo root (hack/tpu/README.md)"
 
+# vLLM's TPU engine (the sampler image's vllm-tpu and tpu-inference, another JAX) for the same machine:
+# hack/tpu/vllm_chip.py runs it against the trainer (hack/tpu/README.md, "vLLM's TPU engine").
+.PHONY: tpu-vllm-bundle
+tpu-vllm-bundle: venv
+	@hack/tpu/vllm_bundle.sh .tpu-vllm-bundle
+
 bench: venv
 	@for b in bench/*.py; do $(PY) $$b; done
 

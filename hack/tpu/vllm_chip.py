@@ -229,7 +229,13 @@ def engine(directory: Path) -> None:
     for out in outs:
         c = out.outputs[0]
         seqs.append(list(c.token_ids))
-        lps.append([d[t].logprob for d, t in zip(c.logprobs, c.token_ids, strict=True)])
+        # tpu-inference returned one entry fewer than tokens for some completions (seen on the v5e chip):
+        # the tokens scored are those with an entry
+        n = len(c.logprobs or [])
+        seqs[-1] = seqs[-1][:n]
+        lps.append([d[t].logprob for d, t in zip(c.logprobs or [], seqs[-1], strict=True)])
+    width = min(len(s) for s in seqs)
+    seqs, lps = [s[:width] for s in seqs], [lp[:width] for lp in lps]
     np.save(directory / "sampled.npy", np.array(seqs, np.int32))
     np.save(directory / "sampled_logprobs.npy", np.array(lps, np.float32))
     # The hot-swap as the sampler does it: load the next version under its name, then unload the previous.
