@@ -513,9 +513,9 @@ class SamplerWeightsSpec(ApiModel):
         le=10,
         description="The trainer's step-0 parity gate: the largest mean |trainer - sampler| log-prob (nats) "
         "over the first batch's sampled tokens before it trains; above it the trainer exits 2. Default: "
-        f"{BF16_PARITY_NATS:g} at bfloat16 (the same weights; two bf16 programs measured 0.04 apart on a TPU), "
-        f"{QUANTIZED_PARITY_NATS:g} for a quantized checkpoint (a rounding of them; a bound chosen, not measured: "
-        "docs/fit.md).",
+        f"{BF16_PARITY_NATS:g} at bfloat16 (the same weights; two bf16 programs measured 0.04 apart on a "
+        f"TPU), {QUANTIZED_PARITY_NATS:g} for a quantized checkpoint (a rounding of them; a bound chosen, "
+        "not measured: docs/fit.md).",
     )
 
 

@@ -104,7 +104,7 @@ def prepare(directory: Path) -> None:
         rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_max_timescale)},
         max_position_embeddings=40960,
         tie_word_embeddings=tied,
-        torch_dtype="bfloat16",
+        dtype="bfloat16",
         architectures=["Qwen3ForCausalLM"],
     )
     hf = directory / "hf"
@@ -286,7 +286,7 @@ def _no_tcp_process_groups() -> None:
         kw["backend"] = "fake"
         return real_new(*a, **kw)
 
-    dist.init_process_group, dist.new_group = init, new  # type: ignore[assignment]
+    dist.init_process_group, dist.new_group = init, new
 
 
 def score(directory: Path) -> None:
