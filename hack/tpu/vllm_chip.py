@@ -34,6 +34,9 @@ from typing import Any
 
 import numpy as np
 
+# the chip tier's fixtures (tests/fixtures): model keys and Hugging Face configs
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
+
 MODEL = "qwen3-0.6b"
 HF_ID = "Qwen/Qwen3-0.6B"
 ROWS, LEN = 8, 512
@@ -44,7 +47,6 @@ CPU_DRY_RUN = os.environ.get("RLJOB_VLLM_CHIP_CPU") == "1"
 
 
 def _keys() -> dict[str, Any]:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from fixtures.chip_models import fullsize_keys
 
     if CPU_DRY_RUN:
@@ -85,23 +87,15 @@ def _scores(policy: Any, lora: Any, tokens: np.ndarray) -> np.ndarray:
 
 def prepare(directory: Path) -> None:
     import jax
+    from fixtures.hf_models import qwen3_config
     from rljob.trainer import hf_weights
     from rljob.trainer.model import maxtext_config
     from safetensors.numpy import save_file
-    from transformers import Qwen3Config
 
     cfg = maxtext_config(_keys())
     tied = bool(cfg.logits_via_embedding)
-    hf_cfg = Qwen3Config(
-        vocab_size=int(cfg.vocab_size),
-        hidden_size=int(cfg.emb_dim),
-        intermediate_size=int(cfg.mlp_dim),
-        num_hidden_layers=int(cfg.num_decoder_layers),
-        num_attention_heads=int(cfg.num_query_heads),
-        num_key_value_heads=int(cfg.num_kv_heads),
-        head_dim=int(cfg.head_dim),
-        rms_norm_eps=float(cfg.normalization_layer_epsilon),
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_max_timescale)},
+    hf_cfg = qwen3_config(
+        cfg,
         max_position_embeddings=40960,
         tie_word_embeddings=tied,
         dtype="bfloat16",
@@ -156,7 +150,6 @@ def prepare(directory: Path) -> None:
 def engine(directory: Path) -> None:
     # The env rljob's sampler sets before `vllm serve`, and in-process engine settings for a machine without
     # TCP (vLLM's engine core in this process: no ZMQ between processes).
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
     from rljob.sampler.vllm import build_command
 
     rc = _run_config()

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from fixtures.hf_models import qwen3_config
 from rljob.recipes import miniature
 from rljob.trainer import hf_weights
 from rljob.trainer.hf_weights import MARKER, BaseWeights, ensure_converted
@@ -35,20 +36,7 @@ def _keys() -> dict[str, Any]:
 
 
 def _hf_config(cfg: Any) -> Any:
-    from transformers import Qwen3Config
-
-    return Qwen3Config(
-        vocab_size=int(cfg.vocab_size),
-        hidden_size=int(cfg.emb_dim),
-        intermediate_size=int(cfg.mlp_dim),
-        num_hidden_layers=int(cfg.num_decoder_layers),
-        num_attention_heads=int(cfg.num_query_heads),
-        num_key_value_heads=int(cfg.num_kv_heads),
-        head_dim=int(cfg.head_dim),
-        rms_norm_eps=float(cfg.normalization_layer_epsilon),
-        rope_parameters={"rope_type": "default", "rope_theta": float(cfg.rope_max_timescale)},
-        tie_word_embeddings=False,
-    )
+    return qwen3_config(cfg, tie_word_embeddings=False)
 
 
 def _write_hf_model(directory: Path, cfg: Any, seed: int = 3) -> dict[str, np.ndarray]:
