@@ -286,6 +286,7 @@ def score(directory: Path) -> None:
     import pickle
 
     import jax
+    from rljob.recipes.quantization import BF16_PARITY_NATS
 
     policy = _policy(directory)
     with open(directory / "lora_v1.pkl", "rb") as f:
@@ -305,7 +306,7 @@ def score(directory: Path) -> None:
         float(d.mean()),
         max=float(d.max()),
         tokens=int(d.size),
-        threshold=1e-3,
+        threshold=BF16_PARITY_NATS,
         adapter="v1",
         dtype="bfloat16",
     )
