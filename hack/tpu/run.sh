@@ -14,8 +14,14 @@ export RLJOB_TPU_FIGURES=$out/figures.jsonl
 k=${1:-}
 rc=0
 run() { "$PY312" -m pytest -q -p no:cacheprovider -o addopts="" --import-mode=importlib -rA "$@" 2>&1 | tee -a "$out/pytest.log" | tail -25; return "${PIPESTATUS[0]}"; }
-run tests/tpu --deselect tests/tpu/test_grpo_chip.py ${k:+-k "$k"} || rc=1
+run tests/tpu --deselect tests/tpu/test_grpo_chip.py --deselect tests/tpu/test_vllm_chip.py ${k:+-k "$k"} || rc=1
 for family in $("$PY312" -c 'import sys; sys.path.insert(0, "tests"); from fixtures.chip_models import FAMILIES; print(" ".join(sorted(FAMILIES)))'); do
   if [[ -z $k || $family == *$k* || $k == grpo ]]; then run tests/tpu/test_grpo_chip.py -k "$family" || rc=1; fi
 done
+# vLLM's engine against the trainer: its own pytest process, which never opens the chip (its three
+# subprocesses do, in turn); with the vLLM bundle unpacked (make tpu-vllm-bundle, .tpu-vllm-bundle/setup.sh).
+if [[ -f .tpu-vllm-bundle/setup.sh && ( -z $k || $k == vllm ) ]]; then
+  source .tpu-vllm-bundle/setup.sh
+  run tests/tpu/test_vllm_chip.py || rc=1
+fi
 exit $rc
