@@ -134,8 +134,9 @@ class ModelSpec(ApiModel):
     )
     revision: str | None = _hf_id(
         "Hugging Face revision of spec.model.name (a branch, a tag or a commit hash) that both roles load: "
-        "the trainer converts it into MaxText's layout and the sampler serves it. A branch can move "
-        "between two starts; a commit hash pins the weights. " + _default("model.revision"),
+        "the trainer converts it into MaxText's layout and the sampler serves it. A branch or tag is "
+        "resolved to a commit once per run, by the trainer's first start, and both roles load that commit "
+        "(the samplers wait for it); a commit hash is loaded as it is. " + _default("model.revision"),
         revision=True,
     )
     checkpoint: str | None = Field(

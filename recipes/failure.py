@@ -33,6 +33,7 @@ class SamplerFailure(StrEnum):
 
 
 EXIT_OK = 0
+EXIT_RESTART = 1  # what an entrypoint exits with where a later start may succeed: a counted restart
 EXIT_BAD_CONFIG = 2
 
 # What an entrypoint prints (one line, then exit 1: a counted restart, since a pod's metadata server can

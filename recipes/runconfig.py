@@ -63,6 +63,10 @@ RAY_AUTH_TOKEN_ENV = "RAY_AUTH_TOKEN"
 LOCAL_CACHE_ENV = "RLJOB_LOCAL_CACHE"
 LOCAL_CACHE_DEFAULT = "/tmp/rljob-cache"
 CACHE_VOLUME = "rljob-cache"
+# The object under StoragePaths.root that names the commit spec.model.revision resolved to for this run:
+# written once, by the trainer's process 0 at its first start; every later start of either role serves or
+# trains that commit (rljob.common.revision).
+BASE_REVISION_KEY = "base-revision.json"
 
 MESH_AXES: tuple[str, ...] = ("data", "fsdp", "tensor", "context", "expert")
 
@@ -498,6 +502,7 @@ __all__ = [
     "ADAPTER_AGENT_PORT_OFFSET",
     "API_KEYS_ENV",
     "API_KEYS_SECRET_KEY",
+    "BASE_REVISION_KEY",
     "CACHE_VOLUME",
     "CONFIG_DIR",
     "CONFIG_ENV",

@@ -57,6 +57,9 @@ HF_REVISION: Final = "^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$"
 the converted checkpoint's storage path) and never a command-line flag."""
 HF_REVISION_MAX: Final = 100
 
+HF_COMMIT: Final = "^[0-9a-f]{40}$"
+"""A full Hugging Face commit hash (40 lowercase hexadecimal digits): the one revision that never moves."""
+
 CATALOG_NAME: Final = QUEUE_NAME
 """A recipe or profile name: lowercase letters, digits, '-' and '.'; never a path."""
 CATALOG_NAME_MAX: Final = 63
@@ -93,6 +96,7 @@ DESCRIPTIONS: Final = {
     "starting and ending with a letter or digit)",
     HF_REVISION: "must be a Hugging Face revision: a branch, a tag or a commit hash (letters, digits, '.', "
     "'_', '-'; starting and ending with a letter or digit)",
+    HF_COMMIT: "must be a full Hugging Face commit hash (40 lowercase hexadecimal digits)",
     # QUEUE_NAME is the same pattern (a name that is also a label value).
     CATALOG_NAME: "must hold only lowercase letters, digits, '-' and '.', and start and end with a letter "
     "or digit",

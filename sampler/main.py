@@ -2,7 +2,9 @@
 
 Backends:
 - `vllm` (TPU, the default in a pod): preflight the installed vLLM for runtime LoRA on TPU (exit 2 with
-  the reason if it cannot), run `vllm serve` built from the sampler plan, and hot-swap adapters into it;
+  the reason if it cannot), wait for the commit the trainer pins a moving spec.model.revision to
+  (rljob.common.revision; exit 1, a counted restart, if none appears within --revision-wait-s), run
+  `vllm serve` of that commit built from the sampler plan, and hot-swap adapters into it;
 - `cpu` (laptop, tests, `make rl-cpu`): the same HTTP API served by rljob.sampler.cpu_server over the
   trainer's tiny policy, with the trainer's base weights (spec.model.checkpoint when the run config names
   one; exit 2 naming the field if it is missing or does not fit). A pod of a multi-host replica
@@ -40,13 +42,13 @@ from urllib.parse import urlparse
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import ValidationError
-from rljob.common import caches
+from rljob.common import caches, revision
 from rljob.common.credentials import authorized, run_token
 from rljob.common.http import NO_RETRY, HttpError, shared
 from rljob.common.ports import free_port
 from rljob.common.storage import NoCredentials, join
-from rljob.recipes import naming, topology
-from rljob.recipes.failure import EXIT_BAD_CONFIG, NO_CREDENTIALS
+from rljob.recipes import naming, quantization, topology
+from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_RESTART, NO_CREDENTIALS
 from rljob.recipes.runconfig import (
     ADAPTER_AGENT_PATH,
     ADAPTER_AGENT_PORT_OFFSET,
@@ -158,17 +160,43 @@ def _status_server(
     return StatusServer(port, watcher, agent, host, token=token)
 
 
-def run_vllm(rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port: int) -> int:
+def served_revision(rc: RunConfig, timeout_s: float, poll_s: float = 5.0) -> str | None:
+    """The revision of spec.model.name that `vllm serve` loads: spec.model.revision where it is a commit
+    hash, else the commit the trainer pinned for the run, waited for up to ``timeout_s``
+    (rljob.common.revision; PinTimeout after that). None where the sampler serves the quantized checkpoint
+    spec.sampler.weights names, at its own revision."""
+    if quantization.get(rc.spec.sampler.weights.quantization).vllm_method is not None:
+        return None
+    m = rc.spec.model
+    if not revision.is_commit(m.revision):
+        log.warning(
+            "waiting for the trainer to pin %s@%s to a commit (up to %.0f s)", m.name, m.revision, timeout_s
+        )
+    return revision.wait(rc.storage.root, m.name, m.revision, timeout_s=timeout_s, poll_s=poll_s)
+
+
+def run_vllm(
+    rc: RunConfig, watcher_for: WatcherFactory, port: int, status_port: int, revision_wait_s: float
+) -> int:
     reason = preflight()
     if reason:
         print(f"sampler preflight: {reason}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    try:
+        pinned = served_revision(rc, revision_wait_s)
+    except revision.PinTimeout as e:  # a counted restart: the trainer may be late, or restarting
+        print(str(e), file=sys.stderr, flush=True)
+        return EXIT_RESTART
     # vLLM listens on loopback only; the pod's port is the front's, which requires the run's token on every
     # route but /health (rljob.sampler.front: vLLM's own key check guards /v1, /v2, /inference, /cohere).
     backend = free_port()
     try:
         cmd = build_command(
-            rc, port=backend, download_dir=str(caches.local_root() / caches.HF), api_key=watcher_for.token
+            rc,
+            port=backend,
+            download_dir=str(caches.local_root() / caches.HF),
+            api_key=watcher_for.token,
+            pinned=pinned,
         )
         layout = ray_replica.layout_from_env(os.environ)
     except (SamplerConfigError, ray_replica.BootstrapError) as e:
@@ -420,6 +448,13 @@ def parser() -> argparse.ArgumentParser:
         help=ray + "seconds the head waits, once a worker is gone, before it exits 1",
     )
     p.add_argument("--ray-poll-s", type=float, default=2.0, help=ray + "how often the head counts the nodes")
+    p.add_argument(
+        "--revision-wait-s",
+        type=float,
+        default=3600.0,
+        help="vllm backend: seconds to wait for the trainer to pin a moving spec.model.revision to a commit "
+        "(rljob.common.revision) before exiting for a counted restart",
+    )
     return p
 
 
@@ -468,7 +503,9 @@ def _run(args: argparse.Namespace, rc: RunConfig, argv: list[str], replica: bool
         return run_cpu(
             rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed, model=args.model
         )
-    return run_vllm(rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET)
+    return run_vllm(
+        rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET, args.revision_wait_s
+    )
 
 
 if __name__ == "__main__":

@@ -55,9 +55,15 @@ def pow2_at_least(n: int) -> int:
 
 
 def build_command(
-    rc: RunConfig, *, port: int = SAMPLER_PORT, download_dir: str | None = None, api_key: str | None = None
+    rc: RunConfig,
+    *,
+    port: int = SAMPLER_PORT,
+    download_dir: str | None = None,
+    api_key: str | None = None,
+    pinned: str | None = None,
 ) -> VllmCommand:
-    """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field. With
+    """The `vllm serve` argv and env of the sampler plan; SamplerConfigError names a bad field. ``pinned``:
+    the commit the run pinned spec.model.revision to (rljob.common.revision), served in its place. With
     ``api_key`` (the run's token) the server requires `Authorization: Bearer <api_key>` on its /v1 API: vLLM
     reads `--api-key`, or VLLM_API_KEY_ENV where the flag is absent (vllm/entrypoints/openai/api_server.py;
     https://docs.vllm.ai/en/stable/usage/security/), given here in the env so that the token shows in no
@@ -94,14 +100,16 @@ def build_command(
     quant = quantization.get(weights.quantization)
     # bfloat16: the model itself (the plan allows no other name there); else the declared quantized checkpoint
     served, revision = (
-        (model, spec.model.revision) if quant.vllm_method is None else (weights.name, weights.revision)
+        (model, pinned or spec.model.revision)
+        if quant.vllm_method is None
+        else (weights.name, weights.revision)
     )
     argv = [
         "vllm",
         "serve",
-        # spec.model.name at spec.model.revision, the weights the trainer converts and trains (both roles
-        # start from the same weights, which the step-0 parity gate then checks); or the quantized checkpoint
-        # of that model that spec.sampler.weights names (rljob.recipes.quantization).
+        # spec.model.name at the run's pinned commit of spec.model.revision, the weights the trainer converts
+        # and trains (both roles start from the same weights, which the step-0 parity gate then checks); or
+        # the quantized checkpoint of that model that spec.sampler.weights names (rljob.recipes.quantization).
         served,
         "--revision",
         revision,

@@ -2,11 +2,14 @@
 by the trainer itself, once, and cached under the storage root.
 
 Both roles start from the same weights (:func:`base_weights`): the sampler serves ``spec.model.name`` at
-``spec.model.revision`` (rljob.sampler.vllm), and the trainer loads the MaxText checkpoint converted from
+the run's revision (rljob.sampler.vllm), and the trainer loads the MaxText checkpoint converted from
 exactly those files, either ``spec.model.checkpoint`` (a conversion the user made) or, without it,
 ``StoragePaths.converted``: ``{storage.root}/cache/converted/<name>@<revision>/maxtext-<version>``, which
 :func:`ensure_converted` fills on the first start and every later start (a restart, a preemption, another
-run under the same root naming the same model, revision and MaxText version) reuses.
+run under the same root naming the same model, revision and MaxText version) reuses. The run's revision is
+``spec.model.revision`` where it is a commit hash; a moving one (a branch, a tag) is resolved to a commit
+once per run by the trainer's process 0 (:func:`run_resolver`) and pinned in the run's storage, where
+every later start of the trainer and every sampler reads it (rljob.common.revision).
 
 The conversion is MaxText's own (``maxtext.checkpoint_conversion.to_maxtext``), used as a library: its
 per-family ``PARAM_MAPPING`` and ``HOOK_FNS`` (built from the model's own ``config.json``), its
@@ -33,7 +36,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import shutil
 import time
 from collections.abc import Callable
@@ -42,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rljob.common import revision as base_revision
 from rljob.recipes.runconfig import RunConfig
 
 log = logging.getLogger("rljob.trainer.hf_weights")
@@ -87,7 +90,6 @@ def base_weights(rc: RunConfig) -> BaseWeights:
     return BaseWeights(m.name, m.revision, version, f"{directory}/0/items", directory)
 
 
-COMMIT = re.compile(r"[0-9a-f]{40}")
 REVISION_FIELD = "spec.model.revision"
 
 Resolve = Callable[[str, str], "str | None"]
@@ -119,7 +121,7 @@ def pin(bw: BaseWeights, commit: str | None) -> BaseWeights:
     weights into a directory of their own instead of reusing the old ones."""
     if commit is None or commit == bw.revision:
         return bw
-    if not COMMIT.fullmatch(commit):
+    if not base_revision.is_commit(commit):
         raise WeightsError(f"{REVISION_FIELD}: {bw.revision!r} resolved to {commit!r}, not a commit hash")
     directory = bw.directory
     if directory is not None:
@@ -132,11 +134,30 @@ def pin(bw: BaseWeights, commit: str | None) -> BaseWeights:
     return BaseWeights(bw.model, commit, bw.maxtext_version, checkpoint, directory, ref=bw.ref or bw.revision)
 
 
+def run_resolver(run_root: str, resolve: Resolve | None = None) -> Resolve:
+    """Process 0's resolver: the commit the run's pin names (rljob.common.revision) where an earlier start
+    wrote it, so that a restart trains the weights the run began with; else the answer of ``resolve``
+    (default :func:`hub_commit`), written as the run's pin (the ref itself where the Hub could not be
+    reached) for every later start and for the samplers, which serve what it names."""
+
+    def pinned(model: str, ref: str) -> str | None:
+        got = base_revision.read(run_root, model, ref)
+        if got is None:
+            commit = (resolve or hub_commit)(model, ref)
+            if commit is not None and not base_revision.is_commit(commit):
+                return commit  # refused by pin(), naming the field; never written
+            got = base_revision.Pinned(model, ref, commit or ref)
+            base_revision.write(run_root, got)
+        return got.revision if got.revision != ref else None
+
+    return pinned
+
+
 def resolve_revision(bw: BaseWeights, resolve: Resolve = hub_commit, share: Any = None) -> BaseWeights:
     """``bw`` pinned to the commit its ``spec.model.revision`` names now (a commit hash is kept as it is).
     ``share`` hands process 0's answer to every process (the trainer's: a JAX broadcast), so all of them
     load one directory even if the branch moves while they ask."""
-    if COMMIT.fullmatch(bw.revision):
+    if base_revision.is_commit(bw.revision):
         return bw
     commit = resolve(bw.model, bw.revision)
     if share is not None:
@@ -480,4 +501,5 @@ __all__ = [
     "pin",
     "read_marker",
     "resolve_revision",
+    "run_resolver",
 ]

@@ -383,9 +383,10 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
 
 def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str:
     """Before the policy of ``--model config`` is built: spec.model.revision resolved to a commit on the
-    Hub (process 0 asks, every process gets its answer; a commit hash, or no route to the Hub, keeps the
-    revision as written), then spec.model's weights converted into the storage cache keyed on that
-    commit unless a complete conversion is there (process 0 converts, the others wait:
+    Hub once per run (process 0 asks at the first start and pins the answer for every later start and for
+    the samplers, rljob.common.revision; every process gets its answer; a commit hash, or no route to the
+    Hub, keeps the revision as written), then spec.model's weights converted into the storage cache keyed
+    on that commit unless a complete conversion is there (process 0 converts, the others wait:
     rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
     Returns the checkpoint the policy loads. ``report`` (a str callable) gets the resolved commit and
     the conversion's progress lines; BadConfig names the field."""
@@ -396,8 +397,8 @@ def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str
         base_weights,
         check_source,
         ensure_converted,
-        hub_commit,
         resolve_revision,
+        run_resolver,
     )
     from rljob.trainer.model import maxtext_config
 
@@ -410,7 +411,7 @@ def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str
         first = base_weights(rc)
         bw = resolve_revision(
             first,
-            hub_commit if jax.process_index() == 0 else (lambda _m, _r: None),
+            run_resolver(rc.storage.root) if jax.process_index() == 0 else (lambda _m, _r: None),
             share=_from_process_0,
         )
         if bw is not first:

@@ -88,3 +88,129 @@ def test_a_checkpoint_rljob_converted_from_another_model_is_refused(
             check_source(bw)
     else:
         check_source(bw)
+
+
+# A moving spec.model.revision: the trainer's process 0 resolves it once per run and pins the commit in
+# the run's storage (rljob.common.revision); the sampler serves the pinned commit, not the ref.
+
+COMMIT_A = "a" * 40
+COMMIT_B = "b" * 40
+
+
+class _Hub:
+    """The Hub's answer for a ref, which a test moves; counts the questions."""
+
+    def __init__(self, commit: str | None) -> None:
+        self.commit, self.asked = commit, 0
+
+    def __call__(self, _model: str, _ref: str) -> str | None:
+        self.asked += 1
+        return self.commit
+
+
+def _run(tmp_path: Any, revision: str = "main", checkpoint: bool = True) -> RunConfig:
+    """A catalog run config with its storage under ``tmp_path``; with ``checkpoint`` the trainer's base
+    weights are a user's conversion (spec.model.checkpoint), so its start converts nothing."""
+    _, doc = CASES[0]
+    doc = json.loads(json.dumps(doc))
+    doc["spec"].setdefault("model", {})["revision"] = revision
+    rc = _rendered(doc)
+    model = rc.spec.model.model_copy(
+        update={"checkpoint": str(tmp_path / "user" / "0" / "items")} if checkpoint else {}
+    )
+    return rc.model_copy(
+        update={
+            "storage": rc.storage.model_copy(update={"root": str(tmp_path / "run")}),
+            "spec": rc.spec.model_copy(update={"model": model}),
+        }
+    )
+
+
+def _trainer_start(rc: RunConfig, hub: _Hub, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The revision a trainer start (rljob.trainer.main.prepare_base_weights, process 0) trains: the one
+    its base weights are checked against (a run with spec.model.checkpoint converts nothing)."""
+    from rljob.trainer import hf_weights
+    from rljob.trainer.main import prepare_base_weights
+
+    checked: list[BaseWeights] = []
+    with monkeypatch.context() as m:
+        m.setattr(hf_weights, "hub_commit", hub)
+        m.setattr(hf_weights, "check_source", checked.append)
+        assert prepare_base_weights(rc, {}) == rc.spec.model.checkpoint
+    assert len(checked) == 1 and checked[0].model == rc.spec.model.name
+    return checked[0].revision
+
+
+def _sampler_start(rc: RunConfig, timeout_s: float = 5.0) -> str:
+    """The --revision of a sampler start's `vllm serve` (rljob.sampler.main)."""
+    from rljob.sampler.main import served_revision
+
+    argv = build_command(rc, pinned=served_revision(rc, timeout_s, poll_s=0.01)).argv
+    return argv[argv.index("--revision") + 1]
+
+
+@pytest.mark.jax
+def test_both_roles_serve_and_train_the_commit_the_trainer_pinned(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc = _run(tmp_path)
+    hub = _Hub(COMMIT_A)
+    assert _trainer_start(rc, hub, monkeypatch) == COMMIT_A
+    assert _sampler_start(rc) == COMMIT_A
+    # main moves on the Hub: a sampler started (or restarted) after it and a restarted trainer still load
+    # the run's commit, and the trainer does not ask the Hub again.
+    hub.commit = COMMIT_B
+    assert _sampler_start(rc) == COMMIT_A
+    assert _trainer_start(rc, hub, monkeypatch) == COMMIT_A
+    assert hub.asked == 1
+    # Another run (another uid: another storage root) resolves anew.
+    other = rc.model_copy(update={"storage": rc.storage.model_copy(update={"root": str(tmp_path / "run2")})})
+    assert _trainer_start(other, hub, monkeypatch) == COMMIT_B == _sampler_start(other)
+
+
+@pytest.mark.jax
+def test_without_a_route_to_the_hub_both_roles_load_the_ref_as_written(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rc = _run(tmp_path)
+    assert _trainer_start(rc, _Hub(None), monkeypatch) == "main" == _sampler_start(rc)
+
+
+def test_a_sampler_started_before_the_trainer_waits_for_its_pin(tmp_path: Any) -> None:
+    import threading
+
+    from rljob.common import revision
+
+    rc = _run(tmp_path)
+    threading.Timer(
+        0.3, revision.write, (rc.storage.root, revision.Pinned(rc.spec.model.name, "main", COMMIT_A))
+    ).start()
+    assert _sampler_start(rc, timeout_s=30.0) == COMMIT_A
+
+
+def test_a_manifest_naming_a_commit_needs_no_pin(tmp_path: Any) -> None:
+    rc = _run(tmp_path, revision=COMMIT_B)
+    assert _sampler_start(rc, timeout_s=0.0) == COMMIT_B
+    assert not (tmp_path / "run").exists()  # nothing read or written
+
+
+def test_a_pin_that_never_appears_exits_for_a_counted_restart_not_a_hang(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_RESTART
+    from rljob.sampler import main as sampler_main
+
+    rc = _run(tmp_path)
+    monkeypatch.setattr(sampler_main, "preflight", lambda: None)
+    started: list[Any] = []
+    monkeypatch.setattr(sampler_main.subprocess, "Popen", lambda *a, **k: started.append(a))
+    t0 = time.monotonic()
+    code = sampler_main.run_vllm(rc, None, 0, 0, revision_wait_s=0.5)  # type: ignore[arg-type]
+    assert time.monotonic() - t0 < 10
+    assert code == EXIT_RESTART and EXIT_RESTART not in (0, EXIT_BAD_CONFIG) and not started
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"spec.model.revision: {rc.spec.model.name}@main: the trainer wrote no pinned commit"
+    )
