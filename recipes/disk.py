@@ -15,12 +15,19 @@ What a host holds:
   shard (tpu-inference ``get_model_weights_files`` in tpu_inference/models/jax/utils/weight_utils.py,
   ``download_model_weights_from_hf`` in file_utils.py), and rljob restores the whole ``hf`` cache on
   each host (rljob.sampler.main). Plus tpu-inference's XLA compilation cache;
-- trainer: JAX's compilation cache only. The trainer stages no checkpoint locally: orbax reads the
-  converted checkpoint (spec.model.checkpoint) and the run's checkpoints from storage itself.
+- trainer: JAX's compilation cache; and, where the manifest names no spec.model.checkpoint, the scratch
+  space of the trainer's own conversion of spec.model.name (rljob.trainer.hf_weights.ensure_converted),
+  which holds both at once until the conversion ends: the downloaded Hugging Face files (counted in bf16,
+  an upper bound where the Hub's files are quantized) and the converted MaxText leaves, file-backed, in
+  the checkpoint's dtype (:func:`converted_dtype`) before orbax writes them to storage. Only host 0
+  converts, but a role's hosts share one pod template, so every trainer host is sized for it. Otherwise
+  the trainer stages no checkpoint locally: orbax reads the converted checkpoint and the run's
+  checkpoints from storage itself.
 
 Headroom: ``HEADROOM`` over the counted bytes (the weights are counted from the shapes without norms,
 biases and the checkpoint's small files; a restored file is written beside its final name before the
-rename), then rounded up to whole GiB. The compilation caches are a stated allowance, not a measurement.
+rename), then rounded up to whole GiB per TPU container of the pod (its requests add up to the emptyDir's
+``sizeLimit``). The compilation caches are a stated allowance, not a measurement.
 A template's own ``resources.requests.ephemeral-storage`` wins (docs/pod-overrides.md): the emptyDir's
 ``sizeLimit`` is then that request times the pod's TPU containers.
 """
@@ -45,18 +52,44 @@ trainer's step and log-prob head; the sampler's prefill and decode buckets), eac
 EPHEMERAL: Final = "ephemeral-storage"
 
 
+def _params(model: str, keys: Mapping[str, Any], version: str) -> int:
+    s = fit.shapes(model, keys, version)
+    return 0 if s is None else fit.params(s).total
+
+
 def weight_bytes(model: str, keys: Mapping[str, Any], version: str = maxtext_keys.DEFAULT_VERSION) -> int:
     """The model's weights in the checkpoint's dtype (bf16); 0 for a model whose shapes are unknown (the
     plan refuses its name)."""
-    s = fit.shapes(model, keys, version)
-    return 0 if s is None else fit.params(s).total * fit.SAMPLER_WEIGHT_BYTES
+    return _params(model, keys, version) * fit.SAMPLER_WEIGHT_BYTES
 
 
-def parts(role: str, model: str, keys: Mapping[str, Any], version: str) -> dict[str, int]:
-    """Bytes per host of a role's caches, by what they hold."""
+def converted_dtype(weight_dtype: Any) -> str:
+    """The dtype of the leaves the trainer's conversion writes (rljob.trainer.hf_weights.convert) for
+    MaxText's effective ``weight_dtype`` (None: MaxText's default, float32): float32 for float32, else
+    bfloat16."""
+    return "float32" if str(weight_dtype or "float32") == "float32" else "bfloat16"
+
+
+def conversion_bytes(model: str, keys: Mapping[str, Any], version: str) -> dict[str, int]:
+    """The trainer's conversion scratch on its cache disk (see the module docstring), by what it holds."""
+    n = _params(model, keys, version)
+    if n == 0:  # shapes unknown: the plan refuses the model or the version
+        return {"conversion_download": 0, "conversion_leaves": 0}
+    weight_dtype = maxtext_keys.effective(keys, maxtext_keys.load(version), model)("weight_dtype")
+    leaf = 4 if converted_dtype(weight_dtype) == "float32" else 2
+    return {"conversion_download": n * fit.SAMPLER_WEIGHT_BYTES, "conversion_leaves": n * leaf}
+
+
+def parts(
+    role: str, model: str, keys: Mapping[str, Any], version: str, converts: bool = False
+) -> dict[str, int]:
+    """Bytes per host of a role's caches, by what they hold; ``converts``: the trainer converts
+    spec.model.name itself (no spec.model.checkpoint)."""
     out = {"compilation_cache": COMPILE_CACHE_BYTES}
     if role == "sampler":
         out = {"model_weights": weight_bytes(model, keys, version), **out}
+    elif converts:
+        out = {**conversion_bytes(model, keys, version), **out}
     return out
 
 
@@ -86,12 +119,14 @@ def plan(
     version: str,
     tpu: TpuPlan,
     template: PodTemplate | None,
+    converts: bool = False,
 ) -> CacheDisk:
     """The cache disk of one host of a role: rljob's size, the emptyDir's sizeLimit and each TPU
-    container's ephemeral-storage request (the template's request, where it sets one)."""
-    counted = parts(role, model, keys, version)
-    size = sized(sum(counted.values()))
+    container's ephemeral-storage request (the template's request, where it sets one); ``converts`` as
+    in :func:`parts`."""
+    counted = parts(role, model, keys, version, converts)
     n = tpu.containers_per_host
+    size = math.ceil(sized(sum(counted.values())) / (n * GIB)) * n * GIB  # whole GiB per container
     user = _user_request(template)
     if user is None:
         request, limit = _gi(math.ceil(size / n)), _gi(size)
@@ -164,6 +199,8 @@ __all__ = [
     "HEADROOM",
     "allocatable_bytes",
     "boot_disk_gb",
+    "conversion_bytes",
+    "converted_dtype",
     "parts",
     "plan",
     "pod_bytes",

@@ -452,11 +452,19 @@ def _cache_disk(
     keys: Mapping[str, Any] | None = None,
 ) -> CacheDisk:
     """The local disk of one host's caches (rljob.recipes.disk), from the model's shapes under the trainer's
-    final MaxText keys (the sampler's: the merged spec's keys, which hold every shape override)."""
+    final MaxText keys (the sampler's: the merged spec's keys, which hold every shape override); the
+    trainer's counts its conversion of spec.model.name where spec.model.checkpoint is unset."""
     assert spec.model and spec.trainer
     model_keys = keys if keys is not None else (spec.trainer.maxtext or {})
+    converts = role == "trainer" and not spec.model.checkpoint
     return disk.plan(
-        role, str(spec.model.maxtext_model), model_keys, trainer_keys.maxtext_version(spec), tpu, template
+        role,
+        str(spec.model.maxtext_model),
+        model_keys,
+        trainer_keys.maxtext_version(spec),
+        tpu,
+        template,
+        converts,
     )
 
 

@@ -45,6 +45,7 @@ from typing import Any
 
 import numpy as np
 from rljob.common import revision as base_revision
+from rljob.recipes import disk
 from rljob.recipes.runconfig import RunConfig
 
 log = logging.getLogger("rljob.trainer.hf_weights")
@@ -255,7 +256,7 @@ def convert(hf_dir: Path, out_dir: str, cfg: Any, *, label: str, report: Report,
         PARAM_MAPPING[model_key](hf_config, cfg, cfg.scan_layers), abstract
     )
     hooks = HOOK_FNS[model_key](hf_config, cfg, cfg.scan_layers, saving_to_hf=False)
-    save_dtype = str(cfg.weight_dtype) if str(cfg.weight_dtype) == "float32" else "bfloat16"
+    save_dtype = disk.converted_dtype(cfg.weight_dtype)
     loader = to_maxtext.LazyHFLoader(str(hf_dir), None, save_dtype=save_dtype)
     total = len(loader.shard_map) if None not in loader.shard_map else _count_tensors(hf_dir)
     start = time.monotonic()

@@ -19,16 +19,18 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "gke.md"
 
 # recipe: (sampler weights in GB, sampler cache GiB per host, trainer cache GiB per host, trainer containers)
 # The weights are the bf16 parameter count of the model's shapes (rljob.recipes.fit.params x 2 bytes):
-# Qwen3-8B's and Llama 3.1 8B's are the sizes of their Hugging Face safetensors (16.4 GB, 16.1 GB).
+# Qwen3-8B's and Llama 3.1 8B's are the sizes of their Hugging Face safetensors (16.4 GB, 16.1 GB). No
+# catalog entry names spec.model.checkpoint, so each trainer host counts the conversion's scratch: the
+# weights twice (the download and the converted leaves, both bf16 under the catalog's weight_dtype).
 CATALOG = {
-    "gemma4-31b-v5p": (61.4, 81, 18, 1),
-    "gpt-oss-20b-v5p": (41.8, 61, 18, 1),
-    "llama3.1-8b-v5p": (16.1, 35, 18, 1),
-    "qwen3-0.6b-v5e": (1.2, 19, 18, 1),
-    "qwen3-30b-a3b-tpu7x": (61.1, 81, 18, 2),
-    "qwen3-8b-v5p": (16.4, 35, 18, 1),
-    "qwen3-8b-v6e": (16.4, 35, 18, 1),
-    "qwen3.5-397b-a17b-tpu7x": (792.7, 830, 18, 2),
+    "gemma4-31b-v5p": (61.4, 81, 144, 1),
+    "gpt-oss-20b-v5p": (41.8, 61, 104, 1),
+    "llama3.1-8b-v5p": (16.1, 35, 51, 1),
+    "qwen3-0.6b-v5e": (1.2, 19, 21, 1),
+    "qwen3-30b-a3b-tpu7x": (61.1, 81, 144, 2),
+    "qwen3-8b-v5p": (16.4, 35, 52, 1),
+    "qwen3-8b-v6e": (16.4, 35, 52, 1),
+    "qwen3.5-397b-a17b-tpu7x": (792.7, 830, 1642, 2),
 }
 
 
@@ -47,11 +49,45 @@ def test_sizes_per_catalog_recipe(recipe: str) -> None:
     assert s.bytes == sampler_gib * GIB
     assert s.bytes >= (s.parts["model_weights"] + disk.COMPILE_CACHE_BYTES) * (1 + disk.HEADROOM)
     assert s.size_limit == s.request == f"{sampler_gib}Gi"
-    # The trainer stages no checkpoint: its compilation cache, split over its pod's TPU containers.
-    assert t.parts == {"compilation_cache": disk.COMPILE_CACHE_BYTES}
+    # The trainer converts the model itself: the Hugging Face files and the converted leaves at once, and its
+    # compilation cache, split over its pod's TPU containers.
+    weights = s.parts["model_weights"]
+    assert t.parts == {
+        "conversion_download": weights,
+        "conversion_leaves": weights,
+        "compilation_cache": disk.COMPILE_CACHE_BYTES,
+    }
     assert t.bytes == trainer_gib * GIB and t.size_limit == f"{trainer_gib}Gi"
-    assert t.request == f"{trainer_gib // trainer_containers}Gi"
+    assert t.request == f"{trainer_gib // trainer_containers}Gi" and trainer_gib % trainer_containers == 0
     assert t.source == s.source == "rljob"
+
+
+@pytest.mark.parametrize(
+    ("checkpoint", "weight_dtype", "want"),
+    [
+        (None, None, {"conversion_download": 2, "conversion_leaves": 2}),  # the catalog's: bf16 leaves
+        (None, "float32", {"conversion_download": 2, "conversion_leaves": 4}),  # leaves in float32
+        ("gs://b/qwen3-8b/0/items", None, {}),  # the user's conversion: orbax reads it from storage
+    ],
+)
+def test_the_trainer_counts_its_conversion_only_where_it_converts(
+    checkpoint: str | None, weight_dtype: str | None, want: dict[str, int]
+) -> None:
+    doc = recipe_manifest("qwen3-8b-v5p")
+    if checkpoint:
+        doc["spec"].setdefault("model", {})["checkpoint"] = checkpoint
+    if weight_dtype:
+        doc["spec"].setdefault("trainer", {}).setdefault("maxtext", {}).update(
+            weight_dtype=weight_dtype, dtype=weight_dtype
+        )
+    run = resolve(doc)
+    params = run.sampler.cache_disk.parts["model_weights"] // 2
+    t = run.trainer.cache_disk
+    assert t.parts == {
+        **{k: v * params for k, v in want.items()},
+        "compilation_cache": disk.COMPILE_CACHE_BYTES,
+    }
+    assert t.bytes == disk.sized(sum(t.parts.values()))
 
 
 def test_the_397b_sampler_host_holds_its_weights() -> None:
