@@ -9,10 +9,12 @@ item directory, e.g. ``gs://bucket/qwen3-8b/0/items`` (the step directory ``.../
 Loading goes through MaxText's own params-only path, ``maxtext.common.checkpointing.load_params_from_path``
 (what ``load_parameters_path`` does in MaxText's trainers): it compares the stored tree and shapes with the
 model's before reading, restores into the target's shardings, casts to the model's dtypes (a bf16
-checkpoint into a float32 model is fine) and refuses a missing weight. The target is the NNX model's
-``nnx.Param`` state of the abstract model (ShapeDtypeStructs with MaxText's logical-axis
-``NamedSharding`` on the config's mesh; rljob.trainer.model.build_model), so every process reads only its
-shards and no random initialization is ever computed. It runs before qwix adds the LoRA parameters.
+checkpoint into a float32 model is fine) and refuses a missing weight. The target is the weight state
+of the abstract NNX model: its ``nnx.Param`` variables and the routing bias MaxText keeps in a variable
+collection of its own (``MoEBiasVar``, DeepSeek-V3's; rljob.trainer.model.base_weight_variables), as
+ShapeDtypeStructs with MaxText's logical-axis ``NamedSharding`` on the config's mesh
+(rljob.trainer.model.build_model), so every process reads only its shards and no random initialization
+is ever computed. It runs before qwix adds the LoRA parameters.
 
 Every problem with the checkpoint (no such path, not a MaxText checkpoint, a tree or shape that does not
 match the model) raises :class:`CheckpointError`, a ValueError whose one-line message starts with
@@ -108,7 +110,7 @@ def logical_shardings(state: Any, cfg: Any, mesh: Any = None) -> Any:
 
 
 def _target(params: Any, cfg: Any) -> Any:
-    """ShapeDtypeStructs of ``params`` (an nnx.State of nnx.Param) with MaxText's NamedSharding per
+    """ShapeDtypeStructs of ``params`` (an nnx.State of weight variables) with MaxText's NamedSharding per
     variable (:func:`logical_shardings`)."""
     shardings = logical_shardings(params, cfg)
     return jax.tree.map(
@@ -120,7 +122,8 @@ def _target(params: Any, cfg: Any) -> Any:
 
 def restore_base_params(path: str, params: Any, cfg: Any) -> Any:
     """The checkpoint's weights as an nnx.State shaped, typed and sharded like ``params`` (an nnx.State
-    of the model's nnx.Param variables, concrete or abstract); CheckpointError if they do not fit."""
+    of the model's weight variables, concrete or abstract: rljob.trainer.model.base_weight_variables);
+    CheckpointError if they do not fit."""
     return _restore(path, _target(params, cfg), cfg)
 
 

@@ -267,18 +267,19 @@ def build_model(cfg: Any, seed: int = 0, checkpoint: str | None = None) -> Any:
     - without ``checkpoint``: the whole state is initialized from ``seed`` inside one jit whose
       out_shardings are the logical shardings (the same values as an eager initialization: the PRNG is
       partitionable);
-    - with ``checkpoint`` (a converted MaxText checkpoint, ``spec.model.checkpoint``): the nnx.Param
-      weights are restored straight into the sharded abstract target
+    - with ``checkpoint`` (a converted MaxText checkpoint, ``spec.model.checkpoint``): the weights
+      (:func:`base_weight_variables`) are restored straight into the sharded abstract target
       (:func:`rljob.trainer.base_checkpoint.restore_base_params`; no random weights are ever computed),
-      and only the small non-parameter state (the modules' RNG streams) comes from the jit, whose
-      parameter initializers XLA then drops as dead code.
+      and only the small non-weight state (the modules' RNG streams) comes from the jit, whose
+      weight initializers XLA then drops as dead code.
     """
     from maxtext.utils import maxtext_utils
 
     mesh = maxtext_utils.get_mesh_from_config(cfg)
     graphdef, abstract, shardings = abstract_model(cfg, seed)
     create = _create_fn(cfg, mesh, seed)
-    keep: Any = nnx.Not(nnx.Param) if checkpoint else ...
+    weights = base_weight_variables()
+    keep: Any = nnx.Not(weights) if checkpoint else ...
     out_shardings = shardings.filter(keep)
 
     @partial(jax.jit, out_shardings=out_shardings)
@@ -290,8 +291,20 @@ def build_model(cfg: Any, seed: int = 0, checkpoint: str | None = None) -> Any:
     state = init()
     if not checkpoint:
         return nnx.merge(graphdef, state)
-    params = restore_base_params(checkpoint, abstract.filter(nnx.Param), cfg)
+    params = restore_base_params(checkpoint, abstract.filter(weights), cfg)
     return nnx.merge(graphdef, params, state)
+
+
+def base_weight_variables() -> Any:
+    """The NNX filter of the variables a converted checkpoint holds: every nnx.Param, and the routing
+    bias MaxText keeps in a variable collection of its own (MaxText 0.2.5 layers/moe.py: DeepSeek-V3's
+    gate bias, the Hugging Face ``e_score_correction_bias``, is a ``MoEBiasVar``, which its conversion
+    writes and its own DeepSeek code reads with the params: ``nnx.state(self, (nnx.Param,
+    moe.MoEBiasVar))`` in models/deepseek.py). Restored with the params, it is frozen with them: qwix's
+    LoRA and the optimizer see only nnx.LoRAParam."""
+    from maxtext.layers import moe
+
+    return nnx.Any(nnx.Param, moe.MoEBiasVar)
 
 
 def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:

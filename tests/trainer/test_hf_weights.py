@@ -209,6 +209,15 @@ _HF_SIZES = {
     "sliding_window": "sliding_window_size",
     "global_head_dim": "global_head_dim",
     "num_global_key_value_heads": "global_num_kv_heads",
+    "n_group": "n_routing_groups",
+    "topk_group": "topk_routing_group",
+    # Qwen3.5's gated delta net layers and its shared expert (MaxText's is moe_mlp_dim wide: moe.py).
+    "linear_key_head_dim": "gdn_key_head_dim",
+    "linear_value_head_dim": "gdn_value_head_dim",
+    "linear_num_key_heads": "gdn_num_key_heads",
+    "linear_num_value_heads": "gdn_num_value_heads",
+    "linear_conv_kernel_dim": "gdn_conv_kernel_dim",
+    "shared_expert_intermediate_size": "moe_mlp_dim",
 }
 
 
@@ -217,6 +226,8 @@ def _sized(hf: dict[str, Any], cfg: Any) -> dict[str, Any]:
     for key, attr in _HF_SIZES.items():
         if key in out and getattr(cfg, attr, None) not in (None, 0):
             out[key] = int(getattr(cfg, attr))
+    if "qk_head_dim" in out:  # DeepSeek-V3's config states the sum of the two query head widths it sizes
+        out["qk_head_dim"] = int(out["qk_nope_head_dim"]) + int(out["qk_rope_head_dim"])
     if isinstance(out.get("layer_types"), list):
         out["layer_types"] = out["layer_types"][: int(cfg.num_decoder_layers)]
     if isinstance(out.get("text_config"), dict):
@@ -243,9 +254,9 @@ def _with_head_dim(shapes: dict[str, Any], hf: dict[str, Any]) -> dict[str, Any]
     return out
 
 
-def _write_family(directory: Path, model: str, cfg: Any) -> int:
+def _write_family(directory: Path, model: str, cfg: Any) -> dict[str, np.ndarray]:
     """config.json (MaxText's copy of the family's Hugging Face config, sized as the miniature) and random
-    safetensors under the names and shapes MaxText's conversion lists for it; returns the tensor count."""
+    safetensors under the names and shapes MaxText's conversion lists for it; returns the tensors."""
     from maxtext.checkpoint_conversion.utils.hf_model_configs import HF_MODEL_CONFIGS
     from maxtext.checkpoint_conversion.utils.hf_shape import HF_SHAPE
     from safetensors.numpy import save_file
@@ -255,18 +266,29 @@ def _write_family(directory: Path, model: str, cfg: Any) -> int:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf))
     rng = np.random.default_rng(11)
-    shapes = _with_head_dim(HF_SHAPE[model](hf), hf)
+    # Keys only: Qwen3.5's shape table also lists composite (tuple) keys for the reverse conversion, each
+    # part of which it lists on its own as well.
+    shapes = {k: v for k, v in _with_head_dim(HF_SHAPE[model](hf), hf).items() if isinstance(k, str)}
     tensors = {k: (0.1 * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
     save_file(tensors, str(directory / "model.safetensors"))
-    return len(tensors)
+    return tensors
 
 
-# The families rljob trains besides qwen3-8b above (recipes/miniature.py: one miniature per family),
-# except those whose Hugging Face files this test cannot yet write from MaxText's copy of their config
-# (hf_model_configs.py sized as the miniature): DeepSeek-V3 (its sized config gives q_b_proj another head
-# count than the miniature's) and Qwen3.5 (MaxText's hf_shape.py lists nested shapes for its text_config).
-NOT_YET = {"deepseek3-671b", "qwen3.5-397b-a17b"}
-FAMILIES = [m for m in miniature.MODELS if m != MODEL and m not in NOT_YET]
+# The families rljob trains besides qwen3-8b above (recipes/miniature.py: one miniature per family).
+FAMILIES = [m for m in miniature.MODELS if m != MODEL]
+# The Hugging Face tensor of a MoE layer's routing bias (DeepSeek-V3's score-correction bias), which
+# MaxText keeps in a variable collection of its own (MoEBiasVar), not with the params.
+ROUTING_BIAS = ".mlp.gate.e_score_correction_bias"
+
+
+def _routing_bias(policy: Policy) -> np.ndarray | None:
+    """The routing bias the trainer's model holds (its one MoEBiasVar leaf, the MoE layers stacked)."""
+    from flax import nnx
+    from maxtext.layers.moe import MoEBiasVar
+
+    leaves = [np.asarray(v) for _, v in nnx.to_flat_state(policy.base.filter(MoEBiasVar))]
+    assert len(leaves) <= 1
+    return leaves[0] if leaves else None
 
 
 @pytest.mark.slow
@@ -274,7 +296,7 @@ FAMILIES = [m for m in miniature.MODELS if m != MODEL and m not in NOT_YET]
 def test_every_family_converts_and_loads_into_the_trainer(tmp_path: Path, model: str) -> None:
     keys = {"model_name": model, **miniature.miniature_overrides(model), **CPU_KEYS, "max_target_length": 32}
     cfg = maxtext_config(keys)
-    count = _write_family(tmp_path / "hf", model, cfg)
+    tensors = _write_family(tmp_path / "hf", model, cfg)
     directory = str(tmp_path / "store" / model)
     bw = BaseWeights(f"org/{model}", "main", "0.2.5", f"{directory}/0/items", directory)
     done = ensure_converted(
@@ -285,7 +307,7 @@ def test_every_family_converts_and_loads_into_the_trainer(tmp_path: Path, model:
         report=lambda _: None,
         fetch=_Fetch(tmp_path / "hf"),
     )
-    assert not done.hit and 0 < done.tensors <= count
+    assert not done.hit and 0 < done.tensors <= len(tensors)
     # The trainer's restore compares every leaf's tree path and shape with the model's before reading.
     policy = Policy(
         ModelSpec(
@@ -296,6 +318,23 @@ def test_every_family_converts_and_loads_into_the_trainer(tmp_path: Path, model:
     pos = np.arange(tokens.shape[1], dtype=np.int32)[None]
     got = np.asarray(policy.logits(policy.lora0, tokens, pos, np.ones_like(tokens)))
     assert np.isfinite(got).all() and np.abs(got).max() > 0
+    # The routing bias is restored with the weights (it is not an nnx.Param): each MoE layer's is the
+    # Hugging Face model's, not the zeros it is initialized to.
+    biases = [
+        t for name, t in sorted(tensors.items(), key=lambda kv: _layer(kv[0])) if name.endswith(ROUTING_BIAS)
+    ]
+    bias = _routing_bias(policy)
+    assert (bias is None) == (not biases) and (model != "deepseek3-671b" or len(biases) == 2)
+    if biases:
+        want = np.stack(biases)
+        assert bias is not None and np.abs(want).min() > 0
+        np.testing.assert_array_equal(bias if bias.shape == want.shape else bias.T, want)
+
+
+def _layer(name: str) -> int:
+    """The decoder layer index of a Hugging Face tensor name (-1 outside the layers)."""
+    parts = name.split(".")
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else -1
 
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
