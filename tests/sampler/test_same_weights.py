@@ -197,6 +197,7 @@ def test_a_manifest_naming_a_commit_needs_no_pin(tmp_path: Any) -> None:
 def test_a_pin_that_never_appears_exits_for_a_counted_restart_not_a_hang(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    import subprocess
     import time
 
     from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_RESTART
@@ -205,7 +206,7 @@ def test_a_pin_that_never_appears_exits_for_a_counted_restart_not_a_hang(
     rc = _run(tmp_path)
     monkeypatch.setattr(sampler_main, "preflight", lambda: None)
     started: list[Any] = []
-    monkeypatch.setattr(sampler_main.subprocess, "Popen", lambda *a, **k: started.append(a))
+    monkeypatch.setattr(subprocess, "Popen", lambda *a, **k: started.append(a))  # what run_vllm starts
     t0 = time.monotonic()
     code = sampler_main.run_vllm(rc, None, 0, 0, revision_wait_s=0.5)  # type: ignore[arg-type]
     assert time.monotonic() - t0 < 10
