@@ -54,13 +54,17 @@ def declared(tree: ast.Module) -> list[str] | None:
     """The names of a module-level `TESTED_MODULES = (...)`, or None without one."""
     found: list[str] | None = None
     for node in tree.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
-        if isinstance(node, ast.AnnAssign):
-            target = node.target
+        expr: ast.expr | None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, expr = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign):
+            target, expr = node.target, node.value
+        else:
+            continue
         if isinstance(target, ast.Name) and target.id == "TESTED_MODULES":
             if found is not None:
                 raise ValueError("TESTED_MODULES is assigned twice: one tuple of every module the file tests")
-            value = ast.literal_eval(node.value) if node.value is not None else None
+            value = ast.literal_eval(expr) if expr is not None else None
             if not isinstance(value, tuple | list) or not all(isinstance(v, str) for v in value):
                 raise ValueError("TESTED_MODULES must be a tuple of dotted module names")
             found = list(value)

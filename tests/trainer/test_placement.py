@@ -12,11 +12,11 @@ from rljob.trainer.placement import lay_out, put_global
 
 
 def _sharding(spec: P | None = None) -> NamedSharding:
-    return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("fsdp",)), spec or P())
+    return NamedSharding(Mesh(np.array(jax.devices()[:1]), ("fsdp",)), spec or P())  # type: ignore[no-untyped-call]
 
 
 def test_a_host_array_becomes_a_global_array_in_the_sharding() -> None:
-    sharding = _sharding(P("fsdp"))
+    sharding = _sharding(P("fsdp"))  # type: ignore[no-untyped-call]
     x = np.arange(8, dtype=np.float32)
     got = put_global(x, sharding)
     assert isinstance(got, jax.Array)
