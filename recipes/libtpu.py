@@ -18,6 +18,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, Final
 
+from rljob.recipes.syntax import key_path
 from rljob.recipes.tpu import BY_ACCELERATOR
 
 ENV: Final = "LIBTPU_INIT_ARGS"
@@ -72,7 +73,7 @@ def problems(flags: Mapping[str, Any] | None, accelerator: str | None) -> list[s
     if len(flags) > MAX_FLAGS:
         out.append(f"{FIELD}: {len(flags)} flags, at most {MAX_FLAGS}")
     for name, value in flags.items():
-        where = f"{FIELD}.{name}"
+        where = key_path(FIELD, str(name))
         if not NAME.match(str(name)):
             out.append(
                 f"{where}: not a libtpu flag name (letters, digits and underscores, no leading dashes: "

@@ -16,17 +16,25 @@ from typing import Any
 
 import pytest
 from rljob.cli import drill
+from rljob.cli.drill import cases, samplers
+from rljob.cli.drill import scaled as scaled_part
 from rljob.cli.main import main
 from rljob.recipes import families, naming, recipe_catalog, topology
 from rljob.sampler import ray_replica
 
-CASES = drill.all_cases()
+TESTED_MODULES = (
+    "rljob.cli.drill.cases",
+    "rljob.cli.drill.samplers",
+    "rljob.cli.drill.scaled",
+)
+
+CASES = cases.all_cases()
 RECIPES = [(c.name, c.doc) for c in CASES if not c.name.startswith("example/")]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_full_size_topology_of_every_recipe_profile_and_example(case: drill.Case) -> None:
-    rc = drill.resolve_doc(case.doc)
+def test_full_size_topology_of_every_recipe_profile_and_example(case: cases.Case) -> None:
+    rc = cases.resolve_doc(case.doc)
     got = drill.full_topology(rc)
     tpu = rc.trainer.tpu
     assert got["processes"] == rc.trainer.slices * tpu.hosts * tpu.containers_per_host
@@ -34,7 +42,7 @@ def test_full_size_topology_of_every_recipe_profile_and_example(case: drill.Case
 
 
 def test_the_tpu7x_256_layout_is_64_processes() -> None:
-    rc = drill.resolve_doc(drill.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
+    rc = cases.resolve_doc(cases.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
     assert drill.full_topology(rc) == {"processes": 64, "local_devices": 4, "devices": 256}
 
 
@@ -46,7 +54,7 @@ def test_full_size_check_catches_processes_that_share_an_id(monkeypatch: pytest.
         return real({**env, topology.CONTAINER_INDEX_ENV: "0"})
 
     monkeypatch.setattr(topology, "process_topology", ignores_container)
-    rc = drill.resolve_doc(drill.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
+    rc = cases.resolve_doc(cases.recipe_doc("qwen3.5-397b-a17b-tpu7x"))
     with pytest.raises(drill.DrillFailed, match="held by 2 containers"):
         drill.full_topology(rc)
 
@@ -65,16 +73,16 @@ def test_full_size_check_catches_processes_that_share_an_id(monkeypatch: pytest.
     ],
 )
 def test_scaled_mesh_keeps_the_axes(full: dict[str, int], devices: int, want: dict[str, int]) -> None:
-    got = drill.scaled_mesh(full, devices)
+    got = scaled_part.scaled_mesh(full, devices)
     assert {a: n for a, n in got.items() if n > 1} == want
     assert {a for a, n in full.items() if n > 1} == {a for a, n in got.items() if n > 1}
 
 
 @pytest.mark.parametrize(("name", "doc"), RECIPES, ids=[r[0] for r in RECIPES])
 def test_the_scaled_manifest_resolves_with_the_same_generation(name: str, doc: dict[str, Any]) -> None:
-    rc = drill.resolve_doc(doc)
-    small_doc, scaled = drill.scaled_doc(doc, rc, steps=2)
-    small = drill.resolve_doc(small_doc, fit_check=False)
+    rc = cases.resolve_doc(doc)
+    small_doc, scaled = scaled_part.scaled_doc(doc, rc, steps=2)
+    small = cases.resolve_doc(small_doc, fit_check=False)
     assert small.trainer.tpu.accelerator == rc.trainer.tpu.accelerator
     assert small.trainer.tpu.containers_per_host == rc.trainer.tpu.containers_per_host
     assert small.trainer.tpu.hosts == min(2, rc.trainer.tpu.hosts)
@@ -154,8 +162,10 @@ def test_drill(recipe: str, profile: str | None) -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     last = json.loads(proc.stdout.strip().splitlines()[-1])
-    rc = drill.resolve_doc(drill.recipe_doc(recipe, profile))
-    small = drill.resolve_doc(drill.scaled_doc(drill.recipe_doc(recipe, profile), rc, 2)[0], fit_check=False)
+    rc = cases.resolve_doc(cases.recipe_doc(recipe, profile))
+    small = cases.resolve_doc(
+        scaled_part.scaled_doc(cases.recipe_doc(recipe, profile), rc, 2)[0], fit_check=False
+    )
     trainers = small.trainer.slices * small.trainer.tpu.hosts * small.trainer.tpu.containers_per_host
     assert last["drill"] == recipe + (f"/{profile}" if profile else "") and last["ok"] is True
     assert last["steps"] == 2 and last["adapter_versions"] == [0, 1, 2] and last["sampler_loaded"] == [2]
@@ -198,7 +208,7 @@ def test_a_multi_host_service_mode_job_is_drilled_with_every_process(tmp_path: P
     (case,) = [c for c in CASES if c.name == "example/qwen3-8b-tinker-service"]
     doc = copy.deepcopy(case.doc)
     doc["spec"]["trainer"]["tpu"] = "v5p-16"
-    out = drill.drill(drill.Case("example/qwen3-8b-tinker-service-2-hosts", doc), 2, tmp_path, timeout=600)
+    out = drill.drill(cases.Case("example/qwen3-8b-tinker-service-2-hosts", doc), 2, tmp_path, timeout=600)
     assert out.ok, out.error
     assert out.report["trainer_processes"] == 2 and out.report["processes"] == 3
     rehearsal = out.report["service"]["rehearsal"]
@@ -207,10 +217,10 @@ def test_a_multi_host_service_mode_job_is_drilled_with_every_process(tmp_path: P
 
 
 def test_the_qwen3_5_sampler_replica_is_rehearsed_with_its_2_hosts() -> None:
-    doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x")
-    rc = drill.resolve_doc(doc)
-    small_doc, scaled = drill.scaled_doc(doc, rc, 2)
-    small = drill.resolve_doc(small_doc, fit_check=False)
+    doc = cases.recipe_doc("qwen3.5-397b-a17b-tpu7x")
+    rc = cases.resolve_doc(doc)
+    small_doc, scaled = scaled_part.scaled_doc(doc, rc, 2)
+    small = cases.resolve_doc(small_doc, fit_check=False)
     assert (rc.sampler.tpu.hosts, rc.sampler.replicas) == (2, 8)
     assert (small.sampler.tpu.type_name, small.sampler.tpu.hosts, small.sampler.replicas) == (
         "tpu7x-16",
@@ -233,9 +243,9 @@ def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_wor
     and worker started by the pods' bootstrap (rljob.sampler.ray_replica), the head's stand-in for
     `vllm serve` serving the cpu backend once it saw both nodes; then a killed worker pod fails the replica
     with a counted restart (contract 3)."""
-    doc = drill.recipe_doc("qwen3.5-397b-a17b-tpu7x")
-    small = drill.resolve_doc(drill.scaled_doc(doc, drill.resolve_doc(doc), 2)[0], fit_check=False)
-    out = drill.run_samplers(small, tmp_path, timeout=150)
+    doc = cases.recipe_doc("qwen3.5-397b-a17b-tpu7x")
+    small = cases.resolve_doc(scaled_part.scaled_doc(doc, cases.resolve_doc(doc), 2)[0], fit_check=False)
+    out = samplers.run_samplers(small, tmp_path, timeout=150)
     assert (out["replicas"], out["hosts"], out["hosts_per_replica"]) == (1, 2, 2)
     assert out["ray"] == [{"replica": 0, "ray_nodes": 2, "cpus": 2.0}]
     assert out["completion_tokens"] == [[2, 2]]  # the request's n = 2 completions of max_tokens = 2
@@ -253,9 +263,9 @@ def test_a_drill_with_a_multi_host_sampler_replica(tmp_path: Path) -> None:
     """The whole scaled run with a 2-host sampler replica (the qwen3-8b recipe on a v5p-16 sampler): the
     trainer's rollouts and adapters go through the Ray head's stand-in for `vllm serve`; then the lost
     worker."""
-    doc = drill.recipe_doc("qwen3-8b-v5p")
+    doc = cases.recipe_doc("qwen3-8b-v5p")
     doc["spec"]["sampler"] = {"tpu": "v5p-16"}
-    out = drill.drill(drill.Case("multi-host-sampler", doc), 2, tmp_path, timeout=600)
+    out = drill.drill(cases.Case("multi-host-sampler", doc), 2, tmp_path, timeout=600)
     assert out.ok, out.error
     assert out.report["steps"] == 2 and out.report["adapter_versions"] == [0, 1, 2]
     assert out.report["sampler_loaded"] == [2] and 0 <= out.report["parity_nats"] < 1e-3
@@ -297,10 +307,10 @@ def test_a_family_without_a_recipe_passes_the_drill(
 ) -> None:
     """The scaled run of a model family's miniature: two GRPO steps, adapters v0..v2 exported to PEFT and
     loaded by the sampler, the step-0 parity gate."""
-    doc = drill.recipe_doc("llama3.1-8b-v5p")
+    doc = cases.recipe_doc("llama3.1-8b-v5p")
     doc["spec"]["model"] = {"name": hf, "maxtextModel": model}
     doc["spec"]["lora"] = {**doc["spec"].get("lora", {}), "targets": targets}
-    out = drill.drill(drill.Case(model, doc), 2, tmp_path, timeout=600)
+    out = drill.drill(cases.Case(model, doc), 2, tmp_path, timeout=600)
     assert out.ok, out.error
     assert out.report["steps"] == 2 and out.report["adapter_versions"] == [0, 1, 2]
     assert out.report["sampler_loaded"] == [2] and 0 <= out.report["parity_nats"] < 1e-3

@@ -15,6 +15,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from rljob.cli import jobs
 
+TESTED_MODULES = ("rljob.cli.jobs",)
+
 REPO = Path(__file__).resolve().parents[2]
 RLJOB = Path(sys.executable).parent / "rljob"
 

@@ -42,6 +42,16 @@ from rljob.cli.doctor.operator_checks import (
 from rljob.cli.doctor.operator_rules import OPERATOR_PERMISSIONS, Permission
 from rljob.recipes import tpu as tpu_catalog
 
+TESTED_MODULES = (
+    "rljob.cli.doctor.common",
+    "rljob.cli.doctor.findings",
+    "rljob.cli.doctor.needs",
+    "rljob.cli.doctor.nodepools",
+    "rljob.cli.doctor.operator_checks",
+    "rljob.cli.doctor.operator_rules",
+    "rljob.cli.doctor.podsecurity",
+)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -18,6 +18,11 @@ from rljob.trainer.packing import PackConfig
 from rljob.trainer.rollouts import Batch, ParityError, SamplerSource, grpo_rollouts
 from rljob.trainer.sampler_client import Completion, SamplerClient, SamplerClosed
 
+TESTED_MODULES = (
+    "rljob.trainer.rollouts",
+    "rljob.trainer.sampler_client",
+)
+
 pytestmark = pytest.mark.jax
 
 

@@ -15,6 +15,8 @@ from rljob.operator import conditions as c
 from rljob.operator.config import OperatorConfig
 from rljob.operator.handlers import configure, on_validate
 
+TESTED_MODULES = ("rljob.operator.config",)
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -24,6 +24,12 @@ from rljob.operator.status.views import controller_uid
 from rljob.operator.workqueue import WorkQueue
 from rljob.recipes.render import render
 
+TESTED_MODULES = (
+    "rljob.operator.cache",
+    "rljob.operator.plans",
+    "rljob.operator.workqueue",
+)
+
 
 def test_first_reconcile_creates_children_and_writes_status_once() -> None:
     rec, kube = setup(rljob())

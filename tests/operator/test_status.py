@@ -22,6 +22,14 @@ from rljob.recipes.api import (
     RoleRestarts,
 )
 
+TESTED_MODULES = (
+    "rljob.operator.conditions",
+    "rljob.operator.status.observed",
+    "rljob.operator.status.pods",
+    "rljob.operator.status.restarts",
+    "rljob.operator.status.views",
+)
+
 NOW = datetime(2026, 11, 29, 20, 0, 0, tzinfo=UTC)
 EARLIER = NOW - timedelta(minutes=5)
 

@@ -18,6 +18,8 @@ from rljob.cli.main import main
 from rljob.recipes import manifest, plan, render
 from rljob.recipes.plan import PlanError
 
+TESTED_MODULES = ("rljob.recipes.manifest",)
+
 REPO = Path(__file__).resolve().parents[2]
 BASE_TEXT = (REPO / "examples" / "minimal-no-recipe.yaml").read_text()
 BASE: dict[str, Any] = yaml.safe_load(BASE_TEXT)

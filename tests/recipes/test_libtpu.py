@@ -70,6 +70,10 @@ BAD = [
         f"spec.trainer.libtpuFlags.{VMEM}: 65536 KiB; a tpu7x device's scoped VMEM is at most 65472",
     ),
     (VMEM, "64M", f"spec.trainer.libtpuFlags.{VMEM}: an integer number of KiB"),
+    # an odd key is quoted, so the line stays `path: message`
+    ("", 1, 'spec.trainer.libtpuFlags[""]: not a libtpu flag name'),
+    ("a b", 1, 'spec.trainer.libtpuFlags["a b"]: not a libtpu flag name'),
+    ("x.y", 1, 'spec.trainer.libtpuFlags["x.y"]: not a libtpu flag name'),
 ]
 
 

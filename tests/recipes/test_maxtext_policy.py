@@ -12,6 +12,8 @@ from fixtures.recipes import catalog_cases, manifest, problems, resolve
 from rljob.recipes import maxtext_keys, maxtext_policy
 from rljob.recipes.trainer_keys import DERIVED_KEYS
 
+TESTED_MODULES = ("rljob.recipes.trainer_keys",)
+
 REPO = Path(__file__).resolve().parents[2]
 KEYSET = maxtext_keys.load(maxtext_keys.DEFAULT_VERSION)
 ACCEPTABLE = sorted(k for k in KEYSET.defaults if k not in DERIVED_KEYS)

@@ -24,6 +24,8 @@ from hypothesis import strategies as st
 from rljob.recipes import plan, recipe_catalog, render, schema, syntax
 from rljob.recipes.plan import PlanError
 
+TESTED_MODULES = ("rljob.recipes.syntax",)
+
 REPO = Path(__file__).resolve().parents[2]
 LINE = re.compile(
     r'^(metadata|spec|apiVersion|kind|status|\(root\)|\(yaml\))(\.[A-Za-z0-9_-]+|\[\d+\]|\["(?:[^"\\]|\\.)*"\])*'

@@ -10,6 +10,8 @@ from fixtures.recipes import MINIMAL, MISSING_AT_025, manifest, problems, recipe
 from rljob.recipes import recipe_catalog
 from rljob.recipes.runconfig import RunConfig
 
+TESTED_MODULES = ("rljob.recipes.recipe_catalog",)
+
 # ------------------------------------------------------------------ resolved values, table-driven
 
 # spec overrides, then (dotted attribute path on RunConfig, expected value) pairs

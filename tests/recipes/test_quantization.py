@@ -16,6 +16,8 @@ from fixtures.recipes import manifest, problems, resolve
 from rljob.recipes import fit, generations, quantization, tpu
 from rljob.sampler.vllm import build_command
 
+TESTED_MODULES = ("rljob.recipes.generations",)
+
 GIB = 2**30
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3.5-397b-tpu7x-fp8-sampler.yaml"
 FP8_ID = "Qwen/Qwen3.5-397B-A17B-FP8"

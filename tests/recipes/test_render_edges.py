@@ -10,6 +10,8 @@ import yaml
 from fixtures.recipes import manifest, objects, resolve
 from rljob.recipes import placement, render
 
+TESTED_MODULES = ("rljob.recipes.placement",)
+
 
 def _pod(js: dict[str, Any], role: str) -> dict[str, Any]:
     rj = next(rj for rj in js["spec"]["replicatedJobs"] if rj["name"] == role)

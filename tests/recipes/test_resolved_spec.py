@@ -17,6 +17,11 @@ from rljob.recipes import defaults
 from rljob.recipes.api import RLJobSpec
 from rljob.recipes.runconfig import ResolvedSpec, RunConfig
 
+TESTED_MODULES = (
+    "rljob.recipes.defaults",
+    "rljob.recipes.runconfig",
+)
+
 # The fields of a resolved spec that may be None, each because the absence means something.
 OPTIONAL = {
     "recipe",  # no catalog recipe

@@ -24,6 +24,8 @@ from rljob.sampler.cpu_server import CpuSampler
 from rljob.trainer.export import publish_adapter
 from rljob.trainer.model import Policy
 
+TESTED_MODULES = ("rljob.sampler.cpu_server",)
+
 pytestmark = pytest.mark.jax
 
 

@@ -21,6 +21,17 @@ import httpx
 import pytest
 from fixtures.tinker import API_KEY, OTHER_KEY, Served, serve_tinker, tinker_run_config
 
+TESTED_MODULES = (
+    "rljob.trainer.tinker.engine",
+    "rljob.trainer.tinker.sampling",
+    "rljob.trainer.tinker.server.core",
+    "rljob.trainer.tinker.server.futures",
+    "rljob.trainer.tinker.server.quotas",
+    "rljob.trainer.tinker.server.training",
+    "rljob.trainer.tinker.server.worker",
+    "rljob.trainer.tinker.wire",
+)
+
 pytestmark = pytest.mark.jax
 
 TALLY: Counter[str] = Counter()

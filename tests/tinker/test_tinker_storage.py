@@ -30,6 +30,11 @@ import tinker  # noqa: E402
 from fixtures.tinker import API_KEY, Served, serve_tinker, tinker_run_config  # noqa: E402
 from tinker import types  # noqa: E402
 
+TESTED_MODULES = (
+    "rljob.trainer.tinker.server",
+    "rljob.local.tinker_cpu",
+)
+
 
 @pytest.fixture(scope="module")
 def served(gcs_emulator: Any, cpu_policy: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:

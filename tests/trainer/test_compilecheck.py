@@ -25,6 +25,8 @@ from rljob.recipes import miniature
 from rljob.recipes.plan import parse_manifest, resolve
 from rljob.recipes.runconfig import RunConfig
 
+TESTED_MODULES = ("rljob.trainer.compilecheck_service",)
+
 pytestmark = pytest.mark.jax
 
 GIB = 1 << 30

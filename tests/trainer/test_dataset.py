@@ -18,6 +18,8 @@ from rljob.trainer.data import DatasetError, MathTask, SuccessorTask
 from rljob.trainer.loop import task_of
 from rljob.trainer.rewards import math_reward
 
+TESTED_MODULES = ("rljob.trainer.data", "rljob.trainer.rewards")
+
 SRC = "gs://b/train.jsonl"
 
 

@@ -25,6 +25,8 @@ from rljob.trainer.export import (
 from rljob.trainer.progress import ConfigMapSink, FileSink, Reporter, StepLog
 from safetensors.numpy import load as st_load
 
+TESTED_MODULES = ("rljob.trainer.progress",)
+
 
 def _tensors() -> dict[str, np.ndarray]:
     out = {}

@@ -34,6 +34,8 @@ from rljob.recipes import lora_targets, miniature
 from rljob.trainer.model import CPU_KEYS, ModelSpec, Policy
 from rljob.trainer.peft import LeafLayout
 
+TESTED_MODULES = ("rljob.trainer.peft",)
+
 pytestmark = pytest.mark.jax
 
 

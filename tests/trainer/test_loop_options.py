@@ -19,6 +19,12 @@ from rljob.trainer.sampler_client import Completion, Sampling
 from rljob.trainer.tinypolicy import filter_logits
 from rljob.trainer.train_step import stack_micro_batches
 
+TESTED_MODULES = (
+    "rljob.trainer.evaluation",
+    "rljob.trainer.warmstart",
+    "rljob.trainer.tinypolicy",
+)
+
 # ----------------------------------------------------------------------------------------- GSPO
 
 

@@ -26,6 +26,8 @@ from rljob.trainer.progress import Reporter, StepLog
 from rljob.trainer.runtime import RunPaths, RunSettings, run, synthetic_rollouts
 from rljob.trainer.train_step import StepConfig, Trainer, learning_rate_at
 
+TESTED_MODULES = ("rljob.trainer.profiling",)
+
 pytestmark = pytest.mark.jax
 
 BASE = {"budget": 64, "rows": 1, "micro_batches": 2, "token_tile": 32, "vocab_chunk": 128}

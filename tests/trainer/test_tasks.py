@@ -28,6 +28,8 @@ from rljob.trainer.tasks import (
     render_messages,
 )
 
+TESTED_MODULES = ("rljob.local.localrun",)
+
 # A task package outside rljob: one example per JSON Lines record, the prompt a chat message; a completion
 # earns 1 when its first character's code has the parity of the reference's (a reward a random policy gets
 # about half the time, so a group's rewards differ and GRPO has a signal); every load and grade is logged to
