@@ -1,4 +1,6 @@
-"""What README.md, docs/*.md and the hack READMEs name exists in the repo:
+"""What README.md, docs/*.md and the hack READMEs name exists in the repo, and their code fences close:
+
+- every code fence closes with ``` alone on its line;
 
 - every repo path (`recipes/fit.py`, `tests/docs/`, a relative Markdown link);
 - every `make TARGET` in backticks, as a target of the Makefile;
@@ -157,7 +159,29 @@ def module_problems(text: str, doc: Path) -> list[str]:
     return out
 
 
+def fence_problems(text: str, doc: Path) -> list[str]:
+    """A code fence opens with ``` and a language or nothing and closes with ``` alone on its line: text
+    after a closing fence (docs/gke.md once had "``` Untested") opens a block that swallows the prose."""
+    out, open_at = [], 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.lstrip().startswith("```"):
+            continue
+        rest = line.lstrip()[3:]
+        if open_at:
+            out += [f"line {i}: text after a closing fence: {line.strip()}"] if rest.strip() else []
+            open_at = 0
+        else:
+            out += (
+                [f"line {i}: not a fence's language: {line.strip()}"]
+                if not re.fullmatch(r"\w*", rest)
+                else []
+            )
+            open_at = i
+    return out + ([f"line {open_at}: a fence that never closes"] if open_at else [])
+
+
 CHECKS: dict[str, Callable[[str, Path], list[str]]] = {
+    "fences": fence_problems,
     "paths": path_problems,
     "make": make_problems,
     "commands": command_problems,
@@ -181,6 +205,12 @@ def test_the_checks_see_what_they_check() -> None:
 @pytest.mark.parametrize(
     ("check", "line", "problem"),
     [
+        (
+            "fences",
+            "```sh\nkubectl label ns rl x=y\n``` Untested\non a TPU\n",
+            "line 3: text after a closing fence: ``` Untested",
+        ),
+        ("fences", "```sh\nmake demo\n", "line 1: a fence that never closes"),
         ("paths", "the fit check, recipes/fitting.py", "no file recipes/fitting.py"),
         ("paths", "[the fit check](fitting.md)", "link to no file fitting.md"),
         ("make", "`make demo-up` brings it up", "no make target demo-up"),
