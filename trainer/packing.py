@@ -115,9 +115,9 @@ class PackConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.budget, int) or self.budget <= 0:
-            raise PackingError(f"packing.budget: must be a positive integer, got {self.budget!r}")
+            raise PackingError(f"packing.tokenBudget: must be a positive integer, got {self.budget!r}")
         if not isinstance(self.rows, int) or self.rows <= 0:
-            raise PackingError(f"packing.rows: must be a positive integer, got {self.rows!r}")
+            raise PackingError(f"PackConfig rows: must be a positive integer, got {self.rows!r}")
         if not isinstance(self.segment_align, int) or self.segment_align <= 0:
             raise PackingError(
                 f"packing.segmentAlign: must be a positive integer, got {self.segment_align!r}"
@@ -129,7 +129,9 @@ class PackConfig:
         if self.max_segments is not None and (
             not isinstance(self.max_segments, int) or self.max_segments <= 0
         ):
-            raise PackingError(f"packing.maxSegments: must be a positive integer, got {self.max_segments!r}")
+            raise PackingError(
+                f"packing.maxSegmentsPerRow: must be a positive integer, got {self.max_segments!r}"
+            )
         if self.pad_position == "balanced":
             self._check_tile_model()
         if self.pad_position in ("start", "balanced"):
@@ -156,12 +158,14 @@ class PackConfig:
     def _check_tile_model(self) -> None:
         cp = self.context_ranks
         if not isinstance(cp, int) or cp <= 0:
-            raise PackingError(f"packing.contextRanks: must be a positive integer, got {cp!r}")
+            raise PackingError(f"PackConfig context_ranks: must be a positive integer, got {cp!r}")
         if not self.kernel_blocks:
-            raise PackingError("packing.kernelBlocks: at least one (query, key) block pair is needed")
+            raise PackingError("PackConfig kernel_blocks: at least one (query, key) block pair is needed")
         for bq, bk in self.kernel_blocks:
             if not (isinstance(bq, int) and isinstance(bk, int) and bq > 0 and bk > 0):
-                raise PackingError(f"packing.kernelBlocks: blocks must be positive integers, got {(bq, bk)}")
+                raise PackingError(
+                    f"PackConfig kernel_blocks: blocks must be positive integers, got {(bq, bk)}"
+                )
             if self.budget % (2 * cp * bq) or self.budget % bk:
                 raise PackingError(
                     f"packing.tokenBudget: {self.budget} must be a multiple of 2 x {cp} context ranks x "
