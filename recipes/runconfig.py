@@ -26,6 +26,11 @@ SAMPLER_PORT = 8000
 # listens on the sampler's port + this offset, at this path.
 ADAPTER_AGENT_PORT_OFFSET = 1
 ADAPTER_AGENT_PATH = "/rljob/v1/adapters"
+# The `logprobs` of every completion request to a sampler: the sampled token's log-prob comes back with any
+# value >= 0, but vLLM's TPU engine (tpu-inference 0.32) computes none for 0 and answers tokens without
+# them (https://github.com/vllm-project/tpu-inference/issues/3572; seen on a v5e with rljob's flags), so 1
+# (the sampled token's and one alternative's; the trainer reads `token_logprobs` only).
+SAMPLED_LOGPROBS = 1
 # The adapter agent loads PEFT directories from below this folder of spec.storage's adapters only.
 NAMED_ADAPTERS_DIR = "tinker"
 # The API keys a service-mode trainer accepts (comma-separated), from key API_KEYS_SECRET_KEY of the
@@ -521,6 +526,7 @@ __all__ = [
     "RAY_PORT_ENV",
     "RUN_TOKEN_ENV",
     "RUN_TOKEN_SECRET_KEY",
+    "SAMPLED_LOGPROBS",
     "SAMPLER_HOSTS_ENV",
     "SAMPLER_PORT",
     "TLS_CERT_ENV",

@@ -84,6 +84,9 @@ class StandinReplica:
             prompts = [prompts]
         n = int(body.get("n", 1))
         max_tokens = min(int(body.get("max_tokens", 16)), self.max_tokens_cap)
+        # As vLLM's TPU engine: no log-probs for `logprobs: 0` (tpu-inference 0.32; recipes/runconfig.py
+        # SAMPLED_LOGPROBS), one per sampled token for 1 or more.
+        want_lp = int(body.get("logprobs") or 0) >= 1
         choices = []
         for p, prompt in enumerate(prompts):
             ids = [int(t) for t in prompt] if isinstance(prompt, list) else list(str(prompt).encode())
@@ -96,7 +99,7 @@ class StandinReplica:
                         "text": "",
                         "token_ids": toks,
                         "prompt_token_ids": ids,
-                        "logprobs": {"token_logprobs": [-1.0] * len(toks)},
+                        "logprobs": {"token_logprobs": [-1.0] * len(toks) if want_lp else []},
                         "finish_reason": "length",
                     }
                 )

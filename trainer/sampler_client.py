@@ -22,6 +22,7 @@ from rljob.common.http import (
     Retry,
     SyncHttp,
 )
+from rljob.recipes.runconfig import SAMPLED_LOGPROBS
 from rljob.trainer.data import Prompt
 
 log = logging.getLogger("rljob.trainer.sampler_client")
@@ -242,7 +243,7 @@ class SamplerClient:
                 "n": n,
                 "max_tokens": max_tokens,
                 **sampling.body(),
-                "logprobs": 0,
+                "logprobs": SAMPLED_LOGPROBS,
                 "return_token_ids": True,
             }
 
@@ -331,11 +332,15 @@ def _completions(resp: Any, idxs: list[int], n: int) -> list[Completion]:
     for ch in resp["choices"]:
         k = int(ch["index"])
         lp = ch.get("logprobs") or {}
+        tokens = [int(t) for t in ch["token_ids"]]
+        logprobs = [float(x) for x in lp.get("token_logprobs", [])]
+        if len(logprobs) != len(tokens):  # a malformed answer (SamplerRejected), never a short rollout
+            raise ValueError(f"choice {k}: {len(tokens)} tokens but {len(logprobs)} log-probs")
         out.append(
             Completion(
                 prompt_index=idxs[k // n],
-                tokens=[int(t) for t in ch["token_ids"]],
-                logprobs=[float(x) for x in lp.get("token_logprobs", [])],
+                tokens=tokens,
+                logprobs=logprobs,
                 text=str(ch.get("text", "")),
                 adapter=model,
                 prompt_tokens=(

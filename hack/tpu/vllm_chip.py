@@ -150,6 +150,7 @@ def prepare(directory: Path) -> None:
 def engine(directory: Path) -> None:
     # The env rljob's sampler sets before `vllm serve`, and in-process engine settings for a machine without
     # TCP (vLLM's engine core in this process: no ZMQ between processes).
+    from rljob.recipes.runconfig import SAMPLED_LOGPROBS
     from rljob.sampler.vllm import build_command
 
     rc = _run_config()
@@ -214,7 +215,10 @@ def engine(directory: Path) -> None:
     v1 = LoRARequest("rljob-v1", 1, str(adapters / "v1"))
     compare("v1", prompt_logprobs(v1), np.load(directory / "trainer_v1.npy"))
     # Sampled tokens with their log-probs under v1: what the parity gate compares at step 0.
-    sample = SamplingParams(max_tokens=128, temperature=1.0, logprobs=0, detokenize=False, ignore_eos=True)
+    # logprobs as the trainer asks for them (tpu-inference answers none for 0: recipes/runconfig.py)
+    sample = SamplingParams(
+        max_tokens=128, temperature=1.0, logprobs=SAMPLED_LOGPROBS, detokenize=False, ignore_eos=True
+    )
     outs = llm.generate(
         [{"prompt_token_ids": row[:64].tolist()} for row in tokens], sample, lora_request=v1, use_tqdm=False
     )
@@ -222,10 +226,7 @@ def engine(directory: Path) -> None:
     for out in outs:
         c = out.outputs[0]
         seqs.append(list(c.token_ids))
-        # tpu-inference returned one entry fewer than tokens for some completions (seen on the v5e chip):
-        # the tokens scored are those with an entry
-        n = len(c.logprobs or [])
-        seqs[-1] = seqs[-1][:n]
+        assert len(c.logprobs or []) == len(seqs[-1]), (len(c.logprobs or []), len(seqs[-1]))
         lps.append([d[t].logprob for d, t in zip(c.logprobs or [], seqs[-1], strict=True)])
     width = min(len(s) for s in seqs)
     seqs, lps = [s[:width] for s in seqs], [lp[:width] for lp in lps]

@@ -130,3 +130,17 @@ def test_a_4xx_is_a_rejection_not_a_wait() -> None:
     finally:
         srv.shutdown()
         srv.server_close()
+
+
+def test_an_answer_without_a_log_prob_per_token_is_refused(
+    replicas: list[StandinReplica], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Broken variant: `logprobs: 0`, which vLLM's TPU engine answers without log-probs (the stand-in does the
+    same): the client refuses the answer, naming the counts, instead of training on rollouts without them."""
+    from rljob.trainer import sampler_client
+
+    good = SamplerClient([replicas[0].url], "job").complete(_prompts(2), 1, 3, 1.0, 0)
+    assert [c.logprobs for c in good] == [[-1.0] * 3] * 2
+    monkeypatch.setattr(sampler_client, "SAMPLED_LOGPROBS", 0)
+    with pytest.raises(SamplerRejected, match="3 tokens but 0 log-probs"):
+        SamplerClient([replicas[0].url], "job").complete(_prompts(2), 1, 3, 1.0, 0)

@@ -28,6 +28,7 @@ from rljob.common.credentials import bearer
 from rljob.common.http import NO_RETRY, AsyncHttp, HttpStatusError, HttpUnavailable, Retry
 from rljob.recipes.runconfig import ADAPTER_AGENT_PATH as AGENT_PATH
 from rljob.recipes.runconfig import ADAPTER_AGENT_PORT_OFFSET as AGENT_PORT_OFFSET
+from rljob.recipes.runconfig import SAMPLED_LOGPROBS
 
 __all__ = ["Completion", "SamplerError", "SamplerPool", "agent_url"]
 
@@ -104,7 +105,7 @@ class SamplerPool:
             "model": model,
             "prompt": prompt,
             "n": n,
-            "logprobs": 0,
+            "logprobs": SAMPLED_LOGPROBS,
             "return_token_ids": True,
             **params,
         }
@@ -141,6 +142,11 @@ class SamplerPool:
         result = []
         for ch in sorted(out["choices"], key=lambda c: int(c["index"])):
             lp = (ch.get("logprobs") or {}).get("token_logprobs") or []
+            tokens = [int(t) for t in ch["token_ids"]]
+            if len(lp) != len(tokens):
+                raise SamplerError(
+                    f"sampler {url}: choice {ch.get('index')}: {len(tokens)} tokens but {len(lp)} log-probs"
+                )
             reason = "stop" if ch.get("finish_reason") == "stop" else "length"
-            result.append(Completion([int(t) for t in ch["token_ids"]], [float(x) for x in lp], reason))
+            result.append(Completion(tokens, [float(x) for x in lp], reason))
         return result
