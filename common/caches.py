@@ -106,6 +106,41 @@ def save(uri: str, local: Path) -> int:
     return written
 
 
+class LoadGuard:
+    """Whether a cache's entries may be loaded by this process, across its restarts: a process that dies
+    while it loads its programs from a restored cache (a TPU runtime can abort the whole process on a bad
+    entry: seen on a v5e, docs/drill.md "Zero-compile start") would die the same way at every restart, a
+    crash loop that no log explains. Before loading, the process writes ``loading-<process>`` beside the
+    cache (``<cache>-guard/`` in storage); once its programs ran (:meth:`CacheSync.loaded`) it deletes it.
+    A restart that finds the marker of an attempt that restored files writes ``off`` with the reason: the
+    run compiles without that cache from then on (slower restarts, never a loop). An attempt that restored
+    nothing loaded nothing, so its marker does not count (a first start preempted while it compiles)."""
+
+    def __init__(self, uri: str, process: int) -> None:
+        self.store, self.key = open_store(uri), f"loading-{process}"
+
+    def refusal(self) -> str | None:
+        """Why this process must not load the cache (``None``: it may)."""
+        off = self.store.read("off")
+        if off is not None:
+            return off.decode(errors="replace")
+        last = self.store.read(self.key)
+        if last is None or not last.strip().startswith(b"restored ") or last.split()[1] == b"0":
+            return None
+        why = (
+            f"an earlier attempt died before its first step while loading programs from this cache "
+            f"({last.decode(errors='replace').strip()}): this run compiles without it"
+        )
+        self.store.write("off", why.encode())
+        return why
+
+    def arm(self, restored: int) -> None:
+        self.store.write(self.key, f"restored {restored} files at {time.time():.0f}\n".encode())
+
+    def disarm(self) -> None:
+        self.store.delete(self.key)
+
+
 class CacheSync:
     """Restore a cache now; write new local files back every ``every_s`` seconds and at ``close``."""
 
@@ -115,6 +150,14 @@ class CacheSync:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.restored: Restored | None = None
+        self.guard: LoadGuard | None = None
+        self.disabled = False
+
+    def loaded(self) -> None:
+        """The process's programs ran: its cache loads do not kill it (:class:`LoadGuard`)."""
+        if self.guard is not None:
+            self.guard.disarm()
+            self.guard = None
 
     def restore(self) -> Restored:
         self.restored = restore(self.name, self.uri, self.local)
@@ -131,6 +174,8 @@ class CacheSync:
             self.flush()
 
     def flush(self) -> int:
+        if self.disabled:
+            return 0
         try:
             n = save(self.uri, self.local)
         except Exception as e:
@@ -141,7 +186,9 @@ class CacheSync:
         return n
 
     def close(self) -> int:
+        """At the process's orderly end (a Python exception included: only an abort skips it)."""
         self._stop.set()
+        self.loaded()
         return self.flush()
 
 
@@ -154,13 +201,28 @@ def jax_compilation_cache(
     local_root: Path,
     update: JaxConfigUpdate,
     maxtext_keys: Mapping[str, object] | None = None,
+    guard_process: int | None = None,
 ) -> CacheSync:
     """Restore the JAX compilation cache ``name`` and point this process's JAX at it (every compilation
     is cached, also the CPU path's short ones); the caller closes the returned sync at exit.
 
+    ``guard_process``: this process's index, for a caller that calls :meth:`CacheSync.loaded` once its
+    programs ran (:class:`LoadGuard`); a cache that killed an earlier attempt of it is then not used.
     ``update`` is the caller's ``jax.config.update``: rljob.common imports no JAX (docs/architecture.md)."""
     sync = CacheSync(name, cache_root, local_root)
-    sync.restore()
+    if guard_process is not None:
+        guard = LoadGuard(join(cache_root, name + "-guard"), guard_process)
+        why = guard.refusal()
+        if why is not None:
+            print(f"cache {name}: not used: {why}", file=sys.stderr, flush=True)
+            update("jax_enable_compilation_cache", False)
+            sync.disabled = True
+            return sync
+        restored = sync.restore()
+        guard.arm(restored.files + restored.present)
+        sync.guard = guard
+    else:
+        sync.restore()
     update("jax_compilation_cache_dir", str(sync.local))
     # MaxText points JAX's cache at its own jax_cache_dir (default ~/jax_cache) whenever it builds a
     # config (maxtext/configs/pyconfig.py); its M_<KEY> environment override keeps it on this one.
@@ -178,6 +240,7 @@ __all__ = [
     "JAX_TRAINER",
     "CacheSync",
     "JaxConfigUpdate",
+    "LoadGuard",
     "Restored",
     "jax_compilation_cache",
     "local_root",

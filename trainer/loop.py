@@ -144,7 +144,12 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         return EXIT_BAD_CONFIG
     # JAX's compilation cache, restored from storage.cache before anything compiles.
     jax_cache = caches.jax_compilation_cache(
-        caches.JAX_TRAINER, rc.storage.cache, caches.local_root(), jax.config.update, rc.trainer.maxtext
+        caches.JAX_TRAINER,
+        rc.storage.cache,
+        caches.local_root(),
+        jax.config.update,
+        rc.trainer.maxtext,
+        guard_process=jax.process_index(),
     )
     try:
         chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
@@ -238,6 +243,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
             to_peft=policy.peft.to_peft,
             peft_config=policy.peft.config(),
             initial_lora=initial,
+            programs_ran=jax_cache.loaded,
         )
     except ParityError as e:
         print(f"parity gate: {e}", file=sys.stderr)

@@ -178,9 +178,11 @@ def run(
     to_peft: Callable[[Any], dict[str, np.ndarray]] | None = None,
     peft_config: dict[str, Any] | None = None,
     initial_lora: Any = None,
+    programs_ran: Callable[[], None] | None = None,
 ) -> TrainState:
     """Train until ``settings.steps`` optimizer steps are done (resuming from the newest checkpoint;
-    without one, from ``initial_lora``, spec.lora.initFrom's adapter, when given)."""
+    without one, from ``initial_lora``, spec.lora.initFrom's adapter, when given). ``programs_ran``: called
+    once the first step's programs ran (rljob.common.caches.CacheSync.loaded)."""
     ckpt = Checkpointer(paths.checkpoints)
     cache = open_store(paths.rollouts)
     state = trainer.init_state(initial_lora)
@@ -217,6 +219,7 @@ def run(
             reporter,
             streak,
             profiler,
+            programs_ran,
         )
     except BaseException:
         try:
@@ -268,6 +271,7 @@ def _steps(
     reporter: Reporter,
     streak: int = 0,
     profiler: StepProfiler | None = None,
+    programs_ran: Callable[[], None] | None = None,
 ) -> TrainState:
     """The steps from `start`; `streak`: consecutive non-finite updates before `start` (checkpoint meta)."""
     if start == 0 and publisher is not None and to_peft is not None:
@@ -291,6 +295,8 @@ def _steps(
         if profiler is not None:
             profiler.before(s)
         state, metrics = trainer.train_on_batch(state, rollouts)
+        if programs_ran is not None and s == start:
+            programs_ran()
         if profiler is not None:
             profiler.after(s, last=s + 1 == settings.steps)
         done = s + 1

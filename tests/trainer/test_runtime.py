@@ -53,6 +53,7 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
 
     trainer.train_on_batch = dies_on_third  # type: ignore[method-assign]
     out1 = io.StringIO()
+    ran: list[int] = []  # the train_on_batch calls made when programs_ran was called
     with pytest.raises(_Died):
         run(
             trainer,
@@ -63,7 +64,9 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
             reporter=Reporter(None),
             to_peft=tiny_policy.peft.to_peft,
             peft_config=tiny_policy.peft.config(),
+            programs_ran=lambda: ran.append(calls["n"]),
         )
+    assert ran == [1]  # once, after the first step's programs ran
     assert sampled == [0, 1, 2]
     assert open_store(paths.rollouts).list() == [f"step-{s:08d}.npz" for s in range(3)]
     assert latest_version(paths.adapters) == 2
@@ -78,7 +81,9 @@ def test_restart_mid_step_skips_sampling(tiny_policy: Any, gcs_bucket: str) -> N
         reporter=Reporter(None),
         to_peft=tiny_policy.peft.to_peft,
         peft_config=tiny_policy.peft.config(),
+        programs_ran=lambda: ran.append(-1),
     )
+    assert ran == [1, -1]  # the resumed attempt's first step (step 2) too
     assert sampled == [0, 1, 2, 3]  # step 2 came from the cache
     events = [json.loads(x) for x in out2.getvalue().splitlines()]
     assert (events[0]["event"], events[0]["step"]) == ("resume", 2)
