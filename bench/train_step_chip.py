@@ -56,7 +56,7 @@ def _cpu_bench() -> Any:
     return mod
 
 
-def keys(budget: int) -> dict[str, Any]:
+def keys(budget: int, remat: str = "full") -> dict[str, Any]:
     return {
         "model_name": MODEL,
         "run_name": "rljob",
@@ -67,7 +67,7 @@ def keys(budget: int) -> dict[str, Any]:
         "scan_layers": True,
         "max_target_length": budget,
         "per_device_batch_size": 1,
-        "remat_policy": "full",
+        "remat_policy": remat,
     }
 
 
@@ -81,7 +81,9 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     cpu = _cpu_bench()
     lengths = cpu.rollout_lengths(a.rollouts, a.scale, a.seed)
     budget = align_up(19_456 // a.scale + 1024 // a.scale, 128)
-    k = keys(budget)
+    # The peers keep MaxText's default rematerialisation (full), as their users run them; rljob's arm takes
+    # --remat (what rljob's recipes would set for this model on this chip).
+    k = keys(budget, a.remat if arm == "rljob" else "full")
     rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
     if arm == "rljob":
         built = cpu.rljob_arm(k, rollouts, budget)
@@ -106,6 +108,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "mfu": flops / step / chip.peak_bf16_flops,
         "model_flops_per_token": flops / useful,
         "budget": budget,
+        "remat_policy": k["remat_policy"],
         "device": jax.devices()[0].device_kind,
         **{k2: v for k2, v in built.items() if k2 in ("adapter", "example_shape", "calls", "rows")},
     }
@@ -119,6 +122,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--remat", default="full", help="rljob arm's MaxText remat_policy")
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in this process (the parent runs each so)
     a = ap.parse_args()
     if a.arm:
@@ -132,11 +136,17 @@ def main() -> int:
     if not has_tpu:
         emit("skipped", "no TPU on this machine (a TPU machine: hack/tpu/README.md)")
         return 0
-    ctx = {"model": MODEL, "rollouts": a.rollouts, "scale": a.scale, "repeats": a.repeats}
+    ctx = {
+        "model": MODEL,
+        "rollouts": a.rollouts,
+        "scale": a.scale,
+        "repeats": a.repeats,
+        "rljob_remat": a.remat,
+    }
     results: dict[str, dict[str, Any]] = {}
     for arm in a.arms.split(","):
         cmd = [sys.executable, __file__, "--arm", arm] + [
-            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")
+            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed", "remat")
         ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=900)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ARM ")]

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         text=True,
         check=False,
     )
+    (OUT / "compilecheck.log").write_text(proc.stderr)  # with JAX_DEBUG_LOG_MODULES: the cache key's parts
     sys.stderr.write(proc.stderr[-3000:])
     if proc.returncode != 0:
         return proc.returncode

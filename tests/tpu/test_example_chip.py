@@ -42,15 +42,31 @@ _LOOKUP = re.compile(
 )
 
 
+_PART = re.compile(r"get_cache_key hash of serialized (.+): ([0-9a-f]+)")
+
+
 class _Lookups(logging.Handler):
+    """The persistent cache's lookups, and the hash of each part of each program's key (jax/_src/cache_key.py
+    logs them at DEBUG before the lookup), to compare with the compile stage's (hack/tpu/precompile.py keeps
+    its log)."""
+
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.seen: list[tuple[str, str]] = []
+        self.parts: dict[str, dict[str, str]] = {}
+        self._pending: dict[str, str] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        m = _LOOKUP.search(record.getMessage())
+        msg = record.getMessage()
+        p = _PART.search(msg)
+        if p:
+            self._pending[p[1]] = p[2][:16]
+            return
+        m = _LOOKUP.search(msg)
         if m:
             self.seen.append(("hit", m[3]) if m[3] else (m[1].lower(), m[2]))
+            self.parts.setdefault(m[3] or m[2], dict(self._pending))
+            self._pending = {}
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +85,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     rc = RunConfig.load(str(CACHE / "run.json"))
     predicted = json.loads((CACHE / "compile.json").read_text())["compile"]
     lookups = _Lookups()
-    for name in ("jax._src.compiler", "jax._src.compilation_cache"):
+    for name in ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.cache_key"):
         lg = logging.getLogger(name)
         lg.setLevel(logging.DEBUG)
         lg.addHandler(lookups)
@@ -118,6 +134,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
         misses=misses,
         hits=hits,
         first_step=first,
+        key_parts=lookups.parts,
     )
     record("example_chip", "step_seconds_median", step_s, **ctx, all=times)
     record("example_chip", "peak_hbm_measured_bytes", measured, **ctx)
