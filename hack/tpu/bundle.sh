@@ -69,6 +69,13 @@ cp "$work/dists" "$out/dists.txt"
 cat > "$out/setup.sh" <<'SH'
 # Sourced on the TPU machine once every part is in /tmp/tpu-parts: unpacks once, then sets the environment.
 if [[ ! -d /tmp/rljob-site ]]; then cat /tmp/tpu-parts/part.* | zstd -q -d --long=27 | tar xf - -C /tmp; fi
+# The project's own packages from the working tree sourcing this (the bundle's copy is as old as the
+# bundle): each rljob.<folder> links to ./<folder> (the top-level folders with an __init__.py).
+mkdir -p /tmp/rljob-site/rljob
+for f in */__init__.py; do
+  f=${f%/__init__.py}; p=/tmp/rljob-site/rljob/$f
+  if [[ ! -L $p ]]; then rm -rf "$p"; ln -s "$PWD/$f" "$p"; fi
+done
 export PYTHONPATH=/tmp/rljob-site PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1 JAX_PLATFORMS=tpu,cpu
 PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}
 SH

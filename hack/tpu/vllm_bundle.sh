@@ -75,7 +75,10 @@ rm -rf "$out"; mkdir -p "$out"
 cat > "$out/setup.sh" <<'SH'
 # Sourced on the TPU machine once every part is in /tmp/vllm-parts: unpacks once, then sets the environment.
 if [[ ! -d /tmp/vllm-site ]]; then cat /tmp/vllm-parts/part.* | zstd -q -d --long=27 | tar xf - -C /tmp; fi
-export VLLM_PYTHONPATH=/tmp/vllm-site
+# rljob's packages from the working tree sourcing this (rljob.<folder> -> ./<folder>), after the engine's.
+mkdir -p /tmp/rljob-tree/rljob
+for f in */__init__.py; do ln -sfn "$PWD/${f%/__init__.py}" "/tmp/rljob-tree/rljob/${f%/__init__.py}"; done
+export VLLM_PYTHONPATH=/tmp/vllm-site:/tmp/rljob-tree
 PY312=${PY312:-/root/.pyenv/versions/3.12.1/bin/python3.12}
 SH
 ls -la "$out"
