@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from fixtures.recipes import recipe_manifest, resolve
+from rljob.common import revision
 from rljob.common.credentials import bearer, new_token, token_env
 from rljob.local.localrun import local_run_config
 from rljob.recipes import recipe_catalog
@@ -279,6 +280,9 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     publish_adapter(
         rc.storage.adapters, 0, cpu_policy.peft.to_peft(cpu_policy.lora0), cpu_policy.peft.config()
     )
+    # The commit the trainer pinned for spec.model.revision (the sampler waits for it and serves it).
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    revision.write(rc.storage.root, revision.Pinned(rc.spec.model.name, rc.spec.model.revision, commit))
     token = new_token()
     env = {
         **os.environ,
@@ -331,6 +335,7 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
         assert token not in argv
         assert argv[:2] == ["serve", "rljob/tiny-qwen3"]
         assert argv[argv.index("--max-lora-rank") + 1] == "8" and "--enable-lora" in argv
+        assert argv[argv.index("--revision") + 1] == commit
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
