@@ -87,8 +87,8 @@ typecheck: venv pkgview
 test: lint typecheck
 	$(VENV)/bin/pytest -m "not longdrill"
 
-# The drills too long for make test on a 2-core machine (marker longdrill; the catalog drill past its
-# deadline runs with 1300 s, tests/cli/test_drill.py).
+# The drills (and the one compile) too long for make test on a 2-core machine (marker longdrill; the
+# catalog drill past its deadline runs with 1300 s, tests/cli/test_drill.py).
 .PHONY: test-long
 test-long: venv
 	$(VENV)/bin/pytest -m longdrill
