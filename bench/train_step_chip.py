@@ -20,9 +20,13 @@ Each arm runs in a process of its own (the chip's peak-memory counter only grows
 steps, then ``--repeats`` timed steps; per arm: the median step seconds, useful (non-pad) tokens/s, peak
 HBM (``memory_stats()['peak_bytes_in_use']``), MFU (MaxText's model FLOPs of the useful tokens over the chip's
 peak bf16 FLOP/s; the FLOPs per token are in the output), the tokens the arm computed (pads included).
-The last lines: rljob over the best peer (tokens/s, against the fastest peer) and over the leanest peer
-(peak HBM). Without a TPU: one line, skipped. Run on a TPU machine (hack/tpu/README.md):
-``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5]``
+The last lines: each rljob arm over the best peer (tokens/s, against the fastest peer) and over the leanest
+peer (peak HBM). ``--remat full,minimal`` runs rljob's arm once per MaxText ``remat_policy`` (the peers keep
+MaxText's default, full, as their users run them). Without a TPU: one line, skipped. Run on a TPU machine
+(hack/tpu/README.md):
+``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5] [--remat full,minimal]``
+``--cpu-dry-run`` runs every arm here on the CPU at 2 layers with dot-product attention (Splash is TPU-only):
+a check of the script, not a figure.
 """
 
 from __future__ import annotations
@@ -56,7 +60,14 @@ def _cpu_bench() -> Any:
     return mod
 
 
-def keys(budget: int, remat: str = "full") -> dict[str, Any]:
+def keys(budget: int, remat: str = "full", cpu_dry_run: bool = False) -> dict[str, Any]:
+    if cpu_dry_run:
+        return {
+            **keys(budget, remat),
+            "attention": "dot_product",
+            "base_num_decoder_layers": 2,
+            "override_model_config": True,
+        }
     return {
         "model_name": MODEL,
         "run_name": "rljob",
@@ -83,19 +94,19 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     budget = align_up(19_456 // a.scale + 1024 // a.scale, 128)
     # The peers keep MaxText's default rematerialisation (full), as their users run them; rljob's arm takes
     # --remat (what rljob's recipes would set for this model on this chip).
-    k = keys(budget, a.remat if arm == "rljob" else "full")
+    k = keys(budget, a.remat if arm == "rljob" else "full", a.cpu_dry_run)
     rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
     if arm == "rljob":
-        built = cpu.rljob_arm(k, rollouts, budget)
+        built = cpu.rljob_arm(k, rollouts, budget, analyse=False)
     else:
-        built = cpu.tunix_arm(k, rollouts, budget, packed=arm == "tunix_packed", micro_batch=1)
+        built = cpu.tunix_arm(k, rollouts, budget, packed=arm == "tunix_packed", micro_batch=1, analyse=False)
     times = [built["step"]()[0] for _ in range(a.repeats)]
     useful = sum(p + c for p, c in lengths)
     cfg = maxtext_config(k)
     flops = compilecheck.model_flops(cfg, float(useful), backward=True)
     step = statistics.median(times)
     # This TPU's generation, from the accelerator type a TPU VM or GKE node exports (e.g. v5litepod-4).
-    chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "").rsplit("-", 1)[0]]
+    chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-1").rsplit("-", 1)[0]]
     peak = int((jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
     return {
         "arm": arm,
@@ -122,7 +133,11 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--remat", default="full", help="rljob arm's MaxText remat_policy")
+    ap.add_argument(
+        "--remat", default="full", help="rljob arm's MaxText remat_policy; a comma list runs one arm each"
+    )
+    ap.add_argument("--arm-timeout", type=int, default=900, help="seconds for one arm's process")
+    ap.add_argument("--cpu-dry-run", action="store_true", help="2 layers, dot-product attention, on the CPU")
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in this process (the parent runs each so)
     a = ap.parse_args()
     if a.arm:
@@ -130,9 +145,16 @@ def main() -> int:
         return 0
     env = dict(os.environ)
     probe = "import jax; print(any(d.platform == 'tpu' for d in jax.devices()))"
-    has_tpu = "tpu" in env.get("JAX_PLATFORMS", "tpu") and subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False, timeout=300
-    ).stdout.strip().endswith("True")
+    has_tpu = a.cpu_dry_run or (
+        "tpu" in env.get("JAX_PLATFORMS", "tpu")
+        and subprocess.run(
+            [sys.executable, "-c", probe], capture_output=True, text=True, env=env, check=False, timeout=300
+        )
+        .stdout.strip()
+        .endswith("True")
+    )
+    if a.cpu_dry_run:
+        env["JAX_PLATFORMS"] = "cpu"
     if not has_tpu:
         emit("skipped", "no TPU on this machine (a TPU machine: hack/tpu/README.md)")
         return 0
@@ -141,21 +163,33 @@ def main() -> int:
         "rollouts": a.rollouts,
         "scale": a.scale,
         "repeats": a.repeats,
-        "rljob_remat": a.remat,
+        "cpu_dry_run": a.cpu_dry_run,
     }
     results: dict[str, dict[str, Any]] = {}
-    for arm in a.arms.split(","):
-        cmd = [sys.executable, __file__, "--arm", arm] + [
-            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed", "remat")
+    policies = a.remat.split(",")
+    runs = [(arm, remat) for arm in a.arms.split(",") for remat in (policies if arm == "rljob" else ["full"])]
+    for arm, remat in runs:
+        name = arm if arm != "rljob" or "," not in a.remat else f"rljob[{remat}]"
+        cmd = [sys.executable, __file__, "--arm", arm, f"--remat={remat}"] + [
+            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=900)
+        if a.cpu_dry_run:
+            cmd.append("--cpu-dry-run")
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, text=True, env=env, check=False, timeout=a.arm_timeout
+            )
+        except subprocess.TimeoutExpired:
+            emit("arm_failed", f"no result within {a.arm_timeout} s", arm=name, **ctx)
+            continue
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ARM ")]
         if proc.returncode != 0 or not lines:
             tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
-            emit("arm_failed", tail, arm=arm, **ctx)
+            emit("arm_failed", tail, arm=name, **ctx)
             continue
         r = json.loads(lines[-1][4:])
-        results[arm] = r
+        r["arm"] = name
+        results[name] = r
         for metric in ("step_seconds", "tokens_per_s", "peak_hbm_bytes", "mfu"):
             emit(
                 metric,
@@ -167,19 +201,27 @@ def main() -> int:
                     if k not in ("step_seconds", "tokens_per_s", "peak_hbm_bytes", "mfu")
                 },
             )
-    peers = {k: v for k, v in results.items() if k != "rljob"}
-    if "rljob" in results and peers:
-        fastest = max(peers.values(), key=lambda r: r["tokens_per_s"])
-        leanest = min(peers.values(), key=lambda r: r["peak_hbm_bytes"])
+    peers = {k: v for k, v in results.items() if not k.startswith("rljob")}
+    if not peers:
+        return 0
+    fastest = max(peers.values(), key=lambda r: r["tokens_per_s"])
+    leanest = min(peers.values(), key=lambda r: r["peak_hbm_bytes"])
+    for name, mine in results.items():
+        if not name.startswith("rljob"):
+            continue
         emit(
             "rljob_over_best_peer_tokens_ratio",
-            results["rljob"]["tokens_per_s"] / fastest["tokens_per_s"],
+            mine["tokens_per_s"] / fastest["tokens_per_s"],
+            arm=name,
+            remat_policy=mine["remat_policy"],
             peer=fastest["arm"],
             **ctx,
         )
         emit(
             "rljob_over_best_peer_peak_hbm_ratio",
-            results["rljob"]["peak_hbm_bytes"] / leanest["peak_hbm_bytes"],
+            mine["peak_hbm_bytes"] / max(leanest["peak_hbm_bytes"], 1),
+            arm=name,
+            remat_policy=mine["remat_policy"],
             peer=leanest["arm"],
             **ctx,
         )
