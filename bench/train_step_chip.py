@@ -99,7 +99,18 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     if arm == "rljob":
         built = cpu.rljob_arm(k, rollouts, budget, analyse=False)
     else:
-        built = cpu.tunix_arm(k, rollouts, budget, packed=arm == "tunix_packed", micro_batch=1, analyse=False)
+        # Splash attention (TPU) takes rows in 128-token blocks: tunix's padded lengths and the sample call
+        # qwix makes to create the LoRA factors are sized for it (bench/train_step_vs_tunix.py).
+        built = cpu.tunix_arm(
+            k,
+            rollouts,
+            budget,
+            packed=arm == "tunix_packed",
+            micro_batch=1,
+            analyse=False,
+            align=128,
+            sample_tokens=512,
+        )
     times = [built["step"]()[0] for _ in range(a.repeats)]
     useful = sum(p + c for p, c in lengths)
     cfg = maxtext_config(k)

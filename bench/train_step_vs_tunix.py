@@ -139,8 +139,10 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, analyse: b
     }
 
 
-def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
-    """The tiny MaxText model with the same LoRA, as tunix calls it, and which adapter was used."""
+def tunix_model(keys: dict[str, Any], sample_tokens: int = 8) -> tuple[Any, str]:
+    """The tiny MaxText model with the same LoRA, as tunix calls it, and which adapter was used.
+    ``sample_tokens``: the length of the sample call qwix makes to create the factors (Splash attention
+    refuses a row shorter than its 128-lane block, so a TPU run with ``attention: flash`` passes 512)."""
     from pathlib import Path
 
     import jax
@@ -156,7 +158,7 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
     cfg = pyconfig.initialize(["", str(Path(maxtext.__file__).parent / "configs" / "base.yml")], **merged)
     model = build_model(cfg, 0)
     provider = qwix.LoraProvider(module_path=r".*/(key|out|query|value|wi_0|wi_1|wo)", rank=8, alpha=16.0)
-    toks, pos, seg = _sample_inputs()
+    toks, pos, seg = _sample_inputs(sample_tokens)
     lora = qwix.apply_lora_to_model(
         model, provider, toks, pos, decoder_segment_ids=seg, enable_dropout=False, rngs=nnx.Rngs(1000)
     )
@@ -182,17 +184,20 @@ def tunix_model(keys: dict[str, Any]) -> tuple[Any, str]:
 
 
 def tunix_examples(
-    rollouts: list[Any], packed: bool, budget: int, micro_batch: int | None = None
+    rollouts: list[Any], packed: bool, budget: int, micro_batch: int | None = None, align: int = 1
 ) -> list[Any]:
     """tunix's TrainExamples of ``rollouts``: padded (one example, or ``micro_batch`` rollouts each, as its
-    RLTrainingConfig.training_micro_batch_size splits them), or packed to ``budget`` tokens a row."""
+    RLTrainingConfig.training_micro_batch_size splits them), or packed to ``budget`` tokens a row. The
+    prompts are padded to the longest prompt and the completions to the longest completion, each rounded up
+    to ``align`` (tunix pads to its configured max_prompt_length and total_generation_steps; with Splash
+    attention on a TPU those must be multiples of its 128-token block)."""
     import jax
     import jax.numpy as jnp
     from tunix.rl import common
     from tunix.rl import utils as rl_utils
 
-    pl = max(int(np.size(r.prompt_ids)) for r in rollouts)
-    cl = max(int(np.size(r.completion_ids)) for r in rollouts)
+    pl = -(-max(int(np.size(r.prompt_ids)) for r in rollouts) // align) * align
+    cl = -(-max(int(np.size(r.completion_ids)) for r in rollouts) // align) * align
     b = len(rollouts)
     p_ids = np.zeros((b, pl), np.int32)
     c_ids = np.zeros((b, cl), np.int32)
@@ -232,6 +237,8 @@ def tunix_arm(
     packed: bool,
     micro_batch: int | None = None,
     analyse: bool = True,
+    align: int = 1,
+    sample_tokens: int = 8,
 ) -> dict[str, Any]:
     import jax
     import optax
@@ -241,8 +248,8 @@ def tunix_arm(
     from tunix.rl.grpo.grpo_learner import GRPOConfig
     from tunix.sft import peft_trainer
 
-    examples = tunix_examples(rollouts, packed, budget, micro_batch)
-    model, adapter = tunix_model(keys)
+    examples = tunix_examples(rollouts, packed, budget, micro_batch, align)
+    model, adapter = tunix_model(keys, sample_tokens)
     algo = GRPOConfig(num_generations=4, beta=0.0, epsilon=0.2)
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-5))

@@ -75,7 +75,10 @@ rm -rf "$out"; mkdir -p "$out"
 cat > "$out/setup.sh" <<'SH'
 # Sourced on the TPU machine once every part is in /tmp/vllm-parts: unpacks once, then sets the environment.
 if [[ ! -d /tmp/vllm-site ]]; then cat /tmp/vllm-parts/part.* | zstd -q -d --long=27 | tar xf - -C /tmp; fi
-# rljob's packages from the working tree sourcing this (rljob.<folder> -> ./<folder>), after the engine's.
+# rljob's packages from the working tree sourcing this (rljob.<folder> -> ./<folder>), after the engine's;
+# the bundle's own copy of rljob (as old as the bundle) would shadow them: a regular package found on any
+# path entry wins over a namespace portion (seen on the chip: an import of a newer name failed).
+rm -rf /tmp/vllm-site/rljob
 mkdir -p /tmp/rljob-tree/rljob
 for f in */__init__.py; do ln -sfn "$PWD/${f%/__init__.py}" "/tmp/rljob-tree/rljob/${f%/__init__.py}"; done
 export VLLM_PYTHONPATH=/tmp/vllm-site:/tmp/rljob-tree
