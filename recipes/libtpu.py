@@ -33,9 +33,21 @@ UNKNOWN_FLAG: Final = re.compile(r"Unknown command line flag '([A-Za-z0-9_]+)'")
 # persistent compilation cache hashes LIBTPU_INIT_ARGS into every key (jax/_src/cache_key.py,
 # ``_hash_xla_flags``), and on a machine without chips JAX leaves the variable alone. The compile stage
 # appends it too: measured on a TPU v5e, a program compiled here for v5e:1x1 then had the key the chip looked
-# up (without it only the "XLA flags" part differed). It is not enough for the trainer's own programs, which
-# the chip still compiled again (docs/drill.md, "Zero-compile start").
+# up (without it only the "XLA flags" part differed).
 TPU_MACHINE_FLAG: Final = "xla_tpu_use_enhanced_launch_barrier"
+XLA_FLAGS_ENV: Final = "XLA_FLAGS"
+# XLA_FLAGS that change nothing, yet not empty: a dump option at XLA's default (XLA reads a value that does
+# not start with "--" as a file name, and every XLA, jaxlib's and libtpu's, knows this flag). MaxText writes
+# its HLO-dump defaults (``--xla_dump_to=... --xla_dump_large_constants``) into XLA_FLAGS whenever it builds
+# a config and finds the variable empty (maxtext/configs/types.py, ``validate_and_set_hlo_dump_defaults``;
+# MaxText 0.2.5). XLA reads the variable into its compile options once, at the first compile of the process,
+# while JAX's cache key hashes the variable as it is at each compile (jax/_src/cache_key.py): a process that
+# compiled anything before its first MaxText config (a trainer pod: its first collective) files its programs
+# under other compile options than the compile stage (which builds the config first), with the same "XLA
+# flags" part. Measured on a TPU v5e: the trainer's accumulate and apply programs had the compile stage's
+# HLO, flags, platform and topology, and missed its cache on their compile options alone (docs/drill.md,
+# "Starting without compiling"; tests/trainer/test_xla_flags_settled.py shows it with libtpu's compiler).
+INERT_XLA_FLAGS: Final = "--xla_dump_large_constants=false"
 
 
 def value_text(value: Any) -> str:
@@ -62,6 +74,17 @@ def tpu_machine_args(flags: Mapping[str, str]) -> str:
     if f"--{TPU_MACHINE_FLAG}" not in args:
         args += f" --{TPU_MACHINE_FLAG}=true"
     return args.strip()
+
+
+def settled_xla_flags(env: Mapping[str, str], maxtext: Mapping[str, Any]) -> str | None:
+    """The XLA_FLAGS a trainer process and the compile stage set before JAX compiles anything (None: leave it
+    as it is), so that XLA's compile options and JAX's cache key see one value for the whole process, the same
+    in both: :data:`INERT_XLA_FLAGS` where the variable is empty, which MaxText then leaves alone. A variable
+    already set (a user's, a drill's) is kept, and so is MaxText's own where the keys ask it for HLO dumps
+    (``dump_hlo``, ``dump_hlo_xla_flags``: MaxText refuses XLA_FLAGS beside the latter)."""
+    if env.get(XLA_FLAGS_ENV) or maxtext.get("dump_hlo") or maxtext.get("dump_hlo_xla_flags"):
+        return None
+    return INERT_XLA_FLAGS
 
 
 def problems(flags: Mapping[str, Any] | None, accelerator: str | None) -> list[str]:

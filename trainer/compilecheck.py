@@ -238,8 +238,6 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
     """The trainer's TPU programs with abstract arguments of the run's shapes."""
     import jax
     import jax.numpy as jnp
-    from jax.sharding import NamedSharding
-    from jax.sharding import PartitionSpec as P
     from rljob.trainer.rollouts import parity_pack
 
     cfg = trainer.cfg
@@ -251,9 +249,11 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
         )
         for k, d in _BATCH_DTYPES.items()
     }
-    rep = NamedSharding(policy.mesh, P())  # type: ignore[no-untyped-call]
     gate = parity_pack(pack, policy.row_multiple())
-    row = jax.ShapeDtypeStruct((gate.rows, gate.budget), jnp.int32, sharding=rep)  # type: ignore[no-untyped-call]
+    # The gate's rows as the trainer passes them, host arrays (rollouts.SamplerSource.parity_of) whose
+    # sharding the compiler chooses: a declared sharding lowers another program (measured on a TPU v5e, the
+    # chip's parity program missed the compile stage's cache on its HLO and its compile options).
+    row = jax.ShapeDtypeStruct((gate.rows, gate.budget), jnp.int32)  # type: ignore[no-untyped-call]
     opt = resident_bytes(state.opt_state) + resident_bytes((state.step, state.skipped))
     step_fields = "spec.packing.tokenBudget, spec.trainer.microBatchSize"
     n = int(policy.mesh.size)
@@ -558,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--termination-log", help="also write the refusal lines to this file")
     args = p.parse_args(argv)
     rc = RunConfig.load(args.config)
+    from rljob.trainer.main import settle_xla_flags
+
+    # Before anything compiles, as the trainer does: XLA's compile options and JAX's cache keys then match
+    # the trainer's (rljob.recipes.libtpu.settled_xla_flags).
+    settle_xla_flags(rc.trainer.maxtext)
     flags = libtpu_flag_refusals(args.config, rc)
     if flags:
         return _refused(flags, {"fits": False, "libtpu_flags": rc.trainer.libtpu_flags}, args.termination_log)

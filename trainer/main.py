@@ -37,11 +37,11 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import ValidationError
-from rljob.recipes import topology
+from rljob.recipes import libtpu, topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK, NO_CREDENTIALS
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 from rljob.trainer.sync import align
@@ -133,10 +133,19 @@ def distributed_env(rc: RunConfig | None, env: dict[str, str] | None = None) -> 
     return DistributedEnv(coord, count, pid, in_cluster)
 
 
-def initialize_distributed(denv: DistributedEnv) -> None:
+def settle_xla_flags(maxtext: Mapping[str, Any]) -> None:
+    """XLA_FLAGS fixed before this process compiles anything (rljob.recipes.libtpu.settled_xla_flags): the
+    trainer and the compile stage then file and look up its programs under the same cache keys."""
+    value = libtpu.settled_xla_flags(os.environ, maxtext)
+    if value is not None:
+        os.environ[libtpu.XLA_FLAGS_ENV] = value
+
+
+def initialize_distributed(denv: DistributedEnv, maxtext: Mapping[str, Any] | None = None) -> None:
     # libtpu reads its process layout from the environment when the TPU backend starts: the container's
     # worker id, port and peers (rljob.recipes.topology), before anything imports JAX's TPU backend.
     os.environ.update(denv.tpu_env)
+    settle_xla_flags(maxtext or {})
     import jax
 
     if denv.num_processes > 1:
@@ -465,7 +474,7 @@ def run_main(args: argparse.Namespace) -> int:
         from rljob.trainer.tinker import main as service_main
 
         return service_main.main(["--config", args.config, "--model", args.model])
-    initialize_distributed(denv)
+    initialize_distributed(denv, rc.trainer.maxtext)
     import jax
 
     if args.rollouts == "sampler" and not args.distributed_check:

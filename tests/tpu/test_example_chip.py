@@ -10,10 +10,13 @@ This test then does what ``rljob-trainer`` does (rljob.trainer.loop): restores t
 (rljob.common.caches.jax_compilation_cache), builds the policy and the step from the run config
 (``model_setup``), and steps. It asserts:
 - zero-compile start: the step's programs (accumulate, apply, the parity gate's scoring) are persistent-cache
-  hits, none compiled on the chip (the cache's misses are counted from JAX's own log lines). Not so today:
-  measured on a v5e (2026-12-06), all three missed and compiled (43 misses in all), although a plain program
-  compiled the same way is a hit (hack/tpu/cache_probe.py); the test is a strict xfail until they hit, and
-  docs/drill.md no longer promises it;
+  hits, none compiled on the chip (the cache's misses are counted from JAX's own log lines). Measured on a
+  v5e (2026-12-06), all three missed: accumulate and apply on their compile options alone (MaxText's
+  XLA_FLAGS read at another moment of the process: rljob.recipes.libtpu.settled_xla_flags, now settled
+  first by the trainer, the compile stage and this test), the parity program also on its HLO (the compile
+  stage declared its rows' sharding; the trainer passes host arrays). Both are fixed and tested on the CPU
+  (tests/trainer/test_xla_flags_settled.py), not yet on the chip: the test stays a strict xfail until a
+  chip run shows the hits;
 - the compile stage's predicted peak HBM is within PREDICTION_BAND of the chip's measured peak
   (``memory_stats()``), and its roofline is compared with the measured step time (a figure, not a bound).
 """
@@ -77,12 +80,13 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     import jax
     from rljob.common import caches
     from rljob.recipes.runconfig import RunConfig
-    from rljob.trainer.main import model_setup
+    from rljob.trainer.main import model_setup, settle_xla_flags
     from rljob.trainer.model import Policy
     from rljob.trainer.packing import pack_rollouts
     from rljob.trainer.train_step import Trainer
 
     rc = RunConfig.load(str(CACHE / "run.json"))
+    settle_xla_flags(rc.trainer.maxtext)  # as rljob-trainer does before it compiles anything
     predicted = json.loads((CACHE / "compile.json").read_text())["compile"]
     lookups = _Lookups()
     for name in ("jax._src.compiler", "jax._src.compilation_cache", "jax._src.cache_key"):
@@ -157,8 +161,9 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="measured on a v5e (2026-12-06): the trainer's programs missed the cache the preflight wrote and "
-    "compiled on the chip (docs/drill.md, 'Zero-compile start')",
+    reason="measured on a v5e (2026-12-06): the trainer's programs missed the cache the preflight wrote "
+    "(compile options and the parity program's HLO); fixed since, not yet run on a chip (docs/drill.md, "
+    "'Starting without compiling')",
 )
 def test_the_step_compiles_nothing_on_the_chip(trained: dict[str, Any]) -> None:
     assert "jit__accumulate" in trained["hits"] and "jit__apply" in trained["hits"], trained["seen"]
