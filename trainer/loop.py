@@ -60,13 +60,14 @@ def task_of(rc: RunConfig, seed: int = 0) -> Task:
     return load_task(context_of(rc, seed))
 
 
-def chat_tokenizer(rc: RunConfig, model: str) -> Callable[[], Any] | None:
-    """Where a chat prompt's template comes from: the Hugging Face tokenizer of spec.model.name (what the
-    samplers serve) for the run's own model; none for the tiny and miniature CPU models (the CPU sampler's
-    tokenizer is UTF-8 bytes, without a chat template)."""
+def chat_tokenizer(rc: RunConfig, model: str, revision: str | None = None) -> Callable[[], Any] | None:
+    """Where a chat prompt's template comes from: the Hugging Face tokenizer of spec.model.name at
+    ``revision`` (the run's pinned commit, which the samplers serve: vLLM takes the tokenizer at the model's
+    revision; spec.model.revision as written where not given) for the run's own model; none for the tiny and
+    miniature CPU models (the CPU sampler's tokenizer is UTF-8 bytes, without a chat template)."""
     if model != "config":
         return None
-    return hf_tokenizer(rc.spec.model.name, rc.spec.dataset.task)
+    return hf_tokenizer(rc.spec.model.name, rc.spec.dataset.task, revision or rc.spec.model.revision)
 
 
 def cpu_step_config(rc: RunConfig, max_len: int, steps: int | None = None) -> Any:
@@ -130,6 +131,7 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         model_setup,
         prepare_base_weights,
         profile,
+        resolved_base_weights,
     )
     from rljob.trainer.model import Policy
     from rljob.trainer.progress import Reporter, StepLog, sink_for
@@ -152,7 +154,10 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
         guard_process=jax.process_index(),
     )
     try:
-        chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model))
+        # The base weights' commit first: the chat template comes from the tokenizer at that commit.
+        resolved = resolved_base_weights(rc) if args.model == "config" else None
+        pinned = resolved.revision if resolved is not None else None
+        chat = ChatPrompts(task_of(rc, args.seed), chat_tokenizer(rc, args.model, pinned))
         chat.eval_prompts()  # renders the chat prompts once: a tokenizer that cannot load fails here
         reward_url = spec.dataset.reward_url
         task: Task = RemoteReward(chat, reward_url) if reward_url else chat
@@ -166,7 +171,9 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
                 if jax.process_index() == 0
                 else None
             )
-            base = prepare_base_weights(rc, model_spec.maxtext, lambda line: early.update(message=line))
+            base = prepare_base_weights(
+                rc, model_spec.maxtext, lambda line: early.update(message=line), resolved
+            )
             model_spec = dataclasses.replace(model_spec, checkpoint=base)
         elif args.model == "miniature":
             model_spec = miniature_spec(rc, mesh=True, checkpoint=spec.model.checkpoint)

@@ -390,31 +390,14 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     return spec, step_cfg, st
 
 
-def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str:
-    """Before the policy of ``--model config`` is built: spec.model.revision resolved to a commit on the
-    Hub once per run (process 0 asks at the first start and pins the answer for every later start and for
-    the samplers, rljob.common.revision; every process gets its answer; a commit hash, or no route to the
-    Hub, keeps the revision as written), then spec.model's weights converted into the storage cache keyed
-    on that commit unless a complete conversion is there (process 0 converts, the others wait:
-    rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
-    Returns the checkpoint the policy loads. ``report`` (a str callable) gets the resolved commit and
-    the conversion's progress lines; BadConfig names the field."""
+def resolved_base_weights(rc: RunConfig, report: Any = None) -> Any:
+    """The run's base weights (rljob.trainer.hf_weights.BaseWeights) with spec.model.revision resolved to a
+    commit on the Hub once per run: process 0 asks at the first start and pins the answer for every later
+    start and for the samplers (rljob.common.revision); every process gets its answer; a commit hash, or no
+    route to the Hub, keeps the revision as written. Every process calls it (a collective). ``report`` (a
+    str callable) gets the resolved commit; BadConfig names the field."""
     import jax
-    from rljob.common import caches
-    from rljob.trainer.hf_weights import (
-        WeightsError,
-        base_weights,
-        check_source,
-        ensure_converted,
-        resolve_revision,
-        run_resolver,
-    )
-    from rljob.trainer.model import maxtext_config
-
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-        if report is not None:
-            report(line)
+    from rljob.trainer.hf_weights import WeightsError, base_weights, resolve_revision, run_resolver
 
     try:
         first = base_weights(rc)
@@ -423,8 +406,43 @@ def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None) -> str
             run_resolver(rc.storage.root) if jax.process_index() == 0 else (lambda _m, _r: None),
             share=_from_process_0,
         )
-        if bw is not first:
-            say(f"base weights: {bw.model}@{bw.ref} is commit {bw.revision}")
+    except WeightsError as e:
+        raise BadConfig(str(e)) from e
+    if bw is not first:
+        print(_pinned_line(bw), file=sys.stderr, flush=True)
+        if report is not None:
+            report(_pinned_line(bw))
+    return bw
+
+
+def _pinned_line(bw: Any) -> str:
+    return f"base weights: {bw.model}@{bw.ref} is commit {bw.revision}"
+
+
+def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None, resolved: Any = None) -> str:
+    """Before the policy of ``--model config`` is built: the base weights at their pinned commit
+    (``resolved``, or :func:`resolved_base_weights` now), then spec.model's weights converted into the
+    storage cache keyed on that commit unless a complete conversion is there (process 0 converts, the others
+    wait: rljob.trainer.hf_weights), or spec.model.checkpoint checked against the model the sampler serves.
+    Returns the checkpoint the policy loads. ``report`` (a str callable) gets the resolved commit and the
+    conversion's progress lines; BadConfig names the field."""
+    import jax
+    from rljob.common import caches
+    from rljob.trainer.hf_weights import WeightsError, check_source, ensure_converted
+    from rljob.trainer.model import maxtext_config
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+        if report is not None:
+            report(line)
+
+    if resolved is None:
+        bw = resolved_base_weights(rc, report)
+    else:  # resolved (and printed) earlier, before this report existed
+        bw = resolved
+        if bw.ref and report is not None:
+            report(_pinned_line(bw))
+    try:
         if not bw.convert:
             check_source(bw)
             return bw.checkpoint

@@ -302,15 +302,16 @@ class ChatPrompts:
         return self.task.reward(prompt, completion_tokens, completion_text)
 
 
-def hf_tokenizer(name: str, task: str) -> Callable[[], Any]:
-    """A loader of the Hugging Face tokenizer ``name`` (spec.model.name: the model the samplers serve, from
-    the same hub and with the same credentials); failing to load it is a TaskError naming the field."""
+def hf_tokenizer(name: str, task: str, revision: str | None = None) -> Callable[[], Any]:
+    """A loader of the Hugging Face tokenizer ``name`` at ``revision`` (spec.model.name at the run's pinned
+    commit: the model and tokenizer the samplers serve, from the same hub and with the same credentials);
+    failing to load it is a TaskError naming the field."""
 
     def load() -> Any:
         try:
             from transformers import AutoTokenizer
 
-            return AutoTokenizer.from_pretrained(name)
+            return AutoTokenizer.from_pretrained(name, revision=revision)
         except Exception as e:
             raise TaskError(
                 f"spec.model.name: cannot load the tokenizer of {name} to render task {task}'s chat prompts: "

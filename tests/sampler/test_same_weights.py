@@ -215,3 +215,41 @@ def test_a_pin_that_never_appears_exits_for_a_counted_restart_not_a_hang(
     assert err.startswith(
         f"spec.model.revision: {rc.spec.model.name}@main: the trainer wrote no pinned commit"
     )
+
+
+@pytest.mark.jax
+def test_the_trainers_chat_tokenizer_is_the_pinned_commits(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trainer renders chat prompts with the tokenizer at the commit both roles load (vLLM takes its
+    tokenizer at the model's revision), not at whatever the ref names when the trainer (re)starts: the loop
+    resolves the pin first (rljob.trainer.main.resolved_base_weights), then loads the tokenizer at it."""
+    import transformers
+    from rljob.trainer import hf_weights
+    from rljob.trainer.loop import chat_tokenizer
+    from rljob.trainer.main import resolved_base_weights
+
+    loaded: list[tuple[str, str | None]] = []
+    monkeypatch.setattr(
+        transformers.AutoTokenizer,
+        "from_pretrained",
+        lambda name, revision=None, **_: loaded.append((name, revision)),
+    )
+    rc = _run(tmp_path)
+    hub = _Hub(COMMIT_A)
+    for moved_to in (COMMIT_A, COMMIT_B):  # the first start, then a restart after main moved
+        hub.commit = moved_to
+        with monkeypatch.context() as m:
+            m.setattr(hf_weights, "hub_commit", hub)
+            bw = resolved_base_weights(rc)
+        load = chat_tokenizer(rc, "config", bw.revision)
+        assert load is not None
+        load()
+    assert loaded == [(rc.spec.model.name, COMMIT_A)] * 2 and hub.asked == 1
+    # Without a pinned commit (none given), the ref as written, never the Hub's default branch.
+    tagged = _run(tmp_path / "t", revision="v1.0")
+    load = chat_tokenizer(tagged, "config")
+    assert load is not None
+    load()
+    assert loaded[-1] == (rc.spec.model.name, "v1.0")
+    assert chat_tokenizer(rc, "tiny") is None
