@@ -38,13 +38,16 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from rljob.recipes import libtpu, topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK, NO_CREDENTIALS
 from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
 from rljob.trainer.sync import align
+
+if TYPE_CHECKING:
+    from rljob.trainer.hf_weights import BaseWeights
 
 __all__ = [
     "BadConfig",
@@ -390,7 +393,7 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     return spec, step_cfg, st
 
 
-def resolved_base_weights(rc: RunConfig, report: Any = None) -> Any:
+def resolved_base_weights(rc: RunConfig, report: Any = None) -> BaseWeights:
     """The run's base weights (rljob.trainer.hf_weights.BaseWeights) with spec.model.revision resolved to a
     commit on the Hub once per run: process 0 asks at the first start and pins the answer for every later
     start and for the samplers (rljob.common.revision); every process gets its answer; a commit hash, or no
@@ -415,11 +418,13 @@ def resolved_base_weights(rc: RunConfig, report: Any = None) -> Any:
     return bw
 
 
-def _pinned_line(bw: Any) -> str:
+def _pinned_line(bw: BaseWeights) -> str:
     return f"base weights: {bw.model}@{bw.ref} is commit {bw.revision}"
 
 
-def prepare_base_weights(rc: RunConfig, maxtext: Any, report: Any = None, resolved: Any = None) -> str:
+def prepare_base_weights(
+    rc: RunConfig, maxtext: Any, report: Any = None, resolved: BaseWeights | None = None
+) -> str:
     """Before the policy of ``--model config`` is built: the base weights at their pinned commit
     (``resolved``, or :func:`resolved_base_weights` now), then spec.model's weights converted into the
     storage cache keyed on that commit unless a complete conversion is there (process 0 converts, the others
