@@ -393,28 +393,25 @@ def model_setup(rc: RunConfig, model: str, steps: int | None) -> tuple[Any, Any,
     return spec, step_cfg, st
 
 
-def resolved_base_weights(rc: RunConfig, report: Any = None) -> BaseWeights:
+def resolved_base_weights(rc: RunConfig) -> BaseWeights:
     """The run's base weights (rljob.trainer.hf_weights.BaseWeights) with spec.model.revision resolved to a
     commit on the Hub once per run: process 0 asks at the first start and pins the answer for every later
     start and for the samplers (rljob.common.revision); every process gets its answer; a commit hash, or no
-    route to the Hub, keeps the revision as written. Every process calls it (a collective). ``report`` (a
-    str callable) gets the resolved commit; BadConfig names the field."""
+    route to the Hub, keeps the revision as written (``ref`` is then empty). Every process calls it (a
+    collective); the resolved commit is printed. BadConfig names the field."""
     import jax
     from rljob.trainer.hf_weights import WeightsError, base_weights, resolve_revision, run_resolver
 
     try:
-        first = base_weights(rc)
         bw = resolve_revision(
-            first,
+            base_weights(rc),
             run_resolver(rc.storage.root) if jax.process_index() == 0 else (lambda _m, _r: None),
             share=_from_process_0,
         )
     except WeightsError as e:
         raise BadConfig(str(e)) from e
-    if bw is not first:
+    if bw.ref:
         print(_pinned_line(bw), file=sys.stderr, flush=True)
-        if report is not None:
-            report(_pinned_line(bw))
     return bw
 
 
@@ -441,12 +438,9 @@ def prepare_base_weights(
         if report is not None:
             report(line)
 
-    if resolved is None:
-        bw = resolved_base_weights(rc, report)
-    else:  # resolved (and printed) earlier, before this report existed
-        bw = resolved
-        if bw.ref and report is not None:
-            report(_pinned_line(bw))
+    bw = resolved if resolved is not None else resolved_base_weights(rc)
+    if bw.ref and report is not None:
+        report(_pinned_line(bw))
     try:
         if not bw.convert:
             check_source(bw)

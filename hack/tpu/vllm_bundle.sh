@@ -69,15 +69,15 @@ print(f"{len(keep)} distributions packed, left out: {sorted(d.metadata['Name'] f
 PY
 mkdir -p "$work/vllm-site"
 (cd "$site" && tar cf - -T "$work/files") | (cd "$work/vllm-site" && tar xf -)
-cp -r "$work/proj/rljob" "$work/vllm-site/"
 rm -rf "$out"; mkdir -p "$out"
 (cd "$work" && tar cf - vllm-site | zstd -q -T2 -6 --long=27) | split -b 58720256 -d - "$out/part."
 cat > "$out/setup.sh" <<'SH'
 # Sourced on the TPU machine once every part is in /tmp/vllm-parts: unpacks once, then sets the environment.
 if [[ ! -d /tmp/vllm-site ]]; then cat /tmp/vllm-parts/part.* | zstd -q -d --long=27 | tar xf - -C /tmp; fi
-# rljob's packages from the working tree sourcing this (rljob.<folder> -> ./<folder>), after the engine's;
-# the bundle's own copy of rljob (as old as the bundle) would shadow them: a regular package found on any
-# path entry wins over a namespace portion (seen on the chip: an import of a newer name failed).
+# rljob's packages from the working tree sourcing this (rljob.<folder> -> ./<folder>), after the engine's.
+# The bundle carries no copy of rljob (it traced the imports with one): a bundle packed before did, and
+# that copy shadowed these links (a regular package on any path entry wins over a namespace portion; seen on
+# the chip, an import of a newer name failed), hence the removal.
 rm -rf /tmp/vllm-site/rljob
 mkdir -p /tmp/rljob-tree/rljob
 for f in */__init__.py; do ln -sfn "$PWD/${f%/__init__.py}" "/tmp/rljob-tree/rljob/${f%/__init__.py}"; done
