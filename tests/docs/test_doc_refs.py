@@ -111,8 +111,13 @@ def command_problems(text: str, doc: Path) -> list[str]:
 
 @cache
 def code_text() -> str:
-    files = [p for top in (*CODE, "charts") for p in (REPO / top).rglob("*") if p.is_file()]
-    files = [p for p in files if p.resolve() != Path(__file__).resolve()]  # not this file's broken lines
+    # The repo's own files, not what builds leave in it (hack/bin holds the control plane's binaries).
+    tracked = subprocess.run(
+        ["git", "ls-files", "-z", "--", *CODE, "charts"], cwd=REPO, capture_output=True, check=True
+    ).stdout.decode()
+    files = [REPO / n for n in tracked.split("\0") if n]
+    here = Path(__file__).resolve()  # not this file's broken lines
+    files = [p for p in files if p.is_file() and p.resolve() != here]
     files += [REPO / "Makefile", REPO / "Dockerfile"]
     return "\n".join(
         p.read_text(errors="replace") for p in files if p.suffix in {".py", ".sh", ".yaml", ".j2", ".tpl", ""}

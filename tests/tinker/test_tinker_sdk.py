@@ -680,6 +680,20 @@ def test_unsupported_sdk_calls_are_refused_at_once(served: Served, client: Any, 
     assert err.value.status_code == 404 and time.monotonic() - t0 < 30
 
 
+def test_a_refused_training_call_does_not_hold_up_the_next_request(served: Served, client: Any) -> None:
+    """save_weights_external takes a seq_id of its training client; refused, it must still pass its turn,
+    or the client's next request waits core.GAP_S (60 s) for it."""
+    from rljob.trainer.tinker.server.core import GAP_S
+
+    tc = _shared_client(served, client)
+    tc.save_state("before-refused", overwrite=True).result()
+    with pytest.raises(tinker.APIStatusError, match="not supported"):
+        tc.save_weights_external("ext").result(timeout=60)
+    t0 = time.monotonic()
+    tc.save_state("after-refused", overwrite=True).result(timeout=2 * GAP_S)
+    assert time.monotonic() - t0 < GAP_S / 4
+
+
 def test_a_failure_inside_the_service_answers_at_once(
     served: Served, client: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:

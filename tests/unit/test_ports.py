@@ -34,17 +34,23 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch: pytest.MonkeyPatch) -> Non
         busy.bind(("127.0.0.1", 0))
         used: int = busy.getsockname()[1]
         busy.listen()
-        # Force the draw onto the busy port first, then onto a free one: the busy one is skipped.
-        draws = iter([used, used - 1 if used > 20000 else used + 3])
+        # Force the draw onto the busy port first, then onto others: the busy one is skipped. The later
+        # draws walk away from it (any one of them can be taken by another process on a shared machine).
+        others = [*range(used + 2, 65535), *range(used - 2, 1024, -1)]
+        draws = iter([used, *others])
+        drawn: list[int] = []
         monkeypatch.setattr(ports, "_LOW", 1024)
         monkeypatch.setattr(ports, "_HIGH", 65535)
 
         class R:
             def randrange(self, lo: int, hi: int) -> int:
-                return next(draws)
+                drawn.append(next(draws))
+                return drawn[-1]
 
         monkeypatch.setattr(ports.random, "SystemRandom", lambda: R())
-        assert free_port() != used
+        got = free_port()
+        assert drawn[0] == used  # the busy port was drawn first ...
+        assert got != used and len(drawn) >= 2  # ... and passed over
 
 
 def test_no_module_draws_a_local_port_from_the_ephemeral_range() -> None:

@@ -11,6 +11,7 @@ in a route that answers directly is HTTP 400, never 5xx, which the SDK retries f
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import traceback
@@ -182,7 +183,25 @@ class Service(RestRoutes):
             f"{request.method} {clip(request.path)}: not supported by this Tinker service (rljob); "
             "docs/tinker.md lists what it serves"
         )
+        self._pass_turn(await request.read())
         return web.json_response({"error": msg}, status=404)
+
+    def _pass_turn(self, body: bytes) -> None:
+        """A refused training call (save_weights_external) still took a seq_id of its client: pass that
+        turn, or the client's next request would wait GAP_S for it. Only for a live model of this key."""
+        try:
+            req = json.loads(body) if body else None
+        except ValueError:
+            return
+        if not isinstance(req, dict):
+            return
+        model_id, seq_id = req.get("model_id"), req.get("seq_id")
+        if not (isinstance(model_id, str) and isinstance(seq_id, int) and not isinstance(seq_id, bool)):
+            return
+        if seq_id < 1 or model_id not in self.engine.models or self.model_owner.get(model_id) != OWNER.get():
+            return
+        if (model_id, seq_id) not in self.dedup:
+            self._spawn(self._in_turn(model_id, seq_id, lambda: None))
 
     # ================================================================== futures
 
