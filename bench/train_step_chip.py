@@ -18,8 +18,13 @@ program is tunix_padded's (bench/train_step_compiled.py compiles it separately o
 
 Each arm runs in a process of its own (the chip's peak-memory counter only grows within one), two warm-up
 steps, then ``--repeats`` timed steps; per arm: the median step seconds, useful (non-pad) tokens/s, peak
-HBM (``memory_stats()['peak_bytes_in_use']``), MFU (MaxText's model FLOPs of the useful tokens over the chip's
-peak bf16 FLOP/s; the FLOPs per token are in the output), the tokens the arm computed (pads included).
+HBM, MFU (MaxText's model FLOPs of the useful tokens over the chip's peak bf16 FLOP/s; the FLOPs per token
+are in the output), the tokens the arm computed (pads included). The peak HBM is
+rljob.trainer.chip_memory.step_peak: the bytes the process holds after the steps (``memory_stats()``) plus
+the arm's largest program temporaries as the chip's compiler assigns them (``memory_analysis()``: one more
+compile per arm; outputs are left out of every arm alike, since the analysed tunix step returns its state
+undonated), since the allocator's own ``peak_bytes_in_use`` (also in the output, ``allocator_peak_bytes``)
+does not appear to count a running program's temporaries on a TPU.
 The last lines: each rljob arm over the best peer (tokens/s, against the fastest peer) and over the leanest
 peer (peak HBM). ``--remat full,minimal`` runs rljob's arm once per MaxText ``remat_policy`` (the peers keep
 MaxText's default, full, as their users run them). Without a TPU: one line, skipped. Run on a TPU machine
@@ -85,7 +90,7 @@ def keys(budget: int, remat: str = "full", cpu_dry_run: bool = False) -> dict[st
 def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     """In this process: one arm's warm-up and timed steps on the chip."""
     import jax
-    from rljob.trainer import compilecheck
+    from rljob.trainer import chip_memory, compilecheck
     from rljob.trainer.model import maxtext_config
     from rljob.trainer.packing import align_up
 
@@ -97,7 +102,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     k = keys(budget, a.remat if arm == "rljob" else "full", a.cpu_dry_run)
     rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
     if arm == "rljob":
-        built = cpu.rljob_arm(k, rollouts, budget, analyse=False)
+        built = cpu.rljob_arm(k, rollouts, budget)
     else:
         # Splash attention (TPU) takes rows in 128-token blocks: tunix's padded lengths and the sample call
         # qwix makes to create the LoRA factors are sized for it (bench/train_step_vs_tunix.py).
@@ -107,7 +112,6 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
             budget,
             packed=arm == "tunix_packed",
             micro_batch=1,
-            analyse=False,
             align=128,
             sample_tokens=512,
         )
@@ -118,7 +122,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     step = statistics.median(times)
     # This TPU's generation, from the accelerator type a TPU VM or GKE node exports (e.g. v5litepod-4).
     chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-1").rsplit("-", 1)[0]]
-    peak = int((jax.devices()[0].memory_stats() or {}).get("peak_bytes_in_use", 0))
+    mem = chip_memory.step_peak(jax.devices()[0], {"step": int(built["temp_bytes"])})
     return {
         "arm": arm,
         "step_seconds": step,
@@ -126,7 +130,10 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "useful_tokens": useful,
         "computed_tokens": built.get("row_tokens"),
         "tokens_per_s": useful / step,
-        "peak_hbm_bytes": peak,
+        "peak_hbm_bytes": mem["peak_bytes"],
+        "held_bytes": mem["held_bytes"],
+        "temp_bytes": int(built["temp_bytes"]),
+        "allocator_peak_bytes": mem["allocator_peak_bytes"],
         "mfu": flops / step / chip.peak_bf16_flops,
         "model_flops_per_token": flops / useful,
         "budget": budget,

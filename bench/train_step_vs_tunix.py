@@ -93,7 +93,7 @@ def _temp_bytes(mem: Any) -> int:
     return int(mem.temp_size_in_bytes)
 
 
-def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, analyse: bool = True) -> dict[str, Any]:
+def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[str, Any]:
     import jax
     from rljob.trainer.losses import LossConfig
     from rljob.trainer.model import ModelSpec, Policy
@@ -115,14 +115,13 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int, analyse: b
     for _ in range(2):  # compiles (two warm-up steps, as for tunix)
         state, _ = trainer.train_on_batch(state, rollouts)
     held = {"state": state}
-    temp = 0.0
-    if analyse:  # the compiler's own memory figures (a chip run measures its peak instead: no extra compile)
-        call = stack_micro_batches(pack_rollouts(rollouts, cfg.pack_config()), cfg.micro_batches)[0]
-        acc = trainer.zero_acc(state.lora)
-        batch = trainer.device_batch(call)
-        acc_mem = trainer.compiled_accumulate(acc, state.lora, batch).memory_analysis()
-        apply_mem = trainer.apply.lower(state, acc).compile().memory_analysis()
-        temp = float(max(_temp_bytes(acc_mem), _temp_bytes(apply_mem)))
+    # The compiler's own memory figures (the chip bench adds them to the bytes the process holds).
+    call = stack_micro_batches(pack_rollouts(rollouts, cfg.pack_config()), cfg.micro_batches)[0]
+    acc = trainer.zero_acc(state.lora)
+    batch = trainer.device_batch(call)
+    acc_mem = trainer.compiled_accumulate(acc, state.lora, batch).memory_analysis()
+    apply_mem = trainer.apply.lower(state, acc).compile().memory_analysis()
+    temp = float(max(_temp_bytes(acc_mem), _temp_bytes(apply_mem)))
 
     def step() -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -236,7 +235,6 @@ def tunix_arm(
     budget: int,
     packed: bool,
     micro_batch: int | None = None,
-    analyse: bool = True,
     align: int = 1,
     sample_tokens: int = 8,
 ) -> dict[str, Any]:
@@ -284,16 +282,15 @@ def tunix_arm(
         jax.block_until_ready(out)  # type: ignore[no-untyped-call]
         return time.perf_counter() - t0, float(out[0])
 
-    temp = 0.0
-    if analyse:  # as rljob_arm: the compiler's figures, skipped where the chip's peak is measured
-        graphdef, state = nnx.split((trainer.model, trainer.optimizer))
+    # As rljob_arm: the compiler's figures.
+    graphdef, split_state = nnx.split((trainer.model, trainer.optimizer))
 
-        def pure(state: Any, ex: Any) -> Any:
-            m, o = nnx.merge(graphdef, state)
-            loss, _, gnorm = trainer._train_step(m, o, ex)
-            return loss, gnorm, nnx.state((m, o))
+    def pure(state: Any, ex: Any) -> Any:
+        m, o = nnx.merge(graphdef, state)
+        loss, _, gnorm = trainer._train_step(m, o, ex)
+        return loss, gnorm, nnx.state((m, o))
 
-        temp = float(_temp_bytes(jax.jit(pure).lower(state, examples[0]).compile().memory_analysis()))
+    temp = float(_temp_bytes(jax.jit(pure).lower(split_state, examples[0]).compile().memory_analysis()))
     shape = tuple(int(x) for x in examples[0].completion_ids.shape)
     return {
         "step": step,
