@@ -124,7 +124,11 @@ def test_bad_arguments_exit_2_naming_them(
 
 # qwen3-30b-a3b-tpu7x: 4 trainer processes of a 16-expert miniature on tpu7x-16 took 28.5 s a step and
 # passed the drill's 420 s deadline on the quiet 2-core machine (447 s, timed out after step 1).
-LONG_DRILLS = frozenset({"qwen3-30b-a3b-tpu7x"})
+# qwen3.5-397b-a17b-tpu7x: 178 s, the longest test of make test, which keeps what it covers: the family's
+# miniature trains and exports (tests/trainer/test_families.py), a whole drill with a 2-host sampler replica
+# (test_a_drill_with_a_multi_host_sampler_replica), the recipe's replica rehearsed with its 2 hosts, and
+# its full-size topology.
+LONG_DRILLS = frozenset({"qwen3-30b-a3b-tpu7x", "qwen3.5-397b-a17b-tpu7x"})
 
 
 def _drill_cases() -> list[Any]:
@@ -235,6 +239,10 @@ def test_the_qwen3_5_sampler_replica_is_rehearsed_with_its_2_hosts() -> None:
 
 @pytest.mark.slow
 @pytest.mark.jax
+# make test-long (57 s): make test keeps the same replica in a whole drill
+# (test_a_drill_with_a_multi_host_sampler_replica) and the bootstrap and lost worker alone
+# (tests/sampler/test_ray_replica.py).
+@pytest.mark.longdrill
 def test_a_multi_host_sampler_replica_serves_from_its_ray_cluster_and_a_lost_worker_fails_it(
     tmp_path: Path,
 ) -> None:
