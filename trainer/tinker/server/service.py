@@ -198,9 +198,11 @@ class Service(RestRoutes):
         model_id, seq_id = req.get("model_id"), req.get("seq_id")
         if not (isinstance(model_id, str) and isinstance(seq_id, int) and not isinstance(seq_id, bool)):
             return
-        if seq_id < 1 or model_id not in self.engine.models or self.model_owner.get(model_id) != OWNER.get():
+        try:
+            self._own_model(model_id)
+        except web.HTTPNotFound:
             return
-        if (model_id, seq_id) not in self.dedup:
+        if seq_id >= 1 and (model_id, seq_id) not in self.dedup:
             self._spawn(self._in_turn(model_id, seq_id, lambda: None))
 
     # ================================================================== futures
