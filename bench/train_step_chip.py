@@ -134,6 +134,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "held_bytes": mem["held_bytes"],
         "temp_bytes": int(built["temp_bytes"]),
         "allocator_peak_bytes": mem["allocator_peak_bytes"],
+        "memory_stats": mem["memory_stats"],
         "mfu": flops / step / chip.peak_bf16_flops,
         "model_flops_per_token": flops / useful,
         "budget": budget,
