@@ -10,8 +10,10 @@ GRPO batch of ``--rollouts`` rollouts in groups of 4 with RL's long-tailed lengt
                 call per row, the fused log-prob head (no [B, T, V] logits), then one apply.
   tunix_padded  tunix 0.1.7's RL actor step (tunix.rl.trainer.Trainer with tunix.rl.algo_core.grpo_loss_fn,
                 what its GRPO learner runs by default): every rollout padded to the longest prompt and the
-                longest completion, one rollout per call (training_micro_batch_size 1: the only size at
-                which its [B, T, V] float32 logits fit this chip at these lengths), gradients accumulated.
+                longest completion (each in Splash's 128-token blocks, the row in its 512-token query
+                blocks, as a user of MaxText's flash attention must size them), one rollout per call
+                (training_micro_batch_size 1: the only size at which its [B, T, V] float32 logits fit
+                this chip at these lengths), gradients accumulated.
   tunix_packed  the same step on tunix's own packing (tunix.rl.utils.pack_sequences at the same budget).
 MaxText's own RL trainer (maxtext.trainers.post_train.rl.train_rl) trains with the tunix step above: its
 program is tunix_padded's (bench/train_step_compiled.py compiles it separately on the TPU compiler).
@@ -114,6 +116,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
             micro_batch=1,
             align=128,
             sample_tokens=512,
+            row_align=512,
         )
     times = [built["step"]()[0] for _ in range(a.repeats)]
     useful = sum(p + c for p, c in lengths)

@@ -183,13 +183,19 @@ def tunix_model(keys: dict[str, Any], sample_tokens: int = 8) -> tuple[Any, str]
 
 
 def tunix_examples(
-    rollouts: list[Any], packed: bool, budget: int, micro_batch: int | None = None, align: int = 1
+    rollouts: list[Any],
+    packed: bool,
+    budget: int,
+    micro_batch: int | None = None,
+    align: int = 1,
+    row_align: int = 1,
 ) -> list[Any]:
     """tunix's TrainExamples of ``rollouts``: padded (one example, or ``micro_batch`` rollouts each, as its
     RLTrainingConfig.training_micro_batch_size splits them), or packed to ``budget`` tokens a row. The
     prompts are padded to the longest prompt and the completions to the longest completion, each rounded up
     to ``align`` (tunix pads to its configured max_prompt_length and total_generation_steps; with Splash
-    attention on a TPU those must be multiples of its 128-token block)."""
+    attention on a TPU those must be multiples of its 128-token block), and the completions further so that a
+    padded row (prompt and completion) is a multiple of ``row_align`` (MaxText's Splash query block, 512)."""
     import jax
     import jax.numpy as jnp
     from tunix.rl import common
@@ -197,6 +203,7 @@ def tunix_examples(
 
     pl = -(-max(int(np.size(r.prompt_ids)) for r in rollouts) // align) * align
     cl = -(-max(int(np.size(r.completion_ids)) for r in rollouts) // align) * align
+    cl = -(-(pl + cl) // row_align) * row_align - pl
     b = len(rollouts)
     p_ids = np.zeros((b, pl), np.int32)
     c_ids = np.zeros((b, cl), np.int32)
@@ -237,6 +244,7 @@ def tunix_arm(
     micro_batch: int | None = None,
     align: int = 1,
     sample_tokens: int = 8,
+    row_align: int = 1,
 ) -> dict[str, Any]:
     import jax
     import optax
@@ -246,7 +254,7 @@ def tunix_arm(
     from tunix.rl.grpo.grpo_learner import GRPOConfig
     from tunix.sft import peft_trainer
 
-    examples = tunix_examples(rollouts, packed, budget, micro_batch, align)
+    examples = tunix_examples(rollouts, packed, budget, micro_batch, align, row_align)
     model, adapter = tunix_model(keys, sample_tokens)
     algo = GRPOConfig(num_generations=4, beta=0.0, epsilon=0.2)
     algo.temperature = 1.0  # GRPOLearner sets it from the rollout config

@@ -388,8 +388,8 @@ class PreflightSpec(ApiModel):
         "fit its TPU's HBM is refused (Ready=False, reason CompileDoesNotFit, one line per problem naming "
         "the field, and a Warning event) before any TPU is requested, and the compiled programs are written "
         "to JAX's persistent compilation cache under spec.storage's cache/ (jax-trainer/), which the trainer "
-        "pods restore before they compile; measured on a TPU v5e, the trainer's programs still missed those "
-        "entries and compiled at start (docs/drill.md, 'Starting without compiling'). "
+        "pods restore before they compile: on a TPU v5e the trainer loaded its step's programs from those "
+        "entries instead of compiling them (docs/drill.md, 'Starting without compiling'). "
         + _default("trainer.preflight.compile"),
     )
     cpu: _Quantity | None = Field(

@@ -580,7 +580,12 @@ class Policy:
         step-0 parity gate's program (rljob.trainer.loop scores the sampler's tokens with it; the compile
         stage compiles it). The base weights are an argument, not a constant: with several processes they
         span devices this process cannot address, which a jitted function may take but not close over."""
-        return jax.jit(lambda base, lora, t, p, s: self.next_token_logprobs(lora, t, p, s, base=base))
+
+        def parity_logprobs(base: Any, lora: LoraState, t: Any, p: Any, s: Any) -> Any:
+            # Named, so that JAX's cache and compile logs name it (``jit_parity_logprobs``).
+            return self.next_token_logprobs(lora, t, p, s, base=base)
+
+        return jax.jit(parity_logprobs)
 
     def zero_lora(self, lora: LoraState) -> LoraState:
         """The adapter switched off: every LoRA factor 0, so each wrapped projection computes exactly

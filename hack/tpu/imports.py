@@ -7,6 +7,10 @@ from rljob.trainer import compilecheck, loop, train_step  # noqa: F401
 from rljob.trainer.model import ModelSpec, Policy
 
 Policy(ModelSpec.tiny())
+# The packer's balanced layout compiles its search with numba (llvmlite), imported on first use.
+from rljob.trainer.packing import _search_kernel  # noqa: E402
+
+_search_kernel()
 # The fixture modules tests/conftest.py registers (pytest loads them before any test of the chip tier).
 import sys  # noqa: E402
 

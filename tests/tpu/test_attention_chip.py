@@ -5,8 +5,8 @@ packed rows with segment ids, laid out as the trainer packs them (``pad_position
 the trainer's own next-token log-probs under each attention are compared at every position the loss reads.
 Tolerances per dtype: the mean and the largest |difference| over those positions (nats). bf16 attention
 rounds its probabilities and its P.V product differently in the two kernels, and the layers (8 here) carry
-each rounding forward, hence the bf16 bounds; float32 is the check that the masks agree (a masking bug
-moves the mean by whole nats)."""
+each rounding forward, hence the bf16 bounds; float32 narrows them (TOLERANCE says by how much on a TPU).
+A masking bug moves the mean by whole nats."""
 
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ ROWS = 2
 # and 28 layers made 12 full compiles take longer than one chip call.
 DEPTH = 8
 # dtype -> (mean |diff| bound, max |diff| bound), nats over the loss's positions
-TOLERANCE = {"bfloat16": (0.05, 1.0), "float32": (2e-3, 0.05)}
+# float32 on a TPU is not float32 throughout: at JAX's default matmul precision the MXU takes the operands
+# of a float32 matmul as bfloat16, in both kernels, so the two differ by bfloat16 roundings still (measured
+# on a v5e, 2026-12-07: mean 0.010, max 0.049 nats against bfloat16's 0.031 and 0.150). A masking bug moves
+# the mean by whole nats: these bounds catch it in either dtype.
+TOLERANCE = {"bfloat16": (0.05, 1.0), "float32": (0.025, 0.25)}
 
 
 def _policy(attention: str, dtype: str) -> Any:
@@ -62,11 +66,13 @@ def test_splash_equals_dot_product_on_packed_rows(chip: Any, record: Any, dtype:
         flash, {"tokens": first.tokens, "positions": first.positions, "segment_ids": first.segment_ids}
     )
     dot.base = flash.base  # the same weights (same tree: only the attention kernel differs)
+    # One program each, compiled once: every layout has the same shapes.
+    flash_lp, dot_lp = jax.jit(flash.next_token_logprobs), jax.jit(dot.next_token_logprobs)
     for pad_position in ("end", "start", "balanced"):
         mb = _packed(flash.vocab_size, pad_position)
         args = [jnp.asarray(a) for a in (mb.tokens, mb.positions, mb.segment_ids)]
-        a = np.asarray(jax.jit(flash.next_token_logprobs)(flash.lora0, *args), np.float64)
-        b = np.asarray(jax.jit(dot.next_token_logprobs)(dot.lora0, *args), np.float64)
+        a = np.asarray(flash_lp(flash.lora0, *args), np.float64)
+        b = np.asarray(dot_lp(dot.lora0, *args), np.float64)
         seg = mb.segment_ids
         # the positions the loss reads: a token whose previous token is in its segment
         live = (seg > 0) & (np.roll(seg, 1, axis=-1) == seg)
