@@ -29,7 +29,10 @@ undonated), since the allocator's own ``peak_bytes_in_use`` (also in the output,
 does not appear to count a running program's temporaries on a TPU.
 The last lines: each rljob arm over the best peer (tokens/s, against the fastest peer) and over the leanest
 peer (peak HBM). ``--remat full,minimal`` runs rljob's arm once per MaxText ``remat_policy`` (the peers keep
-MaxText's default, full, as their users run them). Without a TPU: one line, skipped. Run on a TPU machine
+MaxText's default, full, as their users run them); ``--rljob-keys KEY=VALUE[,...]`` (repeatable) adds an rljob
+arm with those MaxText keys over the first ``--remat`` policy (Splash's ``sa_block_*`` sizes, say), to try a
+change on the chip beside the arm without it. A failed arm prints its error line (``arm_failed``). Without a
+TPU: one line, skipped. Run on a TPU machine
 (hack/tpu/README.md):
 ``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5] [--remat full,minimal]``
 ``--cpu-dry-run`` runs every arm here on the CPU at 2 layers with dot-product attention (Splash is TPU-only):
@@ -42,6 +45,7 @@ import argparse
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -89,6 +93,27 @@ def keys(budget: int, remat: str = "full", cpu_dry_run: bool = False) -> dict[st
     }
 
 
+def overrides(spec: str) -> dict[str, Any]:
+    """``KEY=VALUE[,KEY=VALUE]`` as MaxText keys, each value read as YAML reads it (1024 an int)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in filter(None, spec.split(",")):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise SystemExit(f"--rljob-keys: {item!r} is not KEY=VALUE")
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def failure_line(stderr: str) -> str:
+    """What a failed arm's process died of: the last ``SomethingError: ...`` line of its stderr (JAX's
+    traceback filtering notice comes after it), else its last line."""
+    lines = stderr.strip().splitlines() or ["?"]
+    errors = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b", ln)]
+    return (errors or lines)[-1][:300]
+
+
 def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     """In this process: one arm's warm-up and timed steps on the chip."""
     import jax
@@ -102,6 +127,8 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     # The peers keep MaxText's default rematerialisation (full), as their users run them; rljob's arm takes
     # --remat (what rljob's recipes would set for this model on this chip).
     k = keys(budget, a.remat if arm == "rljob" else "full", a.cpu_dry_run)
+    if arm == "rljob":
+        k.update(json.loads(a.keys_json))
     rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
     if arm == "rljob":
         built = cpu.rljob_arm(k, rollouts, budget)
@@ -142,6 +169,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "model_flops_per_token": flops / useful,
         "budget": budget,
         "remat_policy": k["remat_policy"],
+        "maxtext_overrides": json.loads(a.keys_json) if arm == "rljob" else {},
         "device": jax.devices()[0].device_kind,
         **{k2: v for k2, v in built.items() if k2 in ("adapter", "example_shape", "calls", "rows")},
     }
@@ -158,9 +186,17 @@ def main() -> int:
     ap.add_argument(
         "--remat", default="full", help="rljob arm's MaxText remat_policy; a comma list runs one arm each"
     )
+    ap.add_argument(
+        "--rljob-keys",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="one more rljob arm with these MaxText keys (e.g. sa_block_q=1024,sa_block_kv=1024); repeatable",
+    )
     ap.add_argument("--arm-timeout", type=int, default=900, help="seconds for one arm's process")
     ap.add_argument("--cpu-dry-run", action="store_true", help="2 layers, dot-product attention, on the CPU")
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in this process (the parent runs each so)
+    ap.add_argument("--keys-json", default="{}", help=argparse.SUPPRESS)  # that arm's MaxText overrides
     a = ap.parse_args()
     if a.arm:
         print("ARM " + json.dumps(run_arm(a.arm, a)), flush=True)
@@ -189,12 +225,22 @@ def main() -> int:
     }
     results: dict[str, dict[str, Any]] = {}
     policies = a.remat.split(",")
-    runs = [(arm, remat) for arm in a.arms.split(",") for remat in (policies if arm == "rljob" else ["full"])]
-    for arm, remat in runs:
-        name = arm if arm != "rljob" or "," not in a.remat else f"rljob[{remat}]"
-        cmd = [sys.executable, __file__, "--arm", arm, f"--remat={remat}"] + [
-            f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")
-        ]
+    runs: list[tuple[str, str, dict[str, Any]]] = [
+        (arm, remat, {}) for arm in a.arms.split(",") for remat in (policies if arm == "rljob" else ["full"])
+    ]
+    runs += [("rljob", policies[0], overrides(spec)) for spec in a.rljob_keys]
+    for arm, remat, extra in runs:
+        name = arm if arm != "rljob" or ("," not in a.remat and not a.rljob_keys) else f"rljob[{remat}]"
+        if extra:
+            name = f"rljob[{remat},{','.join(f'{k}={v}' for k, v in extra.items())}]"
+        cmd = [
+            sys.executable,
+            __file__,
+            "--arm",
+            arm,
+            f"--remat={remat}",
+            f"--keys-json={json.dumps(extra)}",
+        ] + [f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")]
         if a.cpu_dry_run:
             cmd.append("--cpu-dry-run")
         try:
@@ -206,7 +252,7 @@ def main() -> int:
             continue
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("ARM ")]
         if proc.returncode != 0 or not lines:
-            tail = (proc.stderr.strip().splitlines() or ["?"])[-1][:300]
+            tail = failure_line(proc.stderr)
             emit("arm_failed", tail, arm=name, **ctx)
             continue
         r = json.loads(lines[-1][4:])

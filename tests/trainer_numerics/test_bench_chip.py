@@ -1,0 +1,75 @@
+"""The parts of bench/train_step_chip.py that run without a TPU: its MaxText overrides for more rljob arms,
+the line it reports for a failed arm, and tunix's padded rows sized for Splash's query blocks (a v5e refused
+rows of 3,968 tokens: ``q_block_size=512 should divide q_seq_len=3968``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
+    assert spec and spec.loader
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize(
+    ("spec", "want"),
+    [
+        ("sa_block_q=1024,sa_block_kv=1024", {"sa_block_q": 1024, "sa_block_kv": 1024}),
+        ("remat_policy=minimal", {"remat_policy": "minimal"}),
+        ("scan_layers=false, dropout_rate=0.0", {"scan_layers": False, "dropout_rate": 0.0}),
+        ("", {}),
+    ],
+)
+def test_rljob_keys_read_as_maxtext_values(spec: str, want: dict[str, object]) -> None:
+    assert _load("train_step_chip").overrides(spec) == want
+
+
+@pytest.mark.parametrize("spec", ["sa_block_q", "=3", "a=1,b"])
+def test_a_key_without_a_value_is_refused(spec: str) -> None:
+    with pytest.raises(SystemExit, match="not KEY=VALUE"):
+        _load("train_step_chip").overrides(spec)
+
+
+def test_a_failed_arm_is_reported_by_its_error_not_by_jaxs_notice() -> None:
+    stderr = (
+        "Traceback (most recent call last):\n"
+        '  File "x.py", line 1, in <module>\n'
+        "ValueError: q_block_size=512 should divide q_seq_len=3968.\n"
+        "--------------------\n"
+        "For simplicity, JAX has removed its internal frames from the traceback of the following exception. "
+        "Set JAX_TRACEBACK_FILTERING=off to include these.\n"
+    )
+    b = _load("train_step_chip")
+    assert b.failure_line(stderr) == "ValueError: q_block_size=512 should divide q_seq_len=3968."
+    assert b.failure_line("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: 1G\n").startswith(
+        "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED"
+    )
+    assert b.failure_line("killed\n") == "killed"
+    assert b.failure_line("") == "?"
+
+
+@pytest.mark.parametrize("scale", [4, 7, 16])
+def test_tunix_padded_rows_fit_splash_blocks(scale: int) -> None:
+    cpu = _load("train_step_vs_tunix")
+    lengths = cpu.rollout_lengths(8, scale, 0)
+    rollouts = cpu.make_rollouts(lengths, 1000, 4, 0)
+    (example,) = cpu.tunix_examples(rollouts, False, 0, align=128, row_align=512)
+    pl, cl = example.prompt_ids.shape[1], example.completion_ids.shape[1]
+    assert pl % 128 == 0 and cl % 128 == 0 and (pl + cl) % 512 == 0
+    # no more than one 512-token block over what the longest prompt and completion need
+    need = -(-max(p for p, _ in lengths) // 128) * 128 + -(-max(c for _, c in lengths) // 128) * 128
+    assert need <= pl + cl < need + 512
+    assert int(np.asarray(example.completion_mask).sum()) == sum(c for _, c in lengths)
