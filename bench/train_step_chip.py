@@ -35,6 +35,9 @@ change on the chip beside the arm without it. A failed arm prints its error line
 TPU: one line, skipped. Run on a TPU machine
 (hack/tpu/README.md):
 ``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5] [--remat full,minimal]``
+``--profile DIR`` traces one more step of each rljob arm (jax.profiler) and prints what the device spent it on
+(``profile``: busy against wall seconds, seconds per program, the top ops with their stats, the host's packing
+seconds), the trace left in DIR.
 ``--cpu-dry-run`` runs every arm here on the CPU at 2 layers with dot-product attention (Splash is TPU-only):
 a check of the script, not a figure.
 """
@@ -146,6 +149,13 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
             row_align=512,
         )
     times = [built["step"]()[0] for _ in range(a.repeats)]
+    profile = None
+    if a.profile and arm == "rljob":
+        out = Path(a.profile)
+        with jax.profiler.trace(str(out)):
+            wall = built["step"]()[0]
+        profile = profile_summary(max(out.glob("**/*.xplane.pb"), key=lambda f: f.stat().st_mtime), wall)
+        profile["pack_seconds"] = built["pack_seconds"]()
     useful = sum(p + c for p, c in lengths)
     cfg = maxtext_config(k)
     flops = compilecheck.model_flops(cfg, float(useful), backward=True)
@@ -172,6 +182,79 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "maxtext_overrides": json.loads(a.keys_json) if arm == "rljob" else {},
         "device": jax.devices()[0].device_kind,
         **{k2: v for k2, v in built.items() if k2 in ("adapter", "example_shape", "calls", "rows")},
+        **({"profile": profile} if profile else {}),
+    }
+
+
+def _union_seconds(spans: list[tuple[float, float]]) -> float:
+    """Seconds covered by the union of [start, end) spans given in nanoseconds."""
+    total, end = 0.0, float("-inf")
+    for s, e in sorted(spans):
+        if e > end:
+            total += e - max(s, end)
+            end = e
+    return total / 1e9
+
+
+def profile_summary(xplane: Path, wall_seconds: float, top: int = 15) -> dict[str, Any]:
+    """What one traced step spent its device time on, read from the trace's XSpace with JAX's own reader
+    (``jax.profiler.ProfileData``): the device's busy seconds against the step's wall seconds (the rest is
+    the device waiting on the host: packing, transfers, dispatch), seconds per program, and the ``top``
+    ops by seconds with the stats the profiler gives them (the JAX op that made them, FLOPs, bytes). A TPU's
+    ops are its device plane's ``XLA Ops`` line; the CPU's are the host's events with an ``hlo_op`` stat."""
+    from jax.profiler import ProfileData
+
+    data = ProfileData.from_file(str(xplane))
+    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    modules: dict[str, float] = {}
+    spans: list[tuple[float, float]] = []
+    lines: dict[str, list[str]] = {}
+    device = [p for p in data.planes if p.name.startswith("/device:TPU")]
+    for plane in device or [p for p in data.planes if p.name.startswith("/host:CPU")]:
+        if device:
+            lines[plane.name] = [ln.name for ln in plane.lines]
+        for line in plane.lines:
+            if device and line.name == "XLA Modules":
+                for ev in line.events:
+                    modules[ev.name] = modules.get(ev.name, 0.0) + ev.duration_ns / 1e9
+                continue
+            if device and line.name != "XLA Ops":
+                continue
+            for ev in line.events:
+                stats = dict(ev.stats)
+                if not device and "hlo_op" not in stats:
+                    continue
+                module = str(stats.get("hlo_module", ""))
+                if not device:
+                    modules[module] = modules.get(module, 0.0) + ev.duration_ns / 1e9
+                spans.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+                op = ops.setdefault((module, ev.name), {"seconds": 0.0, "count": 0, "stats": stats})
+                op["seconds"] += ev.duration_ns / 1e9
+                op["count"] += 1
+    busy = _union_seconds(spans)
+    ranked = sorted(ops.items(), key=lambda kv: -float(kv[1]["seconds"]))[:top]
+    return {
+        "wall_seconds": wall_seconds,
+        "device_busy_seconds": busy,
+        "device_busy_fraction": busy / wall_seconds if wall_seconds else 0.0,
+        "op_seconds": sum(float(o["seconds"]) for o in ops.values()),
+        "modules": {k: round(v, 6) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])[:top]},
+        "top_ops": [
+            {
+                "module": module,
+                "op": name,
+                "seconds": round(float(o["seconds"]), 6),
+                "count": o["count"],
+                "share": float(o["seconds"]) / busy if busy else 0.0,
+                "stats": {
+                    k: (v if isinstance(v, int | float) else str(v)[:160])
+                    for k, v in o["stats"].items()
+                    if not k.startswith("_")
+                },
+            }
+            for (module, name), o in ranked
+        ],
+        "device_lines": lines,
     }
 
 
@@ -192,6 +275,11 @@ def main() -> int:
         default=[],
         metavar="KEY=VALUE[,KEY=VALUE]",
         help="one more rljob arm with these MaxText keys (e.g. sa_block_q=1024,sa_block_kv=1024); repeatable",
+    )
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="rljob arms: one more step under jax.profiler.trace into DIR/<arm>, summarized (profile lines)",
     )
     ap.add_argument("--arm-timeout", type=int, default=900, help="seconds for one arm's process")
     ap.add_argument("--cpu-dry-run", action="store_true", help="2 layers, dot-product attention, on the CPU")
@@ -241,6 +329,8 @@ def main() -> int:
             f"--remat={remat}",
             f"--keys-json={json.dumps(extra)}",
         ] + [f"--{n}={getattr(a, n)}" for n in ("rollouts", "group", "scale", "repeats", "seed")]
+        if a.profile and arm == "rljob":
+            cmd.append(f"--profile={Path(a.profile) / re.sub(r'[^A-Za-z0-9_.=-]+', '_', name)}")
         if a.cpu_dry_run:
             cmd.append("--cpu-dry-run")
         try:
@@ -258,6 +348,8 @@ def main() -> int:
         r = json.loads(lines[-1][4:])
         r["arm"] = name
         results[name] = r
+        if "profile" in r:
+            emit("profile", r.pop("profile"), arm=name, **ctx)
         for metric in ("step_seconds", "tokens_per_s", "peak_hbm_bytes", "mfu"):
             emit(
                 metric,

@@ -130,8 +130,17 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[st
         held["state"] = new
         return time.perf_counter() - t0, float(metrics["loss"])
 
+    def pack_seconds() -> float:  # the step's host-side packing alone (median of 3)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            pack_rollouts(rollouts, cfg.pack_config())
+            times.append(time.perf_counter() - t0)
+        return sorted(times)[1]
+
     return {
         "step": step,
+        "pack_seconds": pack_seconds,
         "temp_bytes": temp,
         "rows": float(rows),
         "row_tokens": float(rows * budget),

@@ -73,3 +73,39 @@ def test_tunix_padded_rows_fit_splash_blocks(scale: int) -> None:
     need = -(-max(p for p, _ in lengths) // 128) * 128 + -(-max(c for _, c in lengths) // 128) * 128
     assert need <= pl + cl < need + 512
     assert int(np.asarray(example.completion_mask).sum()) == sum(c for _, c in lengths)
+
+
+def test_the_profile_summary_reads_a_traced_step(tmp_path: Path) -> None:
+    """The on-chip bench's --profile summary, on a CPU trace of a program of two matmuls: the ops it
+    ranks are the traced program's, their seconds sum to the busy time it reports, and a step that waited
+    on the host is told apart from one that did not (busy fraction well under 1)."""
+    import time
+
+    import jax
+    import jax.numpy as jnp
+
+    f = jax.jit(lambda a: jnp.tanh(a @ a) @ a)
+    a = jnp.ones((384, 384), jnp.float32)
+    f(a).block_until_ready()
+    with jax.profiler.trace(str(tmp_path)):
+        t0 = time.perf_counter()
+        f(a).block_until_ready()
+        time.sleep(0.2)  # the host's share of a step: the device idles
+        f(a).block_until_ready()
+        wall = time.perf_counter() - t0
+    xplane = next(tmp_path.glob("**/*.xplane.pb"))
+    s = _load("train_step_chip").profile_summary(xplane, wall, top=50)
+    assert s["top_ops"], s
+    assert {o["module"] for o in s["top_ops"]} == {"jit__lambda"}
+    assert all(o["count"] == 2 for o in s["top_ops"]), s["top_ops"]
+    assert 0 < s["device_busy_seconds"] <= s["op_seconds"] + 1e-9
+    assert s["device_busy_fraction"] < 0.9, s  # the 0.2 s sleep is not device time
+    assert abs(sum(o["seconds"] for o in s["top_ops"]) - s["op_seconds"]) < 1e-6
+
+
+@pytest.mark.parametrize(
+    ("spans", "want"),
+    [([], 0.0), ([(0, 10)], 10e-9), ([(0, 10), (5, 20)], 20e-9), ([(10, 20), (0, 5), (12, 15)], 15e-9)],
+)
+def test_busy_time_is_the_union_of_overlapping_ops(spans: list[tuple[float, float]], want: float) -> None:
+    assert abs(_load("train_step_chip")._union_seconds(spans) - want) < 1e-15
