@@ -26,7 +26,7 @@ rljob.trainer.chip_memory.step_peak: the bytes the process holds after the steps
 the arm's largest program temporaries as the chip's compiler assigns them (``memory_analysis()``: one more
 compile per arm; outputs are left out of every arm alike, since the analysed tunix step returns its state
 undonated), since the allocator's own ``peak_bytes_in_use`` (also in the output, ``allocator_peak_bytes``)
-does not appear to count a running program's temporaries on a TPU.
+does not count a running program's temporaries on a TPU (tests/tpu/test_memory_stats_chip.py).
 The last lines: each rljob arm over the best peer (tokens/s, against the fastest peer) and over the leanest
 peer (peak HBM). ``--remat full,minimal`` runs rljob's arm once per MaxText ``remat_policy`` (the peers keep
 MaxText's default, full, as their users run them); ``--rljob-keys KEY=VALUE[,...]`` (repeatable) adds an rljob
@@ -196,65 +196,75 @@ def _union_seconds(spans: list[tuple[float, float]]) -> float:
     return total / 1e9
 
 
+def op_kind(name: str) -> str:
+    """An HLO op's kind from its event name (a TPU names the event by the op's whole text,
+    ``%fusion.1077 = (f32[2048]...) fusion(...)``; the CPU by ``ynn_fusion.5``): the name without its
+    ``%`` and numeric suffix, e.g. ``fusion``, ``splash_mha_dq_segmented_no_residuals``."""
+    head = name.split(" = ", 1)[0].lstrip("%").strip()
+    return re.sub(r"(\.\d+)+$", "", head)
+
+
+def _self_seconds(events: list[tuple[float, float, str]]) -> dict[str, list[float]]:
+    """Exclusive seconds and count per op kind: an op's time less the ops nested in it (a TPU's ``XLA Ops``
+    line nests a loop's body ops inside the ``while`` op)."""
+    out: dict[str, list[float]] = {}
+    stack: list[list[Any]] = []  # [end, kind, self ns]
+    done: list[list[Any]] = []
+    for start, dur, name in sorted(events, key=lambda e: (e[0], -e[1])):
+        while stack and stack[-1][0] <= start:
+            done.append(stack.pop())
+        if stack:
+            stack[-1][2] -= dur
+        stack.append([start + dur, op_kind(name), dur])
+    for _, kind, ns in done + stack:
+        acc = out.setdefault(kind, [0.0, 0])
+        acc[0] += max(ns, 0.0) / 1e9
+        acc[1] += 1
+    return out
+
+
 def profile_summary(xplane: Path, wall_seconds: float, top: int = 15) -> dict[str, Any]:
     """What one traced step spent its device time on, read from the trace's XSpace with JAX's own reader
     (``jax.profiler.ProfileData``): the device's busy seconds against the step's wall seconds (the rest is
-    the device waiting on the host: packing, transfers, dispatch), seconds per program, and the ``top``
-    ops by seconds with the stats the profiler gives them (the JAX op that made them, FLOPs, bytes). A TPU's
-    ops are its device plane's ``XLA Ops`` line; the CPU's are the host's events with an ``hlo_op`` stat."""
+    the device waiting on the host: packing, transfers, dispatch), seconds per program, and the ``top`` op
+    kinds by exclusive seconds (Splash's kernels, XLA's fusions, copies, ...). A TPU's ops are its device
+    plane's ``XLA Ops`` line; the CPU's are the host's events with an ``hlo_op`` stat."""
     from jax.profiler import ProfileData
 
     data = ProfileData.from_file(str(xplane))
-    ops: dict[tuple[str, str], dict[str, Any]] = {}
+    events: list[tuple[float, float, str]] = []
     modules: dict[str, float] = {}
-    spans: list[tuple[float, float]] = []
-    lines: dict[str, list[str]] = {}
     device = [p for p in data.planes if p.name.startswith("/device:TPU")]
     for plane in device or [p for p in data.planes if p.name.startswith("/host:CPU")]:
-        if device:
-            lines[plane.name] = [ln.name for ln in plane.lines]
         for line in plane.lines:
             if device and line.name == "XLA Modules":
                 for ev in line.events:
-                    modules[ev.name] = modules.get(ev.name, 0.0) + ev.duration_ns / 1e9
+                    name = re.sub(r"\(\d+\)$", "", ev.name)  # jit__accumulate(9859146214410202699)
+                    modules[name] = modules.get(name, 0.0) + ev.duration_ns / 1e9
                 continue
             if device and line.name != "XLA Ops":
                 continue
             for ev in line.events:
-                stats = dict(ev.stats)
-                if not device and "hlo_op" not in stats:
-                    continue
-                module = str(stats.get("hlo_module", ""))
                 if not device:
+                    stats = dict(ev.stats)
+                    if "hlo_op" not in stats:
+                        continue
+                    module = str(stats.get("hlo_module", ""))
                     modules[module] = modules.get(module, 0.0) + ev.duration_ns / 1e9
-                spans.append((ev.start_ns, ev.start_ns + ev.duration_ns))
-                op = ops.setdefault((module, ev.name), {"seconds": 0.0, "count": 0, "stats": stats})
-                op["seconds"] += ev.duration_ns / 1e9
-                op["count"] += 1
-    busy = _union_seconds(spans)
-    ranked = sorted(ops.items(), key=lambda kv: -float(kv[1]["seconds"]))[:top]
+                events.append((ev.start_ns, ev.duration_ns, ev.name))
+    busy = _union_seconds([(s, s + d) for s, d, _ in events])
+    kinds = _self_seconds(events)
+    ranked = sorted(kinds.items(), key=lambda kv: -kv[1][0])[:top]
     return {
         "wall_seconds": wall_seconds,
         "device_busy_seconds": busy,
         "device_busy_fraction": busy / wall_seconds if wall_seconds else 0.0,
-        "op_seconds": sum(float(o["seconds"]) for o in ops.values()),
+        "op_self_seconds": sum(v[0] for v in kinds.values()),
         "modules": {k: round(v, 6) for k, v in sorted(modules.items(), key=lambda kv: -kv[1])[:top]},
         "top_ops": [
-            {
-                "module": module,
-                "op": name,
-                "seconds": round(float(o["seconds"]), 6),
-                "count": o["count"],
-                "share": float(o["seconds"]) / busy if busy else 0.0,
-                "stats": {
-                    k: (v if isinstance(v, int | float) else str(v)[:160])
-                    for k, v in o["stats"].items()
-                    if not k.startswith("_")
-                },
-            }
-            for (module, name), o in ranked
+            {"op": kind, "seconds": round(sec, 6), "count": int(n), "share": sec / busy if busy else 0.0}
+            for kind, (sec, n) in ranked
         ],
-        "device_lines": lines,
     }
 
 
@@ -265,7 +275,7 @@ def main() -> int:
     ap.add_argument("--scale", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--arms", default=",".join(ARMS), help=f"comma list of {', '.join(ARMS)}; empty: none")
     ap.add_argument(
         "--remat", default="full", help="rljob arm's MaxText remat_policy; a comma list runs one arm each"
     )
@@ -286,6 +296,10 @@ def main() -> int:
     ap.add_argument("--arm", help=argparse.SUPPRESS)  # one arm, in this process (the parent runs each so)
     ap.add_argument("--keys-json", default="{}", help=argparse.SUPPRESS)  # that arm's MaxText overrides
     a = ap.parse_args()
+    arms = [x for x in a.arms.split(",") if x]
+    unknown = sorted(set(arms + ([a.arm] if a.arm else [])) - set(ARMS))
+    if unknown:  # an unknown name once ran as tunix_padded
+        ap.error(f"--arms: no arm {', '.join(unknown)} (the arms: {', '.join(ARMS)}; --arms= for none)")
     if a.arm:
         print("ARM " + json.dumps(run_arm(a.arm, a)), flush=True)
         return 0
@@ -314,7 +328,7 @@ def main() -> int:
     results: dict[str, dict[str, Any]] = {}
     policies = a.remat.split(",")
     runs: list[tuple[str, str, dict[str, Any]]] = [
-        (arm, remat, {}) for arm in a.arms.split(",") for remat in (policies if arm == "rljob" else ["full"])
+        (arm, remat, {}) for arm in arms for remat in (policies if arm == "rljob" else ["full"])
     ]
     runs += [("rljob", policies[0], overrides(spec)) for spec in a.rljob_keys]
     for arm, remat, extra in runs:

@@ -3,13 +3,14 @@ bench/train_step_chip.py).
 
 ``Device.memory_stats()['peak_bytes_in_use']`` is the allocator's high-water mark of the buffers the
 process holds: arrays (weights, optimizer state, a program's arguments and outputs). On a TPU it does not
-appear to count a running program's temporaries (XLA's scratch: the activations a backward pass keeps, the
+count a running program's temporaries (XLA's scratch: the activations a backward pass keeps, the
 attention and log-prob head's intermediates). On a v5e chip (hack/tpu/README.md) Qwen3-0.6B's step peaked
 at the same 1.60 GB with ``remat_policy`` ``full`` and ``minimal``, although ``minimal`` keeps about 115 MB
 more activations a layer at that step's 5,120 tokens (the same step's compiled temporaries at 2 and 4
 layers), about 3 GB over 28 layers; Reactant.jl reports the same of TPU allocator statistics
-(https://github.com/EnzymeAD/Reactant.jl/issues/2815). tests/tpu/test_memory_stats_chip.py decides it on
-the chip.
+(https://github.com/EnzymeAD/Reactant.jl/issues/2815). tests/tpu/test_memory_stats_chip.py decided it on
+a v5e (2026-12-07): a program whose one large buffer is a 2.16 GB temporary left the allocator's peak at
+17.5 MB, while ``bytes_reserved`` rose by about the temporary's size.
 
 So the peak of a step is read as :func:`step_peak`: the bytes held between programs (measured:
 ``bytes_in_use``) plus the largest program's scratch (its temporaries and non-aliased outputs, from the

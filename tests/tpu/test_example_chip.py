@@ -36,16 +36,22 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures.chip_models import lengths_for, rollouts
+from fixtures.chip_models import lengths_for, program_name, rollouts
 
 CACHE = Path(".tpu-cache")
 STEPS = 5
 PREDICTION_BAND = (0.8, 1.25)  # as tests/tpu/test_grpo_chip.py (which says why)
 # The step's programs, as JAX names them: what the preflight compiles and the trainer must load, not compile.
 STEP_PROGRAMS = {"jit__accumulate", "jit__apply", "jit_parity_logprobs"}
-# What the chip may still compile at start: the glue around the step (initialisers, RNG, layout copies,
-# dtype casts), each a program of one or a few ops. Their backend seconds, summed, stay under this.
-GLUE_SECONDS = 5.0
+# What the chip may still compile at start: the glue around the step (RNG, LoRA's factor draws, layout
+# copies, dtype casts), each a program of one or a few ops. Their backend seconds, summed, stay under this:
+# seconds, where one of the step's programs takes a compile of the whole model. Measured on a v5e
+# (2026-12-07): 7.3 s, 4.6 s of it LoRA's draws (rljob.trainer.lora: one small program per factor shape).
+GLUE_SECONDS = 12.0
+# The test's random base weights (no checkpoint on a machine without network): MaxText's whole random
+# initialization in one program, which a trainer pod restoring a checkpoint does not run (build_model keeps
+# only the RNG state of it). Recorded, not counted as glue.
+RANDOM_INIT = "jit_init"
 _LOOKUP = re.compile(
     r"PERSISTENT COMPILATION CACHE (MISS|HIT) for '([^']+)'|[Pp]ersistent compilation cache hit for '([^']+)'"
 )
@@ -108,7 +114,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
         if event == BACKEND_COMPILE_EVENT:
             # The event names a program ``jit(_accumulate)``; the cache's lookup ``jit__accumulate``.
-            name = re.sub(r"^jit\((.*)\)$", r"jit_\1", str(kw.get("fun_name", "?")))
+            name = program_name(str(kw.get("fun_name", "?")))
             backend[name] = backend.get(name, 0.0) + duration_secs
 
     jax.monitoring.register_event_duration_secs_listener(on_duration)
@@ -131,12 +137,17 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
         return packed
 
     before_step = len(lookups.seen)
+    # Every batch scored by the parity gate's program before the first step, as the gate runs it
+    # (rljob.trainer.rollouts: once, before that step trains). The first accumulate puts the base weights in
+    # the layouts its program chose (Trainer.compiled_accumulate), and the parity program read after that
+    # is another program (the 2026-12-07 run compiled it again when this test scored every step's batch).
+    batches = [batch(i) for i in range(STEPS + 2)]
     state = trainer.init_state()
-    state, _ = trainer.train_on_packed(state, batch(0))
+    state, _ = trainer.train_on_packed(state, batches[0])
     first = lookups.seen[before_step:]
     times = []
     for i in range(STEPS):
-        packed = batch(1 + i)
+        packed = batches[1 + i]
         t0 = time.perf_counter()
         state, _ = trainer.train_on_packed(state, packed)
         jax.block_until_ready(state.lora)  # type: ignore[no-untyped-call]
@@ -150,7 +161,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     # The step's programs as the chip holds them (loaded or compiled above: these lookups come after the
     # count), with a micro-batch and an accumulator live as during the step.
     acc = trainer.zero_acc(state.lora)
-    call = trainer.device_batch(stack_micro_batches(batch(STEPS + 1), step_cfg.micro_batches)[0])
+    call = trainer.device_batch(stack_micro_batches(batches[STEPS + 1], step_cfg.micro_batches)[0])
     on_chip = {
         "accumulate": trainer.compiled_accumulate(acc, state.lora, call).memory_analysis(),
         "apply": trainer.apply.lower(state, acc).compile().memory_analysis(),
@@ -160,8 +171,12 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     peak = max(int(p["peak_bytes_per_device"]) for p in progs.values())
     ctx = {"run": rc.name, "tpu": rc.trainer.tpu.type_name, "rows": step_cfg.rows, "budget": step_cfg.budget}
 
-    # What the chip compiled: the programs that only missed, and the seconds their backend compiles took.
-    compiled_here = {n: round(backend.get(n, 0.0), 3) for n in set(misses) - set(hits)}
+    # What the chip compiled: every program that missed at least once (a name can also hit: the chip's own
+    # entry, written by its first compile, for a second call of the same shapes), and the seconds of its
+    # backend compiles and loads; the step's programs and the test's random initialization apart.
+    compiled_here = {
+        n: round(backend.get(n, 0.0), 3) for n in misses if n not in STEP_PROGRAMS and n != RANDOM_INIT
+    }
     step_loads = {n: backend.get(n) for n in STEP_PROGRAMS}
     record(
         "example_chip",
@@ -173,6 +188,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
         first_step=first,
         key_parts=lookups.parts,
         compiled_on_chip_seconds=compiled_here,
+        random_init_seconds=backend.get(RANDOM_INIT),
         step_program_load_seconds=step_loads,
         backend_seconds={k: round(v, 3) for k, v in backend.items()},
     )

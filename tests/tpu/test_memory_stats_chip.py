@@ -2,8 +2,9 @@
 
 rljob.trainer.chip_memory reads a step's peak HBM as the bytes held plus the largest program's scratch
 from the chip compiler's buffer assignment, because on a TPU the allocator's ``peak_bytes_in_use`` does not
-appear to count a program's temporaries (a v5e run: Qwen3-0.6B's step peaked at the same 1.60 GB with
-``remat_policy`` ``full`` and ``minimal``, about 3 GB apart in activations). This test decides it: one
+count a program's temporaries (a v5e run: Qwen3-0.6B's step peaked at the same 1.60 GB with
+``remat_policy`` ``full`` and ``minimal``, about 3 GB apart in activations). This test decides it (it
+passed on a v5e, 2026-12-07: the allocator's peak 0.008 of what counting the temporary would give): one
 program whose only large buffer is a temporary of known size (the [n, n] product ``a @ a.T`` behind an
 optimization barrier feeds a second matmul, so it must exist in HBM while the program runs; the compiler's
 own analysis is asserted to say so), sized past everything the process peaked at before. Without the

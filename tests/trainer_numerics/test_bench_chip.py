@@ -76,9 +76,9 @@ def test_tunix_padded_rows_fit_splash_blocks(scale: int) -> None:
 
 
 def test_the_profile_summary_reads_a_traced_step(tmp_path: Path) -> None:
-    """The on-chip bench's --profile summary, on a CPU trace of a program of two matmuls: the ops it
-    ranks are the traced program's, their seconds sum to the busy time it reports, and a step that waited
-    on the host is told apart from one that did not (busy fraction well under 1)."""
+    """The on-chip bench's --profile summary, on a CPU trace of a program of two matmuls run twice: the
+    op kinds it ranks are the traced program's, each counted per run, the program's seconds are there,
+    and a step that waited on the host is told apart from one that did not (busy fraction under 0.9)."""
     import time
 
     import jax
@@ -96,11 +96,33 @@ def test_the_profile_summary_reads_a_traced_step(tmp_path: Path) -> None:
     xplane = next(tmp_path.glob("**/*.xplane.pb"))
     s = _load("train_step_chip").profile_summary(xplane, wall, top=50)
     assert s["top_ops"], s
-    assert {o["module"] for o in s["top_ops"]} == {"jit__lambda"}
-    assert all(o["count"] == 2 for o in s["top_ops"]), s["top_ops"]
-    assert 0 < s["device_busy_seconds"] <= s["op_seconds"] + 1e-9
+    assert set(s["modules"]) == {"jit__lambda"}
+    assert all(o["count"] % 2 == 0 for o in s["top_ops"]), s["top_ops"]  # each kind once a run, or more
+    assert 0 < s["device_busy_seconds"] <= s["op_self_seconds"] + 1e-9
     assert s["device_busy_fraction"] < 0.9, s  # the 0.2 s sleep is not device time
-    assert abs(sum(o["seconds"] for o in s["top_ops"]) - s["op_seconds"]) < 1e-6
+    assert abs(sum(o["seconds"] for o in s["top_ops"]) - s["op_self_seconds"]) < 1e-5
+
+
+def test_nested_ops_count_their_own_time_once() -> None:
+    """A TPU's ``XLA Ops`` line nests a loop's body inside its ``while``: the loop's own time is its span
+    less its body's, and every kind is named without the HLO text the TPU gives it."""
+    b = _load("train_step_chip")
+    events = [
+        (0.0, 100.0, "%while.335 = (s32[]{:T(128)}, bf16[1024,28,8]) while(...)"),
+        (10.0, 30.0, "%splash_mha_fwd_segmented_residuals.15 = (bf16[16,5120,128]) custom-call(...)"),
+        (45.0, 20.0, "%fusion.1077 = f32[2048] fusion(...)"),
+        (50.0, 5.0, "%copy.3 = f32[2048] copy(...)"),  # inside the fusion's span: nested twice
+        (120.0, 10.0, "%fusion.12 = f32[8] fusion(...)"),
+    ]
+    got = {k: (round(v[0] * 1e9, 6), v[1]) for k, v in b._self_seconds(events).items()}
+    assert got == {
+        "while": (50.0, 1),
+        "splash_mha_fwd_segmented_residuals": (30.0, 1),
+        "fusion": (25.0, 2),
+        "copy": (5.0, 1),
+    }
+    assert b.op_kind("ynn_fusion.5") == "ynn_fusion"
+    assert b.op_kind("%dynamic-slice_bitcast_fusion.11.v_ref") == "dynamic-slice_bitcast_fusion.11.v_ref"
 
 
 @pytest.mark.parametrize(
@@ -109,3 +131,17 @@ def test_the_profile_summary_reads_a_traced_step(tmp_path: Path) -> None:
 )
 def test_busy_time_is_the_union_of_overlapping_ops(spans: list[tuple[float, float]], want: float) -> None:
     assert abs(_load("train_step_chip")._union_seconds(spans) - want) < 1e-15
+
+
+@pytest.mark.parametrize("arms", ["none", "rljob,tunix", "tunix_padded,RLJOB"])
+def test_an_unknown_arm_is_refused_not_run_as_another(arms: str, capsys: pytest.CaptureFixture[str]) -> None:
+    b = _load("train_step_chip")
+    argv = sys.argv
+    sys.argv = ["train_step_chip.py", f"--arms={arms}", "--cpu-dry-run"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            b.main()
+    finally:
+        sys.argv = argv
+    assert e.value.code == 2
+    assert "--arms: no arm" in capsys.readouterr().err
