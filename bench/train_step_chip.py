@@ -36,8 +36,8 @@ TPU: one line, skipped. Run on a TPU machine
 (hack/tpu/README.md):
 ``python bench/train_step_chip.py [--rollouts 16] [--scale 4] [--repeats 5] [--remat full,minimal]``
 ``--profile DIR`` traces one more step of each rljob arm (jax.profiler) and prints what the device spent it on
-(``profile``: busy against wall seconds, seconds per program, the top ops with their stats, the host's packing
-seconds), the trace left in DIR.
+(``profile``: busy against wall seconds, seconds per program, the top op kinds by exclusive seconds, the
+host's packing seconds), the trace left in DIR.
 ``--cpu-dry-run`` runs every arm here on the CPU at 2 layers with dot-product attention (Splash is TPU-only):
 a check of the script, not a figure.
 """
