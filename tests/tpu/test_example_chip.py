@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures.chip_models import lengths_for, program_name, rollouts
+from fixtures.chip_models import CACHE_LOOKUP, lengths_for, program_name, rollouts
 
 CACHE = Path(".tpu-cache")
 STEPS = 5
@@ -52,9 +52,6 @@ GLUE_SECONDS = 12.0
 # initialization in one program, which a trainer pod restoring a checkpoint does not run (build_model keeps
 # only the RNG state of it). Recorded, not counted as glue.
 RANDOM_INIT = "jit_init"
-_LOOKUP = re.compile(
-    r"PERSISTENT COMPILATION CACHE (MISS|HIT) for '([^']+)'|[Pp]ersistent compilation cache hit for '([^']+)'"
-)
 
 
 # The event JAX records around each backend compile or cache load (jax/_src/dispatch.py).
@@ -79,7 +76,7 @@ class _Lookups(logging.Handler):
         if p:
             self._pending[p[1]] = p[2][:16]
             return
-        m = _LOOKUP.search(msg)
+        m = CACHE_LOOKUP.search(msg)
         if m:
             self.seen.append(("hit", m[3]) if m[3] else (m[1].lower(), m[2]))
             self.parts.setdefault(m[3] or m[2], dict(self._pending))

@@ -6,14 +6,11 @@ compile event's name to the name of the lookup made for the same program."""
 from __future__ import annotations
 
 import logging
-import re
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fixtures.chip_models import program_name
-
-_LOOKUP = re.compile(r"PERSISTENT COMPILATION CACHE MISS for '([^']+)'")
+from fixtures.chip_models import CACHE_LOOKUP, program_name
 
 
 def parity_logprobs(x: Any) -> Any:
@@ -34,9 +31,9 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
 
     class Handler(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
-            m = _LOOKUP.search(record.getMessage())
+            m = CACHE_LOOKUP.search(record.getMessage())
             if m:
-                lookups.append(m[1])
+                lookups.append(m[3] or m[2])
 
     def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
         if event == "/jax/core/compile/backend_compile_duration":
