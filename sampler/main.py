@@ -320,6 +320,7 @@ def run_cpu(
     watcher_for: WatcherFactory,
     host: str,
     port: int,
+    status_port: int,
     watch: bool = True,
     seed: int = 0,
     model: str = "tiny",
@@ -349,7 +350,6 @@ def run_cpu(
     )
 
     async def serve() -> None:
-        status_port = port + ADAPTER_AGENT_PORT_OFFSET
         try:
             runner, front = await serve_behind_front(server.app(), watcher_for.token, host, port, backend)
             _status_server(status_port, watcher, watcher_for.agent(base), watcher_for.token, host)
@@ -420,7 +420,8 @@ def parser() -> argparse.ArgumentParser:
         "--status-port",
         type=int,
         default=None,
-        help="vllm backend: adapter status and agent port (default port + 1; the cpu backend always uses it)",
+        help="adapter status and agent port (default port + 1, where the trainer and the tinker service "
+        "look for it)",
     )
     p.add_argument("--adapter-dir", default=None, help="local directory for downloaded adapters")
     p.add_argument("--poll-s", type=float, default=0.2, help="LATEST polling interval")
@@ -490,6 +491,7 @@ def _run(args: argparse.Namespace, rc: RunConfig, argv: list[str], replica: bool
         )
         return EXIT_BAD_CONFIG
     port = args.port or _port_for(rc, args.replica)
+    status_port = args.status_port or port + ADAPTER_AGENT_PORT_OFFSET
     adapter_dir = Path(args.adapter_dir or tempfile.mkdtemp(prefix=f"rljob-adapters-{rc.name}-"))
     factory = WatcherFactory(rc, adapter_dir, args.poll_s, token)
     if args.backend == "cpu":
@@ -501,11 +503,16 @@ def _run(args: argparse.Namespace, rc: RunConfig, argv: list[str], replica: bool
         if layout is not None:
             return run_cpu_replica(layout, argv, args)
         return run_cpu(
-            rc, factory, args.host, port, watch=not args.no_watch, seed=args.seed, model=args.model
+            rc,
+            factory,
+            args.host,
+            port,
+            status_port,
+            watch=not args.no_watch,
+            seed=args.seed,
+            model=args.model,
         )
-    return run_vllm(
-        rc, factory, port, args.status_port or port + ADAPTER_AGENT_PORT_OFFSET, args.revision_wait_s
-    )
+    return run_vllm(rc, factory, port, status_port, args.revision_wait_s)
 
 
 if __name__ == "__main__":

@@ -242,7 +242,9 @@ def test_sampler_bad_config_exit_2(tmp_path: Path) -> None:
 
 SHIM = """#!/usr/bin/env bash
 # Stand-in for the `vllm` executable: checks what the supervisor passes, then serves the same HTTP API
-# with the CPU backend on the requested --port (no watcher: the supervisor's watcher drives it).
+# with the CPU backend on the requested --port (no watcher: the supervisor's watcher drives it). Its agent
+# goes on $SHIM_STATUS_PORT, a port the test reserved: port + 1, the default, was never reserved by anyone
+# (the supervisor draws the --port it passes), and one CI run found it taken.
 set -eu
 [ "${VLLM_ALLOW_RUNTIME_LORA_UPDATING:-}" = "True" ] || { echo "runtime LoRA env missing" >&2; exit 3; }
 echo "$@" > "$ARGV_FILE"
@@ -253,7 +255,7 @@ for a in "$@"; do
   prev="$a"
 done
 exec "$PYTHON" -m rljob.sampler.main --config "$CONFIG" --backend cpu --no-watch \
-  --host 127.0.0.1 --port "$port"
+  --host 127.0.0.1 --port "$port" --status-port "$SHIM_STATUS_PORT"
 """
 
 
@@ -273,7 +275,7 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
     bindir.mkdir()
     (bindir / "vllm").write_text(SHIM)
     (bindir / "vllm").chmod(0o755)
-    port, status_port = free_port(), free_port()
+    port, status_port, shim_status_port = free_port(), free_port(), free_port()
     rc = local_run_config(gcs_bucket, port, tmp_path / "p.json")
     cfg = tmp_path / "run.json"
     cfg.write_text(rc.model_dump_json())
@@ -293,6 +295,7 @@ def test_vllm_supervisor_runs_the_command_and_hot_swaps(
         "ARGV_FILE": str(tmp_path / "argv"),
         "PYTHON": sys.executable,
         "CONFIG": str(cfg),
+        "SHIM_STATUS_PORT": str(shim_status_port),
     }
     proc = subprocess.Popen(
         [
