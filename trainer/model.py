@@ -313,11 +313,17 @@ def _sample_inputs(t: int = 8) -> tuple[jax.Array, jax.Array, jax.Array]:
     return toks, pos, jnp.ones((1, t), jnp.int32)
 
 
+def lora_module_path(spec: ModelSpec) -> str:
+    """qwix's module-path regex for ``spec``'s LoRA targets but the routed experts (those get factors
+    of their own, rljob.trainer.expert_lora)."""
+    modules = [t for t in spec.maxtext_targets if t != lora_targets.EXPERTS]
+    return rf".*/({'|'.join(modules)})"
+
+
 def _with_lora(model: Any, spec: ModelSpec, cfg: Any) -> Any:
     """``model`` wrapped by qwix's LoRA on ``spec``'s targets, every factor created first; the routed
     experts (target ``experts``) get per-expert factors of their own (rljob.trainer.expert_lora)."""
-    modules = [t for t in spec.maxtext_targets if t != lora_targets.EXPERTS]
-    module_path = rf".*/({'|'.join(modules)})"
+    module_path = lora_module_path(spec)
     provider = qwix.LoraProvider(
         module_path=module_path,
         rank=spec.lora_rank,
