@@ -45,6 +45,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from rljob.recipes import families
+from rljob.trainer.lora import FactorDraw, create_factors, replicated_on
 
 __all__ = ["EXPERT_HF_NAMES", "EXPERT_WEIGHTS", "add_expert_lora", "expert_lora_class"]
 
@@ -99,9 +100,10 @@ def add_expert_lora(model: Any, rank: int, alpha: float, seed: int, cfg: Any) ->
             "spec.lora.targets: experts: the expert LoRA covers MaxText's wi_0/wi_1/wo expert weights, "
             "not prefuse_moe_weights or te_moe_block"
         )
-    key = jax.random.key(seed)
     axis = int(cfg.param_scan_axis)
     wrapped: list[str] = []
+    draws: list[FactorDraw] = []
+    modules: list[Any] = []
     for path, module in nnx.iter_modules(model):
         if not isinstance(module, RoutedMoE) or hasattr(module, "wi_0_lora_a"):
             continue
@@ -125,16 +127,26 @@ def add_expert_lora(model: Any, rank: int, alpha: float, seed: int, cfg: Any) ->
                 experts_name = (tuple(names[:at]) + tuple(names[at + k :]))[0]
                 keep = _insert((experts_name, None, None), at, names[at : at + k])
                 meta |= {"sharding_names": keep, "out_sharding": keep, "lora_kept_axes": (0 if at else k,)}
-            bound = float(np.sqrt(6.0 / d_in))
-            a_key = jax.random.fold_in(key, zlib.crc32(f"{name}/{w}".encode()))
-            a = jax.jit(lambda kk, s=a_shape, d=value.dtype, bd=bound: jax.random.uniform(kk, s, d, -bd, bd))(
-                a_key
+            draws.append(
+                FactorDraw(
+                    module=module,
+                    a_name=f"{w}_lora_a",
+                    b_name=f"{w}_lora_b",
+                    meta=meta,
+                    salt=zlib.crc32(f"{name}/{w}".encode()),
+                    a_shape=a_shape,
+                    b_shape=b_shape,
+                    dtype=str(value.dtype),
+                    bound=float(np.sqrt(6.0 / d_in)),
+                    sharding=replicated_on(value),
+                )
             )
-            setattr(module, f"{w}_lora_a", nnx.LoRAParam(a, **meta))
-            setattr(module, f"{w}_lora_b", nnx.LoRAParam(jnp.zeros(b_shape, value.dtype), **meta))
+        modules.append(module)
+        wrapped.append(name)
+    create_factors(seed, draws)  # every factor by one program (rljob.trainer.lora.create_factors)
+    for module in modules:
         module.expert_lora_scale = float(alpha) / float(rank)
         module.__class__ = expert_lora_class(type(module))
-        wrapped.append(name)
     return wrapped
 
 

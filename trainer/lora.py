@@ -18,7 +18,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["add_lora_params", "lora_sharding_meta"]
+__all__ = ["FactorDraw", "add_lora_params", "create_factors", "lora_sharding_meta", "replicated_on"]
 
 
 def lora_sharding_meta(var: Any) -> Any:
@@ -49,13 +49,13 @@ def add_lora_params(model: Any, module_path: str, rank: int, seed: int, cfg: Any
     ``kernel_lora_b`` [r, prod(out)] zero, in the kernel's dtype, stacked on the kernel's scan axes.
     qwix then finds them (flax_util.get_or_create_param) and creates none during a scan.
 
-    Every factor is drawn by one program (:func:`_draw_lora`): a program per factor shape was a compile
-    each on every process's start (4.6 s of a TPU v5e's start for Qwen3-0.6B's seven projections)."""
+    Every factor is drawn by one program (:func:`create_factors`): a program per factor shape was a
+    compile each on every process's start (4.6 s of a TPU v5e's start for Qwen3-0.6B's projections)."""
     from maxtext.layers.linears import DenseGeneral
 
     pattern = re.compile(module_path)
     axis = int(cfg.param_scan_axis)
-    draws: list[_Draw] = []
+    draws: list[FactorDraw] = []
     for path, module in nnx.iter_modules(model):
         name = "/".join(map(str, path))
         if (
@@ -80,31 +80,38 @@ def add_lora_params(model: Any, module_path: str, rank: int, seed: int, cfg: Any
         if len(names) == value.ndim:
             sharding = (None,) * at + names[at : at + k] + (None,) * (2 - at)
             meta |= {"sharding_names": sharding, "out_sharding": sharding}
-        sharding_in = getattr(value, "sharding", None)
-        out = NamedSharding(sharding_in.mesh, P()) if isinstance(sharding_in, NamedSharding) else None  # type: ignore[no-untyped-call]
         draws.append(
-            _Draw(
+            FactorDraw(
                 module=module,
+                a_name="kernel_lora_a",
+                b_name="kernel_lora_b",
                 meta=meta,
                 salt=zlib.crc32(name.encode()),
                 a_shape=(fan_in, rank)[:at] + scan + (fan_in, rank)[at:],
                 b_shape=(rank, fan_out)[:at] + scan + (rank, fan_out)[at:],
                 dtype=str(value.dtype),
                 bound=float(np.sqrt(6.0 / fan_in)),
-                sharding=out,
+                sharding=replicated_on(value),
             )
         )
-    for d, (a, b) in zip(draws, _draw_lora(seed, draws), strict=True):
-        d.module.kernel_lora_a = nnx.LoRAParam(a, **d.meta)
-        d.module.kernel_lora_b = nnx.LoRAParam(b, **d.meta)
+    create_factors(seed, draws)
+
+
+def replicated_on(value: Any) -> NamedSharding | None:
+    """Replicated on the mesh of ``value``'s NamedSharding; None where it has none (one device)."""
+    sharding = getattr(value, "sharding", None)
+    return NamedSharding(sharding.mesh, P()) if isinstance(sharding, NamedSharding) else None  # type: ignore[no-untyped-call]
 
 
 @dataclasses.dataclass(frozen=True)
-class _Draw:
-    """One projection's factors to create: ``lora_a`` drawn from the run's key folded with ``salt`` (the
-    CRC-32 of the module's path), ``lora_b`` zero."""
+class FactorDraw:
+    """One pair of LoRA factors to create as ``module.<a_name>`` and ``module.<b_name>`` (nnx.LoRAParam
+    with ``meta``): A drawn uniform in [-bound, bound] from the run's key folded with ``salt`` (the
+    CRC-32 of the factor's path), B zero; created replicated on ``sharding``'s mesh."""
 
     module: Any
+    a_name: str
+    b_name: str
     meta: dict[str, Any]
     salt: int
     a_shape: tuple[int, ...]
@@ -114,19 +121,18 @@ class _Draw:
     sharding: NamedSharding | None
 
 
-def _draw_lora(seed: int, draws: list[_Draw]) -> list[tuple[jax.Array, jax.Array]]:
-    """Every (lora_a, lora_b) of ``draws`` from one jitted program per output placement (one in
-    practice: the model's mesh), created replicated on that mesh (on every process of a multi-process
-    run, as the base weights are: never one process's local array). The values are those of a draw per
-    factor: ``uniform(fold_in(key(seed), salt), a_shape, dtype, -bound, bound)``."""
-    out: list[tuple[jax.Array, jax.Array] | None] = [None] * len(draws)
-    groups: dict[NamedSharding | None, list[int]] = {}
-    for i, d in enumerate(draws):
-        groups.setdefault(d.sharding, []).append(i)
-    for sharding, idx in groups.items():
-        group = [draws[i] for i in idx]
+def create_factors(seed: int, draws: list[FactorDraw]) -> None:
+    """Create every factor pair of ``draws`` on its module, all drawn by one jitted program per output
+    placement (one in practice: the model's mesh), replicated on that mesh (on every process of a
+    multi-process run, as the base weights are: never one process's local array). The values are those
+    of a draw per factor: ``uniform(fold_in(key(seed), salt), a_shape, dtype, -bound, bound)``; a
+    program per factor shape is a compile each on every process's start (seconds each on a TPU)."""
+    groups: dict[NamedSharding | None, list[FactorDraw]] = {}
+    for d in draws:
+        groups.setdefault(d.sharding, []).append(d)
+    for sharding, group in groups.items():
 
-        def draw(group: list[_Draw] = group) -> list[tuple[jax.Array, jax.Array]]:
+        def draw(group: list[FactorDraw] = group) -> list[tuple[jax.Array, jax.Array]]:
             key = jax.random.key(seed)  # a constant of the program: any int, as jax.random.key takes it
             return [
                 (
@@ -139,6 +145,6 @@ def _draw_lora(seed: int, draws: list[_Draw]) -> list[tuple[jax.Array, jax.Array
             ]
 
         fn = jax.jit(draw) if sharding is None else jax.jit(draw, out_shardings=sharding)
-        for i, ab in zip(idx, fn(), strict=True):
-            out[i] = ab
-    return [ab for ab in out if ab is not None]
+        for d, (a, b) in zip(group, fn(), strict=True):
+            setattr(d.module, d.a_name, nnx.LoRAParam(a, **d.meta))
+            setattr(d.module, d.b_name, nnx.LoRAParam(b, **d.meta))

@@ -73,3 +73,45 @@ def test_every_factor_comes_from_one_program_with_the_per_factor_values(seed: in
     # Distinct projections draw distinct values (the salt is the path, not the shape).
     firsts = [float(np.asarray(a).ravel()[0]) for a, _ in factors.values()]
     assert len(set(firsts)) == len(firsts)
+
+
+def test_the_routed_experts_factors_come_from_one_program_with_the_per_factor_values() -> None:
+    """rljob.trainer.expert_lora's per-expert factors (the LoRA target ``experts``) likewise: one
+    program for every MoE layer's wi_0 / wi_1 / wo factors, A from the key folded with its path."""
+    import jax
+    from flax import nnx
+    from rljob.recipes import miniature
+    from rljob.trainer.expert_lora import EXPERT_WEIGHTS, add_expert_lora
+    from rljob.trainer.model import CPU_KEYS, build_model, maxtext_config
+
+    model_name, seed = "qwen3-30b-a3b", 2000
+    keys = {"model_name": model_name, **miniature.miniature_overrides(model_name), **CPU_KEYS}
+    cfg = maxtext_config({**keys, "max_target_length": 32})
+    model = build_model(cfg, 0)
+    compiled: list[str] = []
+
+    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
+        if event == BACKEND_COMPILE:
+            compiled.append(str(kw.get("fun_name", "")))
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        wrapped = add_expert_lora(model, 4, 8.0, seed, cfg)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
+    assert wrapped and compiled == ["jit(draw)"], (wrapped, compiled)
+
+    key = jax.random.key(seed)
+    modules: dict[str, Any] = {"/".join(map(str, p)): m for p, m in nnx.iter_modules(model)}
+    for name in wrapped:
+        module = modules[name]
+        assert module.expert_lora_scale == 2.0
+        for w in EXPERT_WEIGHTS:
+            a = getattr(module, f"{w}_lora_a").get_value()
+            b = getattr(module, f"{w}_lora_b").get_value()
+            bound = float(np.sqrt(6.0 / a.shape[-2]))  # [.., in, r] whatever the scan axis
+            want = jax.random.uniform(
+                jax.random.fold_in(key, zlib.crc32(f"{name}/{w}".encode())), a.shape, a.dtype, -bound, bound
+            )
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(want), err_msg=f"{name}/{w}")
+            assert not np.asarray(b).any()
