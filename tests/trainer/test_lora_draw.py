@@ -6,7 +6,9 @@ per factor."""
 
 from __future__ import annotations
 
+import contextlib
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -23,6 +25,24 @@ def _fresh_model() -> tuple[Any, Any, Any]:
     spec = ModelSpec.tiny(lora_rank=8, lora_alpha=16.0)
     cfg = maxtext_config(spec.maxtext)
     return spec, cfg, build_model(cfg, spec.seed)
+
+
+@contextlib.contextmanager
+def _compiles() -> Iterator[list[str]]:
+    """The names of the programs JAX compiles inside the block (its backend compile events)."""
+    import jax
+
+    compiled: list[str] = []
+
+    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
+        if event == BACKEND_COMPILE:
+            compiled.append(str(kw.get("fun_name", "")))
+
+    jax.monitoring.register_event_duration_secs_listener(on_duration)
+    try:
+        yield compiled
+    finally:
+        jax.monitoring.unregister_event_duration_listener(on_duration)
 
 
 def _factors(model: Any) -> dict[str, tuple[Any, Any]]:
@@ -43,17 +63,8 @@ def test_every_factor_comes_from_one_program_with_the_per_factor_values(seed: in
 
     spec, cfg, model = _fresh_model()
     assert not _factors(model)
-    compiled: list[str] = []
-
-    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
-        if event == BACKEND_COMPILE:
-            compiled.append(str(kw.get("fun_name", "")))
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    try:
+    with _compiles() as compiled:
         add_lora_params(model, lora_module_path(spec), spec.lora_rank, seed, cfg)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(on_duration)
     assert compiled == ["jit(draw)"], compiled
 
     factors = _factors(model)
@@ -88,17 +99,8 @@ def test_the_routed_experts_factors_come_from_one_program_with_the_per_factor_va
     keys = {"model_name": model_name, **miniature.miniature_overrides(model_name), **CPU_KEYS}
     cfg = maxtext_config({**keys, "max_target_length": 32})
     model = build_model(cfg, 0)
-    compiled: list[str] = []
-
-    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
-        if event == BACKEND_COMPILE:
-            compiled.append(str(kw.get("fun_name", "")))
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    try:
+    with _compiles() as compiled:
         wrapped = add_expert_lora(model, 4, 8.0, seed, cfg)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(on_duration)
     assert wrapped and compiled == ["jit(draw)"], (wrapped, compiled)
 
     key = jax.random.key(seed)
