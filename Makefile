@@ -85,13 +85,13 @@ typecheck: venv pkgview
 	MYPYPATH=$(PKGVIEW):tests $(VENV)/bin/mypy $(PKGVIEW)/rljob hack bench tests
 
 test: lint typecheck
-	$(VENV)/bin/pytest -m "not longdrill"
+	$(VENV)/bin/pytest -m "not long"
 
-# The drills (and the one compile) too long for make test on a 2-core machine (marker longdrill; the
-# catalog drill past its deadline runs with 1300 s, tests/cli/test_drill.py).
+# The tests too long for make test on a 2-core machine (marker long; README.md says which; the catalog
+# drills past their deadline run with 1300 s, tests/cli/test_drill.py).
 .PHONY: test-long
 test-long: venv
-	$(VENV)/bin/pytest -m longdrill
+	$(VENV)/bin/pytest -m long
 
 # The inner loop: everything above but the tests marked cluster (the Go control plane), jax (MaxText
 # compiles) or slow; the markers are declared in pyproject.toml.

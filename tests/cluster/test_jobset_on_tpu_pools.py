@@ -222,6 +222,9 @@ def test_counted_restarts_stop_at_max_restarts(cluster: Cluster, namespace: str)
 
 
 @pytest.mark.slow
+# make test-long (66 s): make test keeps the same through the operator, on the JobSet it renders
+# (tests/operator/test_operator_cluster.py::test_preemption_drill_node_deleted_restart_not_counted).
+@pytest.mark.long
 def test_deleting_a_node_restarts_the_jobset_without_counting(cluster: Cluster, namespace: str) -> None:
     cluster.create_jobset(namespace, tpu_jobset("preempt", "tpu-v5p-slice", "2x2x1", 1, slices=1))
     pods = wait_for(lambda: running_pods(cluster, namespace, "preempt", 1), 60, "pods Running")

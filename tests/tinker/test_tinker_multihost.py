@@ -214,6 +214,10 @@ def test_two_processes_serve_like_one(tmp_path: Path) -> None:
         np.testing.assert_allclose(weights[1][k], weights[0][k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+# make test-long (50 s): make test keeps a one-process service killed and restored
+# (tests/tinker/test_tinker_slow.py::test_save_state_kill_and_continue_step_exactly) and two processes
+# serving as one (above).
+@pytest.mark.long
 def test_a_restarted_two_process_service_restores_its_clients(tmp_path: Path) -> None:
     """Two processes stopped with a training client live (its session not ended), then started again on
     the same storage: both restore the client from its automatic checkpoint (an orbax restore over both
