@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 import pytest
 from fixtures.chip_models import CACHE_LOOKUP, lengths_for, program_name, rollouts
+from fixtures.jax_compiles import BACKEND_COMPILE
 
 CACHE = Path(".tpu-cache")
 STEPS = 5
@@ -54,8 +55,6 @@ GLUE_SECONDS = 12.0
 RANDOM_INIT = "jit_init"
 
 
-# The event JAX records around each backend compile or cache load (jax/_src/dispatch.py).
-BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 _PART = re.compile(r"get_cache_key hash of serialized (.+): ([0-9a-f]+)")
 
 
@@ -109,7 +108,7 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     backend: dict[str, float] = {}
 
     def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
-        if event == BACKEND_COMPILE_EVENT:
+        if event == BACKEND_COMPILE:
             # The event names a program ``jit(_accumulate)``; the cache's lookup ``jit__accumulate``.
             name = program_name(str(kw.get("fun_name", "?")))
             backend[name] = backend.get(name, 0.0) + duration_secs

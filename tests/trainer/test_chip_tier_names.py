@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 from fixtures.chip_models import CACHE_LOOKUP, program_name
+from fixtures.jax_compiles import backend_compiles
 
 
 def parity_logprobs(x: Any) -> Any:
@@ -26,7 +27,6 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
     import jax.numpy as jnp
     from jax._src import compilation_cache
 
-    events: list[str] = []
     lookups: list[str] = []
 
     class Handler(logging.Handler):
@@ -34,10 +34,6 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
             m = CACHE_LOOKUP.search(record.getMessage())
             if m:
                 lookups.append(m[3] or m[2])
-
-    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            events.append(str(kw.get("fun_name", "?")))
 
     def setting(key: str, value: Any) -> None:
         jax.config.update(key, value)  # type: ignore[no-untyped-call]
@@ -47,7 +43,6 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
     level = logger.level
     logger.setLevel(logging.DEBUG)
     logger.addHandler(handler)
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
     saved = {
         k: getattr(jax.config, k)
         for k in (
@@ -64,10 +59,10 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
         setting("jax_persistent_cache_min_entry_size_bytes", 0)
         compilation_cache.reset_cache()
         x = jnp.arange(7.0) + 0.5  # shapes no other test compiles, so every program here is compiled anew
-        for f in (jax.jit(lambda v: v - 3), jax.jit(parity_logprobs), jax.jit(_apply)):
-            f(x).block_until_ready()
+        with backend_compiles() as events:
+            for f in (jax.jit(lambda v: v - 3), jax.jit(parity_logprobs), jax.jit(_apply)):
+                f(x).block_until_ready()
     finally:
-        jax.monitoring.unregister_event_duration_listener(on_duration)
         logger.removeHandler(handler)
         logger.setLevel(level)
         for k, v in saved.items():
@@ -75,7 +70,7 @@ def test_compile_events_and_cache_lookups_name_a_program_alike(tmp_path: Path) -
         compilation_cache.reset_cache()
     want = {"jit__lambda", "jit_parity_logprobs", "jit__apply"}
     assert want <= set(lookups), lookups
-    named = {program_name(e) for e in events}
+    named = {program_name(e) for e, _ in events}
     assert want <= named, events
     # every jitted program compiled here was looked up in the cache first, under the name mapped to
     assert {n for n in named if n.startswith("jit_")} <= set(lookups), (events, lookups)

@@ -6,17 +6,14 @@ per factor."""
 
 from __future__ import annotations
 
-import contextlib
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
+from fixtures.jax_compiles import backend_compiles
 
 pytestmark = pytest.mark.jax
-
-BACKEND_COMPILE = "/jax/core/compile/backend_compile_duration"
 
 
 def _fresh_model() -> tuple[Any, Any, Any]:
@@ -25,24 +22,6 @@ def _fresh_model() -> tuple[Any, Any, Any]:
     spec = ModelSpec.tiny(lora_rank=8, lora_alpha=16.0)
     cfg = maxtext_config(spec.maxtext)
     return spec, cfg, build_model(cfg, spec.seed)
-
-
-@contextlib.contextmanager
-def _compiles() -> Iterator[list[str]]:
-    """The names of the programs JAX compiles inside the block (its backend compile events)."""
-    import jax
-
-    compiled: list[str] = []
-
-    def on_duration(event: str, duration_secs: float, **kw: str | int) -> None:
-        if event == BACKEND_COMPILE:
-            compiled.append(str(kw.get("fun_name", "")))
-
-    jax.monitoring.register_event_duration_secs_listener(on_duration)
-    try:
-        yield compiled
-    finally:
-        jax.monitoring.unregister_event_duration_listener(on_duration)
 
 
 def _factors(model: Any) -> dict[str, tuple[Any, Any]]:
@@ -63,9 +42,9 @@ def test_every_factor_comes_from_one_program_with_the_per_factor_values(seed: in
 
     spec, cfg, model = _fresh_model()
     assert not _factors(model)
-    with _compiles() as compiled:
+    with backend_compiles() as compiled:
         add_lora_params(model, lora_module_path(spec), spec.lora_rank, seed, cfg)
-    assert compiled == ["jit(draw)"], compiled
+    assert [name for name, _ in compiled] == ["jit(draw)"], compiled
 
     factors = _factors(model)
     # Every targeted projection of the tiny model (attention and MLP) got factors.
@@ -99,9 +78,9 @@ def test_the_routed_experts_factors_come_from_one_program_with_the_per_factor_va
     keys = {"model_name": model_name, **miniature.miniature_overrides(model_name), **CPU_KEYS}
     cfg = maxtext_config({**keys, "max_target_length": 32})
     model = build_model(cfg, 0)
-    with _compiles() as compiled:
+    with backend_compiles() as compiled:
         wrapped = add_expert_lora(model, 4, 8.0, seed, cfg)
-    assert wrapped and compiled == ["jit(draw)"], (wrapped, compiled)
+    assert wrapped and [name for name, _ in compiled] == ["jit(draw)"], (wrapped, compiled)
 
     key = jax.random.key(seed)
     modules: dict[str, Any] = {"/".join(map(str, p)): m for p, m in nnx.iter_modules(model)}
