@@ -13,7 +13,9 @@ run's shapes, as MaxText's ``train_compile`` does for its train step:
   on), the gradients summed, ``[micro_batches, rows, tokenBudget]`` packed rows;
 - ``apply``: :attr:`~rljob.trainer.train_step.Trainer.apply`, the optimizer update of the LoRA parameters;
 - ``parity_logprobs``: :meth:`rljob.trainer.model.Policy.scoring_program`, the step-0 parity gate's log-probs
-  of ``[rows rounded up to what the batch axes divide, tokenBudget]`` (rljob.trainer.rollouts.parity_pack).
+  of ``[rows rounded up to what the batch axes divide, tokenBudget]`` (rljob.trainer.rollouts.parity_pack),
+  the base weights in the layouts ``accumulate``'s compile chose (the trainer lays them out so before its
+  gate scores: :meth:`~rljob.trainer.train_step.Trainer.lay_out_base`).
 
 A run config with ``spec.service`` (the Tinker API service) runs no loop: its programs are the service
 engine's instead, beside every training client's resident state (rljob.trainer.compilecheck_service).
@@ -92,15 +94,6 @@ CHIPS: dict[str, Chip] = {
         g.spec_source,
     )
     for g in GENERATIONS.values()
-}
-
-_BATCH_DTYPES = {
-    "tokens": "int32",
-    "segment_ids": "int32",
-    "positions": "int32",
-    "weights": "float32",
-    "advantages": "float32",
-    "old_logprobs": "float32",
 }
 
 
@@ -199,6 +192,9 @@ class Program:
     drivers: str  # the spec fields that drive the program's size (the refusal's line)
     model_flops: float = 0.0  # analytic FLOPs per device (0: XLA's count, the program has no loop)
     state_args: int | None = None  # the leading arguments that do not grow with the rows (None: all)
+    base_arg: int | None = None  # the argument that is the base weights (their layouts the compiler's)
+    # A program compiled before this one whose base layouts this one's base argument takes (compile_run).
+    base_from: str | None = None
 
 
 def model_flops(cfg: Any, tokens_per_device: float, *, backward: bool, reference: bool = False) -> float:
@@ -219,36 +215,16 @@ def model_flops(cfg: Any, tokens_per_device: float, *, backward: bool, reference
     return float(flops) * 1e12 * tokens_per_device / max(tokens, 1.0)
 
 
-def _abstract_tree(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs of ``tree`` laid out by ``shardings`` (a prefix tree of NamedShardings, as the
-    Trainer's jit shardings are)."""
-    import jax
-    from jax.sharding import NamedSharding
-
-    def place(s: NamedSharding, sub: Any) -> Any:
-        return jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),  # type: ignore[no-untyped-call]
-            sub,
-        )
-
-    return jax.tree.map(place, shardings, tree, is_leaf=lambda s: isinstance(s, NamedSharding))
-
-
 def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
     """The trainer's TPU programs with abstract arguments of the run's shapes."""
     import jax
     import jax.numpy as jnp
+    from rljob.trainer.placement import abstract
     from rljob.trainer.rollouts import parity_pack
 
     cfg = trainer.cfg
-    state = _abstract_tree(jax.eval_shape(trainer.init_state, policy.lora0), trainer.state_sharding)
-    acc = _abstract_tree(jax.eval_shape(trainer.zero_acc, policy.lora0), trainer.acc_sharding)
-    batch = {
-        k: jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
-            (cfg.micro_batches, cfg.rows, cfg.budget), jnp.dtype(d), sharding=trainer.batch_sharding
-        )
-        for k, d in _BATCH_DTYPES.items()
-    }
+    state = abstract(jax.eval_shape(trainer.init_state, policy.lora0), trainer.state_sharding)
+    acc, lora, batch = trainer.step_arguments()  # as the trainer compiles it (Trainer.lay_out_base)
     gate = parity_pack(pack, policy.row_multiple())
     # The gate's rows as the trainer passes them, host arrays (rollouts.SamplerSource.parity_of) whose
     # sharding the compiler chooses: a declared sharding lowers another program (measured on a TPU v5e, the
@@ -262,11 +238,12 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
         Program(
             "accumulate",
             trainer.accumulate_program,
-            (acc, state.lora, policy.base, batch),
+            (acc, lora, policy.base, batch),
             opt,
             f"{step_fields}, spec.trainer.maxtext.remat_policy, spec.trainer.tpu",
             cfg.micro_batches * model_flops(policy.cfg, per_mb, backward=True, reference=trainer.with_ref),
             state_args=3,
+            base_arg=2,
         ),
         Program("apply", trainer.apply, (state, acc), resident_bytes(policy.base), "spec.trainer.tpu"),
         Program(
@@ -277,6 +254,10 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
             f"{step_fields} (rows rounded up to a multiple of {policy.row_multiple()}), spec.trainer.tpu",
             model_flops(policy.cfg, gate.rows * gate.budget / n, backward=False),
             state_args=2,
+            # The trainer lays its base out as accumulate's program chose before the gate scores
+            # (Trainer.lay_out_base): the parity program reads the base in those layouts.
+            base_arg=0,
+            base_from="accumulate",
         ),
     ]
 
@@ -301,11 +282,21 @@ def _bytes(num: str, unit: str | None) -> int:
     return int(float(num) * {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[unit])
 
 
-def compile_one(p: Program, chip: Chip) -> dict[str, Any]:
-    """One program lowered and compiled for the topology: its figures, or ``error`` (and ``oom``)."""
+def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One program lowered and compiled for the topology: its figures, or ``error`` (and ``oom``).
+    ``layouts``: the base weights' formats (sharding and memory layout) each program compiled so far chose,
+    by name: ``p``'s base argument takes ``p.base_from``'s, and ``p``'s own are added."""
     t0 = time.monotonic()
+    args = p.args
+    if layouts is not None and p.base_arg is not None and p.base_from in layouts:
+        from rljob.trainer.placement import abstract
+
+        i = p.base_arg
+        args = (*args[:i], abstract(args[i], layouts[p.base_from]), *args[i + 1 :])
     try:
-        compiled = p.fn.lower(*p.args).compile()
+        compiled = p.fn.lower(*args).compile()
+        if layouts is not None and p.base_arg is not None:
+            layouts[p.name] = compiled.input_formats[0][p.base_arg]
     except Exception as e:
         msg = str(e)
         split = _INDIVISIBLE.search(msg)
@@ -508,12 +499,13 @@ def compile_run(
     if service is not None:
         report["service"] = state.report()
     refusals: list[str] = []
+    layouts: dict[str, Any] = {}  # the base weights' layouts each program chose (Program.base_from)
     for p in progs:
         if only is not None and p.name not in only:
             continue
         if log:
             log(f"compiling {p.name} for {report['topology']} x {rc.trainer.slices}")
-        fig = compile_one(p, chip)
+        fig = compile_one(p, chip, layouts)
         report["programs"][p.name] = fig
         if not fig["fits"]:
             refusals.append(

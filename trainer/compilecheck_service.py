@@ -27,7 +27,6 @@ from typing import Any
 
 from rljob.recipes.runconfig import RunConfig
 from rljob.trainer.compilecheck import (
-    _BATCH_DTYPES,
     GIB,
     Chip,
     Program,
@@ -129,12 +128,7 @@ def service_programs(engine: Any, state: ServiceState) -> list[Program]:
     rep = engine.replicated
     count = jax.ShapeDtypeStruct((), jnp.int32, sharding=rep)  # type: ignore[no-untyped-call]
     hp = jax.ShapeDtypeStruct((6,), jnp.float32, sharding=rep)  # type: ignore[no-untyped-call]
-    batch = {
-        k: jax.ShapeDtypeStruct(  # type: ignore[no-untyped-call]
-            (cfg.micro_batches, cfg.rows, cfg.budget), jnp.dtype(d), sharding=engine.trainer.batch_sharding
-        )
-        for k, d in _BATCH_DTYPES.items()
-    }
+    _, _, batch = engine.trainer.step_arguments()
     base = policy.base
     per_mb = cfg.rows * cfg.budget / int(policy.mesh.size)
     rows = "spec.packing.tokenBudget, spec.trainer.microBatchSize"

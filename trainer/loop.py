@@ -234,8 +234,13 @@ def run_loop(rc: RunConfig, args: LoopOptions) -> int:
     source.emit = lambda rec: steplog.event(rec.pop("event"), **rec)
     reporter = Reporter(sink_for(rc, in_cluster="KUBERNETES_SERVICE_HOST" in os.environ) if first else None)
     try:
+        trainer = Trainer(policy, step_cfg)
+        # The step compiled (or loaded) and the base in its layouts before the parity gate scores with it,
+        # at whichever step the gate comes: the parity program the compile stage compiled
+        # (Trainer.lay_out_base).
+        trainer.lay_out_base()
         run(
-            Trainer(policy, step_cfg),
+            trainer,
             RunPaths(rc.storage.checkpoints, rc.storage.adapters, rc.storage.rollouts),
             RunSettings(
                 steps=steps,

@@ -3,7 +3,8 @@ array (on several processes ``jax.device_put`` cannot place a local array on oth
 Where each parameter goes (MaxText's logical axis rules) is rljob.trainer.base_checkpoint's
 ``logical_shardings``; :class:`rljob.trainer.model.Policy` places its base and LoRA parameters with both.
 :func:`lay_out` puts arrays in the memory layouts a compiled program chose for them (the train step's
-frozen base weights: rljob.trainer.train_step).
+frozen base weights: rljob.trainer.train_step); :func:`abstract` gives a tree's shapes placed as the arrays
+would be, what a program is lowered with before any array exists.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
-__all__ = ["lay_out", "put_global"]
+__all__ = ["abstract", "lay_out", "put_global"]
 
 
 def put_global(x: Any, sharding: NamedSharding) -> Any:
@@ -62,3 +63,18 @@ def lay_out(tree: Any, formats: Any) -> Any:
         return out
 
     return jax.tree.map(put, tree, formats)
+
+
+def abstract(tree: Any, shardings: Any) -> Any:
+    """ShapeDtypeStructs of ``tree`` (arrays or shapes) placed by ``shardings``: a prefix tree of
+    NamedShardings (as the Trainer's jit shardings are), or a tree of a compiled program's ``input_formats``
+    (sharding and memory layout: the arguments of a program that reads arrays :func:`lay_out` put in them)."""
+    from jax.experimental.layout import Format
+
+    def place(s: Any, sub: Any) -> Any:
+        return jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),  # type: ignore[no-untyped-call]
+            sub,
+        )
+
+    return jax.tree.map(place, shardings, tree, is_leaf=lambda s: isinstance(s, (NamedSharding, Format)))

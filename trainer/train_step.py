@@ -54,13 +54,14 @@ from rljob.trainer.packing import (
     pack_rollouts,
     padding_fraction,
 )
-from rljob.trainer.placement import lay_out, put_global
+from rljob.trainer.placement import abstract, lay_out, put_global
 
 __all__ = [
     "BATCH_FIELDS",
     "StepConfig",
     "TrainState",
     "Trainer",
+    "batch_dtype",
     "batch_sharding",
     "learning_rate_at",
     "stack_micro_batches",
@@ -68,6 +69,11 @@ __all__ = [
 
 BATCH_FIELDS = ("tokens", "segment_ids", "positions", "weights", "advantages", "old_logprobs")
 _INT_FIELDS = ("tokens", "segment_ids", "positions")
+
+
+def batch_dtype(field: str) -> Any:
+    """The dtype of one of :data:`BATCH_FIELDS` on the device: int32 ids and positions, float32 else."""
+    return jnp.dtype(jnp.int32 if field in _INT_FIELDS else jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,6 +299,29 @@ class Trainer:
     def abstract_state(self) -> TrainState:
         out: TrainState = jax.eval_shape(self.init_state)
         return out
+
+    def step_arguments(self) -> tuple[Any, LoraState, dict[str, Any]]:
+        """:attr:`accumulate_program`'s arguments but the base weights, abstract: the gradient buffer, the
+        adapter and one call's ``[micro_batches, rows, budget]`` batch as ShapeDtypeStructs placed by this
+        step's shardings. :meth:`lay_out_base` compiles with them and the compile stage
+        (rljob.trainer.compilecheck) lowers with them, so both ask JAX's cache for one program."""
+        cfg = self.cfg
+        lora = abstract(jax.eval_shape(self.init_state, self.policy.lora0), self.state_sharding).lora
+        acc = abstract(jax.eval_shape(self.zero_acc, self.policy.lora0), self.acc_sharding)
+        shape = (cfg.micro_batches, cfg.rows, cfg.budget)
+        batch = {
+            k: jax.ShapeDtypeStruct(shape, batch_dtype(k), sharding=self.batch_sharding)  # type: ignore[no-untyped-call]
+            for k in BATCH_FIELDS
+        }
+        return acc, lora, batch
+
+    def lay_out_base(self) -> Any:
+        """Compile :attr:`accumulate_program` (or load it from JAX's cache) and put the policy's base weights
+        in the layouts it chose (:meth:`compiled_accumulate`), before anything else reads them: every
+        program that reads the base (the parity gate's scoring) then compiles for those layouts, whether it
+        runs before the first step or after it, and the compile stage compiles it so (one program, a cache
+        hit either way). Returns the compiled program."""
+        return self.compiled_accumulate(*self.step_arguments())
 
     # ------------------------------------------------------------------ compiled parts
 

@@ -199,6 +199,35 @@ def test_splash_attention_is_compiled_as_on_the_tpu() -> None:
     assert "splash" in text.lower() or "flash" in text.lower()
 
 
+def test_the_parity_program_reads_the_base_in_the_layouts_the_step_chose() -> None:
+    """The trainer lays its base weights out as the step's program chose before the parity gate scores
+    (Trainer.lay_out_base), so the compile stage compiles the gate's program for those layouts: that is the
+    program the trainer looks up in JAX's cache, at step 0 or after a step. libtpu's compiler chooses other
+    layouts than the default for some of the step's base weights: the parity program compiled for the
+    default layouts (before this, the compile stage's) reads the base in other layouts."""
+    import dataclasses
+
+    import jax
+    from rljob.trainer import compilecheck
+    from rljob.trainer.train_step import Trainer
+
+    rc = run_config("qwen3-8b-v5p")
+    policy, step = _abstract_policy(rc, small_keys(rc))
+    step = dataclasses.replace(step, budget=1024, pad_align=1024)
+    progs = {p.name: p for p in compilecheck.programs(policy, Trainer(policy, step), step.pack_config())}
+    chip = compilecheck.CHIPS[compilecheck.generation(rc)]
+    layouts: dict[str, Any] = {}
+    for name in ("accumulate", "parity_logprobs"):
+        assert "error" not in compilecheck.compile_one(progs[name], chip, layouts)
+    step_layouts = jax.tree.leaves(layouts["accumulate"])
+    assert jax.tree.leaves(layouts["parity_logprobs"]) == step_layouts
+    default: dict[str, Any] = {}  # the parity program alone: the base in its default layouts
+    compilecheck.compile_one(progs["parity_logprobs"], chip, default)
+    alone = jax.tree.leaves(default["parity_logprobs"])
+    differ = [a for a, b in zip(alone, step_layouts, strict=True) if a != b]
+    assert differ, "the step chose the default layouts: this test would not tell the two programs apart"
+
+
 def test_roofline_is_the_slower_of_compute_and_memory() -> None:
     from rljob.trainer.compilecheck import CHIPS, roofline
 
