@@ -17,7 +17,7 @@ from fixtures.operator import OperatorProcess, get_rljob, manifest, wait_rljob
 from kubernetes.client.exceptions import ApiException
 from rljob.recipes.api import Phase
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600, func_only=True)]
 RLJOB = Path(sys.executable).parent / "rljob"
 REPO = Path(__file__).resolve().parents[2]
 

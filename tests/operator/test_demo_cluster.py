@@ -14,7 +14,7 @@ from fixtures.cluster import Cluster
 from fixtures.k8s import pod_status
 from fixtures.operator import OperatorProcess, pods_of
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600, func_only=True)]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3

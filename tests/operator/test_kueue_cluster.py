@@ -32,7 +32,7 @@ from fixtures.operator import (
 )
 from kubernetes.client.exceptions import ApiException
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900, func_only=True)]
 
 
 def _jobset(c: Cluster, ns: str, name: str) -> dict[str, Any] | None:

@@ -33,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from rljob.cli.doctor.operator_rules import OPERATOR_PERMISSIONS
 from rljob.common.ports import free_port
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600, func_only=True)]
 
 NS_RELEASE = "rljobns"
 

@@ -32,7 +32,7 @@ from fixtures.operator import (
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600, func_only=True)]
 
 
 def _running(c: Cluster, ns: str, name: str) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from fixtures.k8s import labels_of, meta, name_of, pod_spec
 from fixtures.operator import OperatorProcess, running_pods
 from fixtures.standin import PodRunner
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900, func_only=True)]
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 6

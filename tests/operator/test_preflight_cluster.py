@@ -16,7 +16,7 @@ from fixtures.operator import OperatorProcess, create_rljob, get_rljob, manifest
 from rljob.operator import conditions as c
 from rljob.recipes import podpolicy
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600, func_only=True)]
 
 REFUSAL = (
     "compile: accumulate needs 120.0 GiB per device of a v5p-8 device's 95 GiB HBM (spec.trainer.tpu)\n"
