@@ -1,12 +1,13 @@
 """A cluster test's time limit covers its own body, not the local cluster's start.
 
 The first test that asks for the session's `cluster` fixture builds the control plane from its Go modules
-when hack/bin/ has none (hack/build.sh: kube-apiserver alone 577 s on this 2-core machine with a cold Go
-cache, 863 s on a quiet one) and starts it. pytest-timeout counts a fixture's setup in the test's limit
-unless the mark says ``func_only=True``; and pytest caches a session fixture's error, so one timed-out
-start failed every cluster test of the session (a clean clone with a cold Go cache, 2026-12-07: 55 errors,
-each "Timeout (>600.0s)"). The start is bounded by the fixtures' own limits (tests/fixtures/cluster.py's
-UP_TIMEOUT_S). Every module that marks tests `cluster` and sets a timeout says ``func_only=True``.
+when hack/bin/ has none (hack/build.sh: the Kubernetes binaries 577 s on a 2-core machine with a cold Go
+cache, 863 s by the Makefile's figures) and starts it. pytest-timeout counts a fixture's setup in the
+test's limit unless the mark says ``func_only=True``; and pytest caches a session fixture's error, so one
+timed-out start failed every cluster test of the session (a clean clone with a cold Go cache,
+2026-12-07: 55 errors, each "Timeout (>600.0s)"). The start is bounded by the fixtures' own limits
+(tests/fixtures/cluster.py's UP_TIMEOUT_S). Every module that marks tests `cluster` and sets a timeout
+says ``func_only=True``.
 """
 
 from __future__ import annotations
