@@ -282,21 +282,28 @@ def _bytes(num: str, unit: str | None) -> int:
     return int(float(num) * {None: 1, "": 1, "K": 1 << 10, "M": 1 << 20, "G": GIB, "T": 1 << 40}[unit])
 
 
-def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One program lowered and compiled for the topology: its figures, or ``error`` (and ``oom``).
-    ``layouts``: the base weights' formats (sharding and memory layout) each program compiled so far chose,
-    by name: ``p``'s base argument takes ``p.base_from``'s, and ``p``'s own are added."""
-    t0 = time.monotonic()
+def compile_program(p: Program, layouts: dict[str, Any] | None = None) -> Any:
+    """``p`` lowered and compiled for its arguments' devices (jax's ``Compiled``; the compiler's errors
+    raised). ``layouts``: the base weights' formats (sharding and memory layout) each program compiled so far
+    chose, by name: ``p``'s base argument takes ``p.base_from``'s, and ``p``'s own are added."""
     args = p.args
     if layouts is not None and p.base_arg is not None and p.base_from in layouts:
         from rljob.trainer.placement import abstract
 
         i = p.base_arg
         args = (*args[:i], abstract(args[i], layouts[p.base_from]), *args[i + 1 :])
+    compiled = p.fn.lower(*args).compile()
+    if layouts is not None and p.base_arg is not None:
+        layouts[p.name] = compiled.input_formats[0][p.base_arg]
+    return compiled
+
+
+def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One program lowered and compiled for the topology (:func:`compile_program`): its figures
+    (:func:`figures`), or ``error`` (and ``oom``) where the compiler refuses it."""
+    t0 = time.monotonic()
     try:
-        compiled = p.fn.lower(*args).compile()
-        if layouts is not None and p.base_arg is not None:
-            layouts[p.name] = compiled.input_formats[0][p.base_arg]
+        compiled = compile_program(p, layouts)
     except Exception as e:
         msg = str(e)
         split = _INDIVISIBLE.search(msg)
@@ -326,6 +333,14 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
         out["hbm_bytes_per_device"] = chip.device_hbm
         out["compile_seconds"] = round(time.monotonic() - t0, 1)
         return out
+    return figures(p, compiled, chip, time.monotonic() - t0)
+
+
+def figures(p: Program, compiled: Any, chip: Chip, compile_seconds: float = 0.0) -> dict[str, Any]:
+    """What the compile stage reads off ``p`` compiled (``compiled``: jax's ``Compiled``, by
+    :func:`compile_program` or by whatever compiled the same program): the peak HBM per device (arguments,
+    outputs not aliased, temporaries, code, plus the state resident beside it), whether it fits ``chip``,
+    the compiler's byte counts, the FLOPs and the roofline (``compile_seconds`` is reported as given)."""
     ma = compiled.memory_analysis()
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost or {}
@@ -361,7 +376,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
         "xla_flops": xla_flops,
         "roofline_seconds": seconds,
         "bound": bound,
-        "compile_seconds": round(time.monotonic() - t0, 1),
+        "compile_seconds": round(compile_seconds, 1),
     }
 
 

@@ -49,17 +49,28 @@ def put_global(x: Any, sharding: NamedSharding) -> Any:
     return jax.make_array_from_callback(x.shape, sharding, lambda index: host[index])
 
 
-def lay_out(tree: Any, formats: Any) -> Any:
+def lay_out(tree: Any, formats: Any, *, release: bool = False) -> Any:
     """``tree``'s arrays in ``formats`` (a compiled program's ``input_formats`` for them: sharding and
     memory layout). An array already so is kept as is; another is copied into its format, one at a time,
-    under jit on the devices (so on several processes too): while the caller holds ``tree`` the copies
-    add up to at most the arrays that change."""
+    under jit on the devices (so on several processes too); an array that appears twice is copied once.
+    While the caller holds ``tree`` the copies add up to the arrays that change (on Llama 3.1 8B's width
+    at 8 layers, 3.5 of its 5.8 GB: a v5e measured it, above the step's own peak). ``release``: the caller
+    hands ``tree`` over, and each array that changed is deleted once its copy is made, so laying out needs
+    only the largest array's bytes beside the tree."""
     from jax.experimental.layout import Format
+
+    done: dict[int, Any] = {}
 
     def put(x: Any, f: Any) -> Any:
         if not isinstance(f, Format) or f.layout is None or getattr(x, "format", None) == f:
             return x
+        if id(x) in done:
+            return done[id(x)]
         out = jax.jit(lambda a: a, out_shardings=f)(x)
+        if release:
+            out.block_until_ready()
+            x.delete()
+        done[id(x)] = out
         return out
 
     return jax.tree.map(put, tree, formats)

@@ -469,7 +469,8 @@ class Trainer:
                 self.policy.base,
             )
             compiled = self.accumulate_program.lower(acc, lora, base, batch).compile()
-            self.policy.base = lay_out(self.policy.base, compiled.input_formats[0][2])
+            # The policy's base is handed over: each weight whose layout changes is released once copied.
+            self.policy.base = lay_out(self.policy.base, compiled.input_formats[0][2], release=True)
             self._accumulate_compiled = compiled
         return self._accumulate_compiled
 

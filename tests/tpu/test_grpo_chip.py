@@ -8,10 +8,11 @@ rollout mix. The test asserts:
 - step 0: the parity gate's scoring program (``Policy.scoring_program``) and the train step read the same
   log-probs: old log-probs taken from the scoring program give an importance ratio of 1 in the step;
 - the step trains: finite loss, the adapter moves, a second step's ratio departs from 1;
-- the compile stage (rljob.trainer.compilecheck: the same ``programs`` and ``compile_one`` the preflight and
-  ``rljob drill --compile`` run, here compiled by the chip's own libtpu) predicts the chip's peak HBM within
-  a stated band; the chip's peak is rljob.trainer.chip_memory.step_peak (the bytes held, measured, plus the
-  largest program's scratch as the compiler assigned it: the allocator's own peak leaves temporaries out).
+- the compile stage (rljob.trainer.compilecheck: the same ``programs``, ``compile_program`` and
+  ``figures`` the preflight and ``rljob drill --compile`` run, here compiled by the chip's libtpu)
+  predicts the chip's peak HBM within a stated band; the chip's peak is
+  rljob.trainer.chip_memory.step_peak (the bytes held, measured, plus the largest program's scratch as the
+  compiler assigned it: the allocator's own peak leaves temporaries out).
 Figures: step seconds (median of 5 after warm-up), useful tokens/s, MFU (MaxText's model FLOPs per token),
 peak HBM measured and predicted. Run each family in a process of its own (hack/tpu/run.sh does): the
 chip's peak counter only grows, so a process that ran something larger before would hide this step's peak.
@@ -75,21 +76,32 @@ def test_grpo_step_at_full_size(chip: Any, record: Any, family: str) -> None:
         policy, {k: getattr(packed[0], k) for k in ("tokens", "positions", "segment_ids")}
     )
 
-    # What the compile stage predicts for these programs (compiled by this chip's libtpu).
+    # What the compile stage predicts for these programs, from the programs the chip runs: the step compiled
+    # and the base laid out as rljob.trainer.loop does first (Trainer.lay_out_base), the parity gate's and
+    # the update's programs compiled for the layouts it chose (compilecheck.compile_program, as the compile
+    # stage compiles them), each program compiled once (Gemma 3 4B's step takes a minute to compile).
     chip_fig = chip_figures()
+    progs = {p.name: p for p in compilecheck.programs(policy, trainer, pack)}
 
-    def abstract(
-        x: Any,
-    ) -> Any:  # the compile stage's arguments are shapes (the base's layout is the compiler's)
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding) if isinstance(x, jax.Array) else x  # type: ignore[no-untyped-call]
+    def shape_of(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding)  # type: ignore[no-untyped-call]
 
-    predicted = {}
-    for p in compilecheck.programs(policy, trainer, pack):
-        p.args = jax.tree.map(abstract, p.args)
-        predicted[p.name] = compilecheck.compile_one(p, chip_fig)
+    for p in progs.values():  # shapes only: no program may keep the base alive past its laying out
+        p.args = jax.tree.map(shape_of, p.args)
+    t0 = time.monotonic()
+    compiled = {"accumulate": trainer.lay_out_base()}
+    seconds = {"accumulate": time.monotonic() - t0}
+    layouts = {"accumulate": compiled["accumulate"].input_formats[0][2]}
+    for name in ("parity_logprobs", "apply"):
+        t0 = time.monotonic()
+        compiled[name] = compilecheck.compile_program(progs[name], layouts)
+        seconds[name] = time.monotonic() - t0
+    predicted = {k: compilecheck.figures(progs[k], c, chip_fig, seconds[k]) for k, c in compiled.items()}
 
-    # Step 0: old log-probs from the parity gate's scoring program.
-    scored = policy.scoring_program()
+    # Step 0: old log-probs from the parity gate's scoring program (Policy.scoring_program, compiled above).
+    scored = compiled["parity_logprobs"]
 
     def score(mbs: list[Any], lora: Any) -> None:
         for mb in mbs:

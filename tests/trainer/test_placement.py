@@ -3,6 +3,8 @@ in the sharding asked for, keeps one already so, and places typed PRNG keys by t
 
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,3 +50,36 @@ def test_lay_out_keeps_what_has_no_format() -> None:
     tree = {"a": jnp.ones(2), "b": np.zeros(3)}
     got = lay_out(tree, {"a": None, "b": None})
     assert got["a"] is tree["a"] and got["b"] is tree["b"]
+
+
+def _formats() -> tuple[dict[str, jax.Array], dict[str, Any]]:
+    from jax.experimental.layout import Format, Layout
+
+    s = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    w = jnp.arange(24.0).reshape(4, 6)
+    tree = {"w": w, "tied": w, "b": jnp.arange(60.0).reshape(3, 4, 5), "v": jnp.arange(5.0)}
+    column = Format(Layout(major_to_minor=(1, 0)), s)  # neither this nor the next is the CPU's default
+    formats = {"w": column, "tied": column, "b": Format(Layout(major_to_minor=(0, 2, 1)), s), "v": None}
+    return tree, formats
+
+
+def test_lay_out_releases_what_it_copied_when_handed_the_tree() -> None:
+    """release=True: every array whose layout changed is deleted once copied (the trainer's base is laid
+    out beside its largest weight, not beside a second copy of itself); one kept as it is stays, and an
+    array the tree holds twice (tied weights) is copied once."""
+    tree, formats = _formats()
+    want = {k: np.asarray(v) for k, v in tree.items()}
+    got = lay_out(tree, formats, release=True)
+    assert tree["w"].is_deleted() and tree["b"].is_deleted()
+    assert not tree["v"].is_deleted() and got["v"] is tree["v"]
+    assert got["tied"] is got["w"]
+    assert got["w"].format.layout.major_to_minor == (1, 0)
+    for k, v in want.items():
+        np.testing.assert_array_equal(np.asarray(got[k]), v)
+
+
+def test_lay_out_keeps_the_callers_tree_by_default() -> None:
+    tree, formats = _formats()
+    got = lay_out(tree, formats)
+    assert not any(x.is_deleted() for x in tree.values())
+    assert got["w"] is not tree["w"] and got["w"].format.layout.major_to_minor == (1, 0)
