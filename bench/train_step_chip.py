@@ -7,7 +7,8 @@ GRPO batch of ``--rollouts`` rollouts in groups of 4 with RL's long-tailed lengt
 256..1024, completions log-uniform in 256..19,456, divided by ``--scale``):
 
   rljob         rljob.trainer.train_step.Trainer: rows of ``budget`` tokens packed first-fit, one accumulate
-                call per row, the fused log-prob head (no [B, T, V] logits), then one apply.
+                call per row, the fused log-prob head (no [B, T, V] logits), then one apply; Splash
+                attention's keys as rljob's recipe for this model on a v5e sets them (RECIPE).
   tunix_padded  tunix 0.1.7's RL actor step (tunix.rl.trainer.Trainer with tunix.rl.algo_core.grpo_loss_fn,
                 what its GRPO learner runs by default): every rollout padded to the longest prompt and the
                 longest completion (each in Splash's 128-token blocks, the row in its 512-token query
@@ -47,6 +48,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import re
 import statistics
@@ -57,6 +59,18 @@ from typing import Any
 
 ARMS = ("rljob", "tunix_padded", "tunix_packed")
 MODEL = "qwen3-0.6b"
+# rljob's recipe for this model on a v5e: the rljob arm runs its Splash attention keys (the fused backward
+# kernel and blocks of 1,024, chosen by this bench on the chip); the peers keep MaxText's defaults, as their
+# users run them.
+RECIPE = "qwen3-0.6b-v5e"
+
+
+def recipe_splash() -> dict[str, Any]:
+    """The recipe's Splash attention keys (``sa_*``), as its manifests pass them to MaxText."""
+    from rljob.recipes import recipe_catalog
+
+    trainer = recipe_catalog.load(RECIPE).spec.trainer
+    return {k: v for k, v in ((trainer.maxtext or {}) if trainer else {}).items() if k.startswith("sa_")}
 
 
 def emit(metric: str, value: object, **kw: object) -> None:
@@ -126,11 +140,17 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
 
     cpu = _cpu_bench()
     lengths = cpu.rollout_lengths(a.rollouts, a.scale, a.seed)
-    budget = align_up(19_456 // a.scale + 1024 // a.scale, 128)
+    splash = recipe_splash()
+    # One row length for every arm, in whole Splash blocks of the recipe's keys (MaxText's Splash refuses a
+    # row its blocks do not split).
+    unit = math.lcm(128, *(int(v) for k, v in splash.items() if k.startswith("sa_block")))
+    budget = align_up(19_456 // a.scale + 1024 // a.scale, unit)
     # The peers keep MaxText's default rematerialisation (full), as their users run them; rljob's arm takes
     # --remat (what rljob's recipes would set for this model on this chip).
     k = keys(budget, a.remat if arm == "rljob" else "full", a.cpu_dry_run)
     if arm == "rljob":
+        if not a.cpu_dry_run:
+            k.update(splash)
         k.update(json.loads(a.keys_json))
     rollouts = cpu.make_rollouts(lengths, 151_936, a.group, a.seed)
     if arm == "rljob":
@@ -179,7 +199,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "model_flops_per_token": flops / useful,
         "budget": budget,
         "remat_policy": k["remat_policy"],
-        "maxtext_overrides": json.loads(a.keys_json) if arm == "rljob" else {},
+        "maxtext_overrides": {**splash, **json.loads(a.keys_json)} if arm == "rljob" else {},
         "device": jax.devices()[0].device_kind,
         **{k2: v for k2, v in built.items() if k2 in ("adapter", "example_shape", "calls", "rows")},
         **({"profile": profile} if profile else {}),

@@ -338,6 +338,25 @@ def derived_keys(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, tuple[Any
 SPLASH_BLOCK_KEYS = (("sa_block_q", "sa_block_kv"), ("sa_block_q_dkv", "sa_block_kv_dkv"))
 
 
+# Every Splash block the trainer's kernels split a row by, query blocks then key blocks (MaxText key names;
+# MaxText 0.2.5 layers/attention_op.py clamps each to the row's length, and the kernel refuses a block
+# that does not divide it: tokamax splash_attention_mask_info "q_block_size=... should divide q_seq_len").
+SPLASH_ROW_BLOCKS = (
+    ("sa_block_q", "sa_block_q_dkv", "sa_block_q_dq"),
+    ("sa_block_kv", "sa_block_kv_compute", "sa_block_kv_dkv", "sa_block_kv_dkv_compute", "sa_block_kv_dq"),
+)
+
+
+def splash_blocks(keys: Mapping[str, Any], keyset: KeySet) -> dict[str, int]:
+    """Each Splash block key of :data:`SPLASH_ROW_BLOCKS`: its final value (the keys', else MaxText's
+    default, else 512)."""
+
+    def get(k: str) -> Any:
+        return keys[k] if k in keys else keyset.defaults.get(k)
+
+    return {k: int(_number(get(k)) or 512) for names in SPLASH_ROW_BLOCKS for k in names}
+
+
 def attention_tile_model(keys: Mapping[str, Any], keyset: KeySet, context: int) -> dict[str, Any]:
     """The tile model packing.padPosition 'balanced' lays rows out for: ``context_ranks`` (the mesh's
     context parallelism), ``kernel_blocks`` ((query, key) Splash blocks of the forward and dkv

@@ -175,8 +175,9 @@ def _algorithm_and_packing(
     group_problem = startup.group_size_problem(alg.group_size)
     if group_problem:
         problems.append(group_problem)
-    if pack.token_budget is None:
-        pack.token_budget = trainer_keys.round_up(seq, math.lcm(pack.segment_align, 128))
+    if pack.token_budget is None:  # whole Splash blocks (trainer_keys.splash_problems checks a given one)
+        unit = math.lcm(pack.segment_align, 128, trainer_keys.splash_unit(spec))
+        pack.token_budget = trainer_keys.round_up(seq, unit)
     if pack.token_budget < seq:
         problems.append(
             f"spec.packing.tokenBudget: {pack.token_budget} is below maxPromptTokens + maxTokens = {seq}: "
@@ -424,8 +425,11 @@ def _trainer(
         spec, layers, job, trainer_keys.rljob_keys(spec, job, ici, dcn, micro / devices), problems
     )
     problems.extend(trainer_keys.head_problems(spec, keys, micro * spec.packing.token_budget, devices))
-    if spec.packing.pad_position == "balanced":
-        problems.extend(trainer_keys.balanced_problems(spec, keys, mesh.total(ici, dcn, "context")))
+    context = mesh.total(ici, dcn, "context")
+    balanced = (
+        trainer_keys.balanced_problems(spec, keys, context) if spec.packing.pad_position == "balanced" else []
+    )
+    problems.extend(balanced or trainer_keys.splash_problems(spec, keys, context))
     problems.extend(trainer_keys.lora_problems(spec, keys))
     return TrainerPlan(
         tpu=trainer_tpu,

@@ -219,6 +219,57 @@ def balanced_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) ->
     return out
 
 
+def _splash(spec: RLJobSpec, keys: Mapping[str, Any]) -> dict[str, int] | None:
+    """The Splash blocks of these keys (:func:`maxtext_keys.splash_blocks`) where the trainer's attention
+    is Splash (``attention`` flash, or MaxText's default autoselected, which takes Splash on a TPU for rows
+    of 128 tokens and more); None where it is not, or the MaxText version is unknown (final_keys says so)."""
+    try:
+        keyset = maxtext_keys.load(maxtext_version(spec))
+    except KeyError:
+        return None
+    attention = str(keys["attention"] if "attention" in keys else keyset.defaults.get("attention"))
+    if attention not in ("flash", "autoselected"):
+        return None
+    return maxtext_keys.splash_blocks(keys, keyset)
+
+
+def splash_unit(spec: RLJobSpec) -> int:
+    """What a default tokenBudget is a multiple of so that :func:`splash_problems` holds: the Splash blocks
+    of the spec's MaxText keys (recipe, profile and manifest merged), times the context axis where the mesh
+    names it (ICI and DCN); 1 where the attention is not Splash."""
+    assert spec.trainer is not None
+    blocks = _splash(spec, dict(spec.trainer.maxtext or {}))
+    if not blocks:
+        return 1
+    context = 1
+    for axes in (spec.trainer.mesh, spec.trainer.mesh.dcn if spec.trainer.mesh else None):
+        if axes is not None and axes.context and axes.context > 1:
+            context *= axes.context
+    return math.lcm(*(b for b in blocks.values() if b > 0)) * context
+
+
+def splash_problems(spec: RLJobSpec, keys: Mapping[str, Any], context: int) -> list[str]:
+    """Where the trainer's attention is Splash (:func:`_splash`): each Splash block (clamped to the row, as
+    MaxText does) divides the tokens of a row each context rank holds, or the kernel refuses the trainer's
+    first step."""
+    assert spec.packing and spec.packing.token_budget
+    budget = spec.packing.token_budget
+    blocks = _splash(spec, keys)
+    if blocks is None or budget < 128:
+        return []
+    row = budget // max(context, 1)
+    bad = {k: b for k, b in blocks.items() if b <= 0 or row % min(b, row)}
+    if not bad or (context > 1 and budget % (2 * context)):
+        return []  # a budget the context axis (or its load-balanced chunks) does not split: the mesh's check
+    unit = math.lcm(*(min(b, row) for b in blocks.values() if b > 0))
+    where = f"the {row} tokens of a row each of {context} context ranks holds" if context > 1 else "a row"
+    return [
+        f"spec.packing.tokenBudget: {budget} does not split into whole Splash attention blocks "
+        f"({', '.join(f'{k} {b}' for k, b in bad.items())}) over {where}: use a multiple of "
+        f"{unit * max(context, 1)}, or set those spec.trainer.maxtext keys to divide it"
+    ]
+
+
 def final_keys(
     spec: RLJobSpec,
     layers: Layers,

@@ -148,14 +148,14 @@ BOUNDS: list[tuple[str, dict[str, Any], tuple[str, Any], dict[str, Any], str]] =
     (
         "algorithm.maxTokens min",
         {"algorithm": {"maxTokens": 1}},
-        ("spec.packing.token_budget", 1152),  # 1024 + 1 rounded up to 128
+        ("spec.packing.token_budget", 1536),  # 1024 + 1 rounded up to Splash's 512-token blocks
         {"algorithm": {"maxTokens": 0}},
         "spec.algorithm.maxTokens: Input should be greater than or equal to 1",
     ),
     (
         "algorithm.maxPromptTokens min",
         {"algorithm": {"maxPromptTokens": 1}},
-        ("spec.packing.token_budget", 2176),  # 1 + 2048 rounded up to 128
+        ("spec.packing.token_budget", 2560),  # 1 + 2048 rounded up to Splash's 512-token blocks
         {"algorithm": {"maxPromptTokens": 0}},
         "spec.algorithm.maxPromptTokens: Input should be greater than or equal to 1",
     ),

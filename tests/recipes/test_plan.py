@@ -389,6 +389,28 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
+        "a row Splash attention's blocks do not split (MaxText's 512 by default)",
+        {"packing": {"tokenBudget": 4160}},
+        [
+            "spec.packing.tokenBudget: 4160 does not split into whole Splash attention blocks ("
+            "sa_block_q 512, sa_block_q_dkv 512, sa_block_q_dq 512, sa_block_kv 512, sa_block_kv_compute "
+            "512, sa_block_kv_dkv 512, sa_block_kv_dkv_compute 512, sa_block_kv_dq 512) over a row: use a "
+            "multiple of 512, or set those spec.trainer.maxtext keys to divide it"
+        ],
+    ),
+    (
+        "a manifest's Splash block that does not divide the row",
+        {
+            "packing": {"tokenBudget": 5120},
+            "trainer": {"maxtext": {"sa_block_q": 2048, "sa_block_kv_dq": 1024}},
+        },
+        [
+            "spec.packing.tokenBudget: 5120 does not split into whole Splash attention blocks ("
+            "sa_block_q 2048) over a row: use a multiple of 2048, or set those spec.trainer.maxtext keys to "
+            "divide it"
+        ],
+    ),
+    (
         "dataset path and template",
         {"dataset": {"path": "train.jsonl", "promptTemplate": "{prompt}"}},
         [
@@ -473,6 +495,34 @@ BAD: list[tuple[str, dict[str, Any], list[str]]] = [
 @pytest.mark.parametrize(("name", "spec", "expected"), BAD, ids=[b[0] for b in BAD])
 def test_refused(name: str, spec: dict[str, Any], expected: list[str]) -> None:
     assert problems(manifest(spec)) == expected
+
+
+@pytest.mark.parametrize(
+    ("spec", "refused"),
+    [
+        ({"packing": {"tokenBudget": 4096}}, False),
+        ({"packing": {"tokenBudget": 4608}}, False),  # 9 blocks of 512
+        ({"packing": {"tokenBudget": 4608}, "trainer": {"maxtext": {"sa_block_q": 1024}}}, True),
+        ({"packing": {"tokenBudget": 4160}, "trainer": {"maxtext": {"attention": "dot_product"}}}, False),
+        # a block longer than the row is clamped to it (MaxText's attention_op), as for a short budget
+        ({"packing": {"tokenBudget": 4096}, "trainer": {"maxtext": {"sa_block_kv": 8192}}}, False),
+    ],
+)
+def test_splash_blocks_must_split_the_row(spec: dict[str, Any], refused: bool) -> None:
+    lines = [p for p in problems(manifest(spec)) if "Splash attention blocks" in p]
+    assert bool(lines) == refused, lines
+
+
+def test_the_v5e_recipe_tuned_splash_refuses_a_budget_its_blocks_do_not_split() -> None:
+    doc = recipe_manifest("qwen3-0.6b-v5e")
+    assert not problems(doc)
+    doc["spec"]["packing"] = {"tokenBudget": 5632}
+    assert problems(doc) == [
+        "spec.packing.tokenBudget: 5632 does not split into whole Splash attention blocks (sa_block_q "
+        "1024, sa_block_q_dkv 1024, sa_block_q_dq 1024, sa_block_kv 1024, sa_block_kv_compute 1024, "
+        "sa_block_kv_dkv 1024, sa_block_kv_dkv_compute 1024, sa_block_kv_dq 1024) over a row: use a "
+        "multiple of 1024, or set those spec.trainer.maxtext keys to divide it"
+    ]
 
 
 def test_name_too_long() -> None:

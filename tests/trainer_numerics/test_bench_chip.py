@@ -37,6 +37,20 @@ def test_rljob_keys_read_as_maxtext_values(spec: str, want: dict[str, object]) -
     assert _load("train_step_chip").overrides(spec) == want
 
 
+def test_the_rljob_arm_runs_the_recipes_splash_keys() -> None:
+    """The rljob arm measures what rljob ships for this model on a v5e: the recipe's Splash keys (the
+    fused backward kernel and blocks of 1,024 the chip chose), read from the recipe, not copied."""
+    from rljob.recipes import recipe_catalog
+
+    b = _load("train_step_chip")
+    splash = b.recipe_splash()
+    trainer = recipe_catalog.load(b.RECIPE).spec.trainer
+    assert trainer is not None and trainer.maxtext is not None
+    assert splash == {k: v for k, v in trainer.maxtext.items() if k.startswith("sa_")}
+    assert splash["sa_use_fused_bwd_kernel"] is True
+    assert {v for k, v in splash.items() if k.startswith("sa_block")} == {1024}
+
+
 @pytest.mark.parametrize("spec", ["sa_block_q", "=3", "a=1,b"])
 def test_a_key_without_a_value_is_refused(spec: str) -> None:
     with pytest.raises(SystemExit, match="not KEY=VALUE"):
