@@ -363,11 +363,9 @@ def attention_tile_model(keys: Mapping[str, Any], keyset: KeySet, context: int) 
     kernels, the final keys or MaxText's defaults) and ``dual_chunk_swap``
     (context_parallel_load_balance: each rank holds chunks r and 2cp-1-r, else contiguous chunks)."""
 
-    def get(k: str) -> Any:
-        return keys[k] if k in keys else keyset.defaults.get(k)
-
-    blocks = tuple(tuple(int(_number(get(k)) or 512) for k in pair) for pair in SPLASH_BLOCK_KEYS)
-    balance = get("context_parallel_load_balance")
+    sizes = splash_blocks(keys, keyset)
+    blocks = tuple(tuple(sizes[k] for k in pair) for pair in SPLASH_BLOCK_KEYS)
+    balance = keys.get("context_parallel_load_balance", keyset.defaults.get("context_parallel_load_balance"))
     return {
         "context_ranks": int(context),
         "kernel_blocks": blocks,

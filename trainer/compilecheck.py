@@ -223,6 +223,12 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
     from rljob.trainer.rollouts import parity_pack
 
     cfg = trainer.cfg
+    # The base as shapes: a program's arguments must not keep the weights alive (the trainer lays them out
+    # and releases the old copies: Trainer.lay_out_base).
+    base = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),  # type: ignore[no-untyped-call]
+        policy.base,
+    )
     state = abstract(jax.eval_shape(trainer.init_state, policy.lora0), trainer.state_sharding)
     acc, lora, batch = trainer.step_arguments()  # as the trainer compiles it (Trainer.lay_out_base)
     gate = parity_pack(pack, policy.row_multiple())
@@ -238,18 +244,18 @@ def programs(policy: Any, trainer: Any, pack: Any) -> list[Program]:
         Program(
             "accumulate",
             trainer.accumulate_program,
-            (acc, lora, policy.base, batch),
+            (acc, lora, base, batch),
             opt,
             f"{step_fields}, spec.trainer.maxtext.remat_policy, spec.trainer.tpu",
             cfg.micro_batches * model_flops(policy.cfg, per_mb, backward=True, reference=trainer.with_ref),
             state_args=3,
             base_arg=2,
         ),
-        Program("apply", trainer.apply, (state, acc), resident_bytes(policy.base), "spec.trainer.tpu"),
+        Program("apply", trainer.apply, (state, acc), resident_bytes(base), "spec.trainer.tpu"),
         Program(
             "parity_logprobs",
             policy.scoring_program(),
-            (policy.base, state.lora, row, row, row),
+            (base, state.lora, row, row, row),
             opt,
             f"{step_fields} (rows rounded up to a multiple of {policy.row_multiple()}), spec.trainer.tpu",
             model_flops(policy.cfg, gate.rows * gate.budget / n, backward=False),
