@@ -48,18 +48,22 @@ def allocator_stats(device: Any) -> dict[str, int]:
     return {k: int(v) for k, v in (device.memory_stats() or {}).items() if isinstance(v, int | float)}
 
 
-def step_peak(device: Any, scratch: Mapping[str, int]) -> dict[str, Any]:
+def step_peak(device: Any, scratch: Mapping[str, int], setup_peak: int = 0) -> dict[str, Any]:
     """The step's peak HBM on ``device``, called after the step's programs ran (between steps): the held
     bytes plus the largest of ``scratch`` (program name -> :func:`scratch_bytes`), or the allocator's peak
-    where larger; with the figures it is made of."""
+    where larger; with the figures it is made of. ``setup_peak``: the allocator's peak read before the
+    step's first program ran (building the weights, laying them out); the counter only grows, so a peak
+    not above it was reached before the step and is not the step's."""
     stats = allocator_stats(device)
     held = stats.get("bytes_in_use", 0)
     allocator_peak = stats.get("peak_bytes_in_use", 0)
     largest = max(scratch.values(), default=0)
+    during = allocator_peak if allocator_peak > setup_peak else 0
     return {
-        "peak_bytes": max(held + largest, allocator_peak),
+        "peak_bytes": max(held + largest, during),
         "held_bytes": held,
         "scratch_bytes": dict(scratch),
         "allocator_peak_bytes": allocator_peak,
+        "setup_peak_bytes": setup_peak,
         "memory_stats": stats,
     }

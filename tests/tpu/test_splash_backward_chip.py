@@ -16,11 +16,11 @@ from fixtures.splash_backward import dense, grads, inputs, splash, worst
 
 HEADS, SEQ, DIM = 16, 4096, 128
 LENGTHS = [1800, 900, 620, 400, 250]  # 3,970 tokens of five sequences, then padding
-# largest |difference| over the largest |reference|: fused against separate (the same products in another
-# order), and either against dense attention at the highest precision. Not yet run on a chip: the first
-# run's figures set them.
-BOUND_KERNELS = 2e-2
-BOUND_REFERENCE = 5e-2
+# largest |difference| over the largest |reference|. A v5e (2026-12-07, blocks 512 and 1,024): the fused
+# and the separate kernels gave bit-equal output, dq, dk and dv (0.0); either against dense attention at the
+# highest precision 3.2e-3 (output), 3.3e-3 (dq), 5.5e-3 (dk), 2.6e-3 (dv): the chip's bf16 matmul passes.
+BOUND_KERNELS = 1e-3
+BOUND_REFERENCE = 1.5e-2
 
 
 @pytest.mark.parametrize("block", [512, 1024])

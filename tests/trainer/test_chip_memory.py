@@ -46,19 +46,23 @@ def test_scratch_is_temporaries_and_the_outputs_not_donated() -> None:
 
 
 @pytest.mark.parametrize(
-    ("stats", "scratch", "peak"),
+    ("stats", "scratch", "setup", "peak"),
     [
         # the allocator leaves the temporaries out (a TPU): held plus the largest program's scratch
-        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 1_200}, {"accumulate": 3_000, "apply": 50}, 4_000),
+        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 1_200}, {"accumulate": 3_000, "apply": 50}, 0, 4_000),
         # an allocator that counted them: its own peak, never the sum of both
-        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 4_500}, {"accumulate": 3_000}, 4_500),
+        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 4_500}, {"accumulate": 3_000}, 0, 4_500),
+        # that peak reached before the step (setting up): not the step's
+        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 4_500}, {"accumulate": 3_000}, 4_500, 4_000),
+        # the counter grew past the setup's peak: the step's own
+        ({"bytes_in_use": 1_000, "peak_bytes_in_use": 4_500}, {"accumulate": 3_000}, 4_400, 4_500),
         # no statistics (the CPU): the scratch alone
-        (None, {"accumulate": 3_000}, 3_000),
-        ({"bytes_in_use": 700}, {}, 700),
+        (None, {"accumulate": 3_000}, 0, 3_000),
+        ({"bytes_in_use": 700}, {}, 0, 700),
     ],
 )
-def test_step_peak(stats: dict[str, Any] | None, scratch: dict[str, int], peak: int) -> None:
-    got = step_peak(_Allocator(stats), scratch)
+def test_step_peak(stats: dict[str, Any] | None, scratch: dict[str, int], setup: int, peak: int) -> None:
+    got = step_peak(_Allocator(stats), scratch, setup)
     assert got["peak_bytes"] == peak
     assert got["held_bytes"] == (stats or {}).get("bytes_in_use", 0)
     assert got["scratch_bytes"] == scratch
