@@ -27,7 +27,9 @@ rljob.trainer.chip_memory.step_peak: the bytes the process holds after the steps
 the arm's largest program temporaries as the chip's compiler assigns them (``memory_analysis()``: one more
 compile per arm; outputs are left out of every arm alike, since the analysed tunix step returns its state
 undonated), since the allocator's own ``peak_bytes_in_use`` (also in the output, ``allocator_peak_bytes``)
-does not count a running program's temporaries on a TPU (tests/tpu/test_memory_stats_chip.py).
+does not count a running program's temporaries on a TPU (tests/tpu/test_memory_stats_chip.py); where that
+peak is the larger it counts only if the arm's steps reached it, not the building of its model before the
+warm-up steps (``setup_peak_bytes``, read then, in the output).
 The last lines: each rljob arm over the best peer (tokens/s, against the fastest peer) and over the leanest
 peer (peak HBM). ``--remat full,minimal`` runs rljob's arm once per MaxText ``remat_policy`` (the peers keep
 MaxText's default, full, as their users run them); ``--rljob-keys KEY=VALUE[,...]`` (repeatable) adds an rljob
@@ -182,7 +184,9 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     step = statistics.median(times)
     # This TPU's generation, from the accelerator type a TPU VM or GKE node exports (e.g. v5litepod-4).
     chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-1").rsplit("-", 1)[0]]
-    mem = chip_memory.step_peak(jax.devices()[0], {"step": int(built["temp_bytes"])})
+    mem = chip_memory.step_peak(
+        jax.devices()[0], {"step": int(built["temp_bytes"])}, int(built.get("setup_peak_bytes", 0))
+    )
     return {
         "arm": arm,
         "step_seconds": step,
@@ -194,6 +198,7 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
         "held_bytes": mem["held_bytes"],
         "temp_bytes": int(built["temp_bytes"]),
         "allocator_peak_bytes": mem["allocator_peak_bytes"],
+        "setup_peak_bytes": mem["setup_peak_bytes"],
         "memory_stats": mem["memory_stats"],
         "mfu": flops / step / chip.peak_bf16_flops,
         "model_flops_per_token": flops / useful,

@@ -93,6 +93,15 @@ def _temp_bytes(mem: Any) -> int:
     return int(mem.temp_size_in_bytes)
 
 
+def _setup_peak() -> int:
+    """The allocator's peak before an arm's warm-up steps (0 on the CPU, which keeps no statistics): what
+    building its model reached, told apart from its steps' (rljob.trainer.chip_memory.step_peak)."""
+    import jax
+    from rljob.trainer import chip_memory
+
+    return chip_memory.allocator_stats(jax.devices()[0]).get("peak_bytes_in_use", 0)
+
+
 def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[str, Any]:
     import jax
     from rljob.trainer.losses import LossConfig
@@ -112,6 +121,7 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[st
     )
     trainer = Trainer(policy, cfg)
     state = trainer.init_state()
+    setup_peak = _setup_peak()
     for _ in range(2):  # compiles (two warm-up steps, as for tunix)
         state, _ = trainer.train_on_batch(state, rollouts)
     held = {"state": state}
@@ -142,6 +152,7 @@ def rljob_arm(keys: dict[str, Any], rollouts: list[Any], budget: int) -> dict[st
         "step": step,
         "pack_seconds": pack_seconds,
         "temp_bytes": temp,
+        "setup_peak_bytes": setup_peak,
         "rows": float(rows),
         "row_tokens": float(rows * budget),
     }
@@ -290,6 +301,7 @@ def tunix_arm(
 
     # Two warm-up steps: tunix's step compiles again after the first update, once the optimizer state
     # carries its shardings (PeftTrainer._shard_optimizer says as much)
+    setup_peak = _setup_peak()
     for _ in range(2):
         jax.block_until_ready(one_step())  # type: ignore[no-untyped-call]
 
@@ -312,6 +324,7 @@ def tunix_arm(
     return {
         "step": step,
         "temp_bytes": temp,
+        "setup_peak_bytes": setup_peak,
         "calls": float(len(examples)),
         "row_tokens": float(
             sum(int(np.prod(e.completion_ids.shape)) + int(np.prod(e.prompt_ids.shape)) for e in examples)
@@ -319,6 +332,12 @@ def tunix_arm(
         "adapter": adapter,
         "example_shape": list(shape),
     }
+
+
+def arm_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """What an arm's output line carries besides its tokens/s: its figures, not its callables (``step``,
+    ``pack_seconds``) nor what has a line of its own (``seconds``, ``temp_bytes``)."""
+    return {k: v for k, v in m.items() if k not in ("seconds", "temp_bytes") and not callable(v)}
 
 
 def main() -> None:
@@ -379,7 +398,7 @@ def main() -> None:
                 continue
             m["seconds"], m["loss"] = min(m.get("seconds", float("inf")), seconds), loss
     for name, m in arms.items():
-        extra = {k: v for k, v in m.items() if k not in ("seconds", "temp_bytes", "step")}
+        extra = arm_fields(m)
         emit(
             "useful_tokens_per_s",
             round(useful / m["seconds"], 1),

@@ -1,10 +1,11 @@
 """The parts of bench/train_step_chip.py that run without a TPU: its MaxText overrides for more rljob arms,
-the line it reports for a failed arm, and tunix's padded rows sized for Splash's query blocks (a v5e refused
-rows of 3,968 tokens: ``q_block_size=512 should divide q_seq_len=3968``)."""
+the line it reports for a failed arm, the CPU bench's arm lines, and tunix's padded rows sized for Splash's
+query blocks (a v5e refused rows of 3,968 tokens: ``q_block_size=512 should divide q_seq_len=3968``)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -73,6 +74,17 @@ def test_a_failed_arm_is_reported_by_its_error_not_by_jaxs_notice() -> None:
     )
     assert b.failure_line("killed\n") == "killed"
     assert b.failure_line("") == "?"
+
+
+def test_an_arms_line_carries_its_figures_not_its_callables() -> None:
+    """The CPU bench's output lines are JSON: an arm's callables (its step, the rljob arm's packing timer)
+    stay out of them, every figure goes in (json.dumps refused the timer once: `make bench` failed)."""
+    cpu = _load("train_step_vs_tunix")
+    arm = {"step": lambda: (1.0, 0.0), "pack_seconds": lambda: 0.1, "seconds": 2.0, "temp_bytes": 5.0}
+    arm |= {"rows": 4.0, "setup_peak_bytes": 0, "adapter": "x"}
+    fields = cpu.arm_fields(arm)
+    assert fields == {"rows": 4.0, "setup_peak_bytes": 0, "adapter": "x"}
+    json.dumps(fields)
 
 
 @pytest.mark.parametrize("scale", [4, 7, 16])
