@@ -118,7 +118,7 @@ def main() -> None:
 
         # The in-process steps run on the service's worker thread, where every JAX call of the service runs.
         def on_worker(fn: Any) -> float:
-            return float(service.worker.submit(fn).result())
+            return float(service.worker.submit("bench", fn).result())
 
         on_worker(in_process)
         via_sdk()  # warm-up: compiles, connections

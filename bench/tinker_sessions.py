@@ -6,8 +6,8 @@ four keys (a key holds at most SESSIONS_PER_KEY live sessions). Timed per ``--ba
 
 Each session is state the service keeps (and persists for a restart); the figure to watch is whether a
 batch's time grows with the sessions created before it. One process: the tiny CPU model, the service in
-a thread, storage on a local directory (the run's ``checkpoints`` and ``adapters``). JSON lines:
-``route``, ``batch`` (index), ``seconds``,
+a thread, storage on a local directory (the run's ``checkpoints`` and ``adapters``). JSON lines: metric
+``batch_seconds`` (a batch's seconds), with ``route``, ``batch`` (index), ``requests``,
 ``sessions_held`` (the service's table after the batch: sampling sessions, or live client sessions),
 ``registry_bytes`` (registry.json after the batch: what a write of the whole registry writes).
 
@@ -86,10 +86,11 @@ def main() -> None:
             held = service.sampling if args.route == "sampling" else service.sessions
             line = {
                 "bench": BENCH,
+                "metric": "batch_seconds",
+                "value": round(time.perf_counter() - t0, 2),
                 "route": args.route,
                 "batch": b,
                 "requests": args.batch,
-                "seconds": round(time.perf_counter() - t0, 2),
                 "sessions_held": len(held),
                 "registry_bytes": registry.stat().st_size if registry.exists() else 0,
             }
