@@ -25,6 +25,10 @@ Sources, per field (public pages):
   ``v6e-8``, ``v5p-8``, ``tpu7x-8``;
 - ``hbm_gib_per_chip``, ``peak_bf16_tflops``, ``hbm_gb_per_s``, ``ici_gbps_per_chip``: the generation's page
   (``spec_source``);
+- ``hbm_limit_bytes_per_chip``: measured, not published: what libtpu's allocator lets one process hold on a
+  chip (JAX's ``memory_stats()['bytes_limit']``), read on a chip of the generation (hack/tpu/README.md;
+  tests/tpu/test_memory_stats_chip.py asserts it); libtpu keeps the rest. Where it is 0 (not measured yet),
+  :func:`hbm_limit_bytes` holds back :data:`UNMEASURED_HBM_RESERVE` of the published HBM instead;
 - ``vllm_tpu_support``: vLLM's TPU backend, https://github.com/vllm-project/tpu-inference, README
   "Compatible TPU Generations": recommended v7x, v6e, v5e; experimental v3, v4, v5p;
 - ``vllm_quantization_name``: how the same backend's quantization table names the generation ("v5", "v6",
@@ -63,6 +67,7 @@ class Generation:
     topologies_2d: tuple[str, ...] = ()
     max_cubes: int = 0
     hbm_gib_per_chip: int = 0  # HBM per chip, GiB (2**30 bytes)
+    hbm_limit_bytes_per_chip: int = 0  # of it, what one process may allocate (measured; 0: not yet)
     peak_bf16_tflops: float = 0.0  # peak bf16 compute per chip
     hbm_gb_per_s: float = 0.0  # HBM bandwidth per chip, GB/s (1e9 bytes)
     spec_source: str = ""  # the public page of the three figures above
@@ -94,6 +99,19 @@ class Generation:
     def names(self) -> tuple[str, ...]:
         """The type-name prefixes the plan accepts: xpk's first, then MaxText's where it differs."""
         return tuple(dict.fromkeys((self.prefix, self.maxtext_prefix)))
+
+
+# The share of a generation's published HBM the compile stage holds back for libtpu where its allocator's
+# limit has not been measured: more than the 1.6% a v5e's keeps (16,909,336,064 of 16 GiB), so that an
+# unmeasured generation refuses a program near its HBM rather than accept one that cannot be allocated.
+UNMEASURED_HBM_RESERVE = 0.03
+
+
+def hbm_limit_bytes(gen: Generation) -> int:
+    """What one process may allocate on a chip of ``gen``: the measured limit, else the published HBM less
+    :data:`UNMEASURED_HBM_RESERVE`."""
+    nominal = gen.hbm_gib_per_chip * 2**30
+    return gen.hbm_limit_bytes_per_chip or int(nominal * (1 - UNMEASURED_HBM_RESERVE))
 
 
 GENERATIONS: dict[str, Generation] = {
@@ -154,6 +172,9 @@ GENERATIONS: dict[str, Generation] = {
         # "Peak compute per chip (bf16) 197 TFLOPs", "HBM capacity per chip 16 GiB", "HBM bandwidth per chip
         # 819 GBps".
         hbm_gib_per_chip=16,
+        # bytes_limit on a v5litepod-1 chip (jax 0.12.0.1, libtpu 0.0.50.1; 2026-12-07, every run): 258 MiB
+        # short of the 16 GiB.
+        hbm_limit_bytes_per_chip=16_909_336_064,
         peak_bf16_tflops=197,
         hbm_gb_per_s=819,
         ici_gbps_per_chip=1600,  # "Interchip Interconnect BW 1,600 Gbps"

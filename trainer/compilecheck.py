@@ -60,7 +60,7 @@ from typing import Any
 
 from rljob.recipes import libtpu, tpu
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK
-from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS
+from rljob.recipes.generations import BY_ACCELERATOR, GENERATIONS, hbm_limit_bytes
 from rljob.recipes.runconfig import RunConfig
 
 __all__ = ["CHIPS", "Chip", "compile_run", "main", "resident_bytes", "roofline"]
@@ -77,10 +77,18 @@ class Chip:
     hbm_bytes_per_s: float
     devices: int
     source: str
+    limit_bytes: int = 0  # what one process may allocate (rljob.recipes.generations.hbm_limit_bytes)
 
     @property
     def device_hbm(self) -> int:
+        """The published HBM per JAX device."""
         return self.hbm_bytes // self.devices
+
+    @property
+    def device_limit(self) -> int:
+        """What a program may use per JAX device: the allocator's limit (the published HBM where unknown).
+        A program fits where its peak is at most this."""
+        return (self.limit_bytes or self.hbm_bytes) // self.devices
 
 
 # Every generation's figures per chip, from its row of the generation table (rljob.recipes.generations, each
@@ -92,6 +100,7 @@ CHIPS: dict[str, Chip] = {
         g.hbm_gb_per_s * 1e9,
         g.devices_per_chip,
         g.spec_source,
+        hbm_limit_bytes(g),
     )
     for g in GENERATIONS.values()
 }
@@ -319,6 +328,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
                 "indivisible": {"array_axis": int(split[1]), "devices": int(split[2]), "size": int(split[3])},
                 "error": msg.strip().splitlines()[0][:400],
                 "hbm_bytes_per_device": chip.device_hbm,
+                "hbm_limit_bytes_per_device": chip.device_limit,
                 "compile_seconds": round(time.monotonic() - t0, 1),
             }
         kernel = _KERNEL_MEMORY.search(msg)
@@ -328,6 +338,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
                 "kernel_memory": {"code": kernel[1], "kind": kernel[2]},
                 "error": f"{kernel[1]}: {kernel[2]}: {kernel[3].strip()}"[:400],
                 "hbm_bytes_per_device": chip.device_hbm,
+                "hbm_limit_bytes_per_device": chip.device_limit,
                 "compile_seconds": round(time.monotonic() - t0, 1),
             }
         if not _OOM.search(msg):
@@ -337,6 +348,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
         if used:
             out["peak_bytes_per_device"] = _bytes(used[1], used[2]) + p.resident
         out["hbm_bytes_per_device"] = chip.device_hbm
+        out["hbm_limit_bytes_per_device"] = chip.device_limit
         out["compile_seconds"] = round(time.monotonic() - t0, 1)
         return out
     return figures(p, compiled, chip, time.monotonic() - t0)
@@ -375,7 +387,8 @@ def figures(p: Program, compiled: Any, chip: Chip, compile_seconds: float = 0.0)
     return {
         "peak_bytes_per_device": peak,
         "hbm_bytes_per_device": chip.device_hbm,
-        "fits": peak <= chip.device_hbm,
+        "hbm_limit_bytes_per_device": chip.device_limit,
+        "fits": peak <= chip.device_limit,
         **mem,
         "flops": flops,
         "bytes_accessed": accessed,
@@ -397,7 +410,7 @@ def _largest(value: int, peak: int, fixed: int, capacity: int, multiple: int) ->
 
 def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chip) -> str:
     """One line: the program, its peak against the HBM, the fields and an estimate that fits."""
-    cap = chip.device_hbm
+    cap = chip.device_limit
     split = fig.get("indivisible")
     if split:
         n, rows = split["devices"], split["size"]
@@ -417,7 +430,10 @@ def refusal(name: str, fig: dict[str, Any], p: Program, rc: RunConfig, chip: Chi
         )
     peak = fig.get("peak_bytes_per_device")
     head = f"compile: {name} needs {peak / GIB:.1f} GiB per device" if peak else f"compile: {name} ran out"
-    head += f" of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} GiB HBM ({p.drivers})"
+    head += (
+        f" of a {rc.trainer.tpu.type_name} device's {cap / GIB:.1f} GiB usable HBM"
+        f" (of {chip.device_hbm / GIB:.0f} GiB; {p.drivers})"
+    )
     # What does not grow with the rows: the weights, the adapter and its optimizer state (every argument but
     # the packed rows, and the resident state), by arithmetic over their shards.
     state = p.args[: p.state_args] if p.state_args is not None else p.args
@@ -514,7 +530,11 @@ def compile_run(
         "devices": len(devices),
         "mesh": {str(k): int(v) for k, v in policy.mesh.shape.items() if int(v) > 1},
         "shape": {"micro_batches": step_cfg.micro_batches, "rows": step_cfg.rows, "budget": step_cfg.budget},
-        "chip": {"hbm_bytes_per_device": chip.device_hbm, "source": chip.source},
+        "chip": {
+            "hbm_bytes_per_device": chip.device_hbm,
+            "hbm_limit_bytes_per_device": chip.device_limit,
+            "source": chip.source,
+        },
         "programs": {},
     }
     if service is not None:

@@ -193,7 +193,9 @@ def largest_count(state: ServiceState, peak: int, capacity: int) -> int:
         if fixed + state.at(n).total <= capacity:
             best = n
     if best == 2:
-        best = max(2, (capacity - fixed - state.at(0).total) // (state.model + state.adapter))
+        # From two models on, each adds its state and one cached adapter: total(n) = at(2) + (n - 2) x that.
+        per = state.model + state.adapter
+        best = max(2, (capacity - fixed - (state.at(2).total - 2 * per)) // per)
     return int(best)
 
 
@@ -203,15 +205,15 @@ def service_refusal(
     """One line: the program, its peak with every model's state, and a model count that fits (else the
     packing or the slice, as the loop's programs are refused)."""
     peak = fig.get("peak_bytes_per_device")
-    cap = chip.device_hbm
+    cap = chip.device_limit
     if peak and not fig.get("indivisible") and not fig.get("kernel_memory"):
         fit = largest_count(state, int(peak), cap)
         if 0 < fit < state.models:
             return (
                 f"spec.service.maxTrainingClients: {state.models} training clients' adapters, Adam moments, "
                 f"gradient buffers and masks ({state.model / GIB:.2f} GiB per device each) with {name} need "
-                f"{peak / GIB:.1f} GiB per device of a {rc.trainer.tpu.type_name} device's {cap / GIB:.0f} "
-                f"GiB HBM; at most {fit} fit (or lower spec.packing.tokenBudget, or a larger "
+                f"{peak / GIB:.1f} GiB per device of a {rc.trainer.tpu.type_name} device's {cap / GIB:.1f} "
+                f"GiB usable HBM; at most {fit} fit (or lower spec.packing.tokenBudget, or a larger "
                 "spec.trainer.tpu)"
             )
     return refusal(name, fig, p, rc, chip)

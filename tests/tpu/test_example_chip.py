@@ -36,12 +36,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from fixtures.chip_models import CACHE_LOOKUP, lengths_for, program_name, rollouts
+from fixtures.chip_models import CACHE_LOOKUP, PREDICTION_BAND, lengths_for, program_name, rollouts
 from fixtures.jax_compiles import BACKEND_COMPILE
 
 CACHE = Path(".tpu-cache")
 STEPS = 5
-PREDICTION_BAND = (0.8, 1.25)  # as tests/tpu/test_grpo_chip.py (which says why)
 # The step's programs, as JAX names them: what the preflight compiles and the trainer must load, not compile.
 STEP_PROGRAMS = {"jit__accumulate", "jit__apply", "jit_parity_logprobs"}
 # What the chip may still compile at start: the glue around the step (RNG, LoRA's factor draws, layout

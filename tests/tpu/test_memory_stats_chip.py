@@ -21,6 +21,23 @@ from typing import Any
 GIB = 2**30
 
 
+def test_the_allocators_limit_is_the_generation_tables(chip: Any, record: Any) -> None:
+    """What one process may allocate on this chip is what the compile stage fits programs into
+    (rljob.recipes.generations, ``hbm_limit_bytes_per_chip``, measured on a v5e): a libtpu that keeps more
+    of the HBM for itself would let the stage accept a program the chip cannot allocate."""
+    from fixtures.chip_models import chip_figures
+    from rljob.trainer import chip_memory
+
+    limit = chip_memory.allocator_stats(chip).get("bytes_limit", 0)
+    table = chip_figures()
+    record("memory_stats", "bytes_limit", limit, table=table.device_limit, published=table.device_hbm)
+    assert limit > 0
+    assert table.device_limit <= limit, (
+        f"this chip's allocator offers {limit} bytes a device, less than the {table.device_limit} the "
+        "compile stage fits programs into: set hbm_limit_bytes_per_chip in rljob.recipes.generations"
+    )
+
+
 def test_the_allocators_peak_leaves_out_a_programs_temporaries(chip: Any, record: Any) -> None:
     import jax
     import jax.numpy as jnp
