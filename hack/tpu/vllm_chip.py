@@ -6,9 +6,13 @@ vllm-tpu 0.32.0's tpu-inference 0.11.2), so the run is three processes over one 
   prepare DIR  (trainer bundle) a full-size Qwen3-0.6B (28 layers, 151,936 tokens, tied head) with random
                weights of a realistic logit scale, written as Hugging Face files (config.json,
                model.safetensors); converted by rljob's own conversion (rljob.trainer.hf_weights.convert,
-               MaxText's mapping); two adapter versions (LoRA rank 16 on every projection, random factors)
-               exported by rljob's PEFT export (policy.peft.save); the trainer's log-probs of fixed token rows
-               under each version (the parity gate's scoring program).
+               MaxText's mapping); the base laid out as the trainer pod lays it out (Trainer.lay_out_base);
+               two adapter versions (LoRA rank 16 on every projection): v1 random factors, v2 what rljob's
+               train step made of v1 in TRAIN_STEPS GRPO steps (Trainer.train_on_packed), each published
+               as the loop publishes it (policy.peft.to_peft, rljob.trainer.export.publish_adapter); the
+               trainer's log-probs of fixed token rows under each version (the parity gate's scoring
+               program), and how far each version moves them (``adapter_effect``: the engine's agreement
+               with a version says it serves that version only where the versions differ by more).
   engine DIR   (vLLM bundle) vLLM's engine in process (vllm.LLM: this machine has no TCP socket, so no server)
                built from the argv rljob renders for the v5e example (rljob.sampler.vllm.build_command, parsed
                by vLLM's own `vllm serve` parser) and its env; loads adapter v1, scores the rows (prompt
@@ -42,6 +46,9 @@ HF_ID = "Qwen/Qwen3-0.6B"
 ROWS, LEN = 8, 512
 RANK, ALPHA = 16, 32.0
 EMBED_STD = 0.08
+# v2 = v1 after this many GRPO steps of rljob's train step, at a learning rate that moves the adapter well
+# past the parity gate's bound (a test of serving what the trainer trained, not of learning).
+TRAIN_STEPS, TRAIN_LR, TRAIN_ROWS = 3, 3e-3, 2
 # A dry run off the chip: RLJOB_VLLM_CHIP_CPU=1 takes 2 layers and dot-product attention (Splash is TPU-only).
 CPU_DRY_RUN = os.environ.get("RLJOB_VLLM_CHIP_CPU") == "1"
 
@@ -125,26 +132,80 @@ def prepare(directory: Path) -> None:
     )
     emit(directory, "conversion_s", round(time.monotonic() - t0, 1), tensors=n, model=MODEL)
 
+    import pickle
+
+    from rljob.trainer.export import publish_adapter
+
     policy = _policy(directory)
+    trainer = _trainer(policy)
+    trainer.lay_out_base()  # as the trainer pod does before anything reads the base
     rng = np.random.default_rng(1)
     tokens = rng.integers(0, int(cfg.vocab_size), (ROWS, LEN), dtype=np.int32)
     np.save(directory / "tokens.npy", tokens)
     base = _scores(policy, policy.zero_lora(policy.lora0), tokens)
     np.save(directory / "trainer_base.npy", base)
     emit(directory, "trainer_mean_token_logprob", round(float(base[:, 1:].mean()), 3), model=MODEL)
-    for version in (1, 2):
-        lora = jax.tree.map(
-            lambda x, k=version: (
-                x + 0.02 * jax.random.normal(jax.random.key(100 * k + x.size % 97), x.shape, x.dtype)
-            ),
-            policy.lora0,
-        )
-        policy.peft.save(lora, directory / "adapters" / f"v{version}")
-        np.save(directory / f"trainer_v{version}.npy", _scores(policy, lora, tokens))
+    v1 = jax.tree.map(
+        lambda x: x + 0.02 * jax.random.normal(jax.random.key(100 + x.size % 97), x.shape, x.dtype),
+        policy.lora0,
+    )
+    versions = {1: v1, 2: _trained(policy, trainer, v1)}
+    scores = {0: base}
+    for version, lora in versions.items():
+        publish_adapter(str(directory / "adapters"), version, policy.peft.to_peft(lora), policy.peft.config())
+        scores[version] = _scores(policy, lora, tokens)
+        np.save(directory / f"trainer_v{version}.npy", scores[version])
         with open(directory / f"lora_v{version}.pkl", "wb") as f:
-            import pickle
-
             pickle.dump(jax.tree.map(np.asarray, lora), f)
+    emit(directory, "adapter_effect", _effects(scores), side="trainer", steps=TRAIN_STEPS, lr=TRAIN_LR)
+
+
+def _effects(scores: dict[int, np.ndarray]) -> dict[str, float]:
+    """Mean |log-prob change| from each version to the one before (0: the base), the first token left out
+    as the comparisons leave it out."""
+    return {
+        f"v{v}_vs_{'base' if v == 1 else f'v{v - 1}'}": float(np.abs(scores[v] - scores[v - 1])[:, 1:].mean())
+        for v in sorted(scores)
+        if v > 0
+    }
+
+
+def _trainer(policy: Any) -> Any:
+    from rljob.trainer.train_step import StepConfig, Trainer
+
+    return Trainer(
+        policy,
+        StepConfig(
+            budget=LEN,
+            rows=TRAIN_ROWS,
+            micro_batches=1,
+            learning_rate=TRAIN_LR,
+            grad_dtype="float32",
+            mu_dtype="float32",
+        ),
+    )
+
+
+def _trained(policy: Any, trainer: Any, lora: Any) -> Any:
+    """``lora`` after TRAIN_STEPS GRPO steps of rljob's train step on random rollouts, each batch's old
+    log-probs scored by the parity gate's program under the adapter being trained (on-policy)."""
+    import jax.numpy as jnp
+    from fixtures.chip_models import lengths_for, rollouts
+    from rljob.trainer.packing import PackConfig, pack_rollouts
+
+    scored = policy.scoring_program()
+    state = trainer.init_state(lora)
+    for step in range(TRAIN_STEPS):
+        rs = rollouts(policy.vocab_size, lengths_for(LEN, TRAIN_ROWS, seed=step), seed=step)
+        for r in rs:
+            r.per_token["old_logprobs"] = np.zeros(np.size(r.completion_ids), np.float32)
+        packed = pack_rollouts(rs, PackConfig(budget=LEN, rows=TRAIN_ROWS))
+        for mb in packed:
+            args = (jnp.asarray(a) for a in (mb.tokens, mb.positions, mb.segment_ids))
+            mb.fields["old_logprobs"] = np.asarray(scored(policy.base, state.lora, *args), np.float32)
+        state, metrics = trainer.train_on_packed(state, packed)
+        assert np.isfinite(metrics["loss"]) and metrics["update_skipped"] == 0, metrics
+    return state.lora  # as the loop exports it (rljob.trainer.runtime: to_peft(state.lora))
 
 
 def engine(directory: Path) -> None:
@@ -210,10 +271,12 @@ def engine(directory: Path) -> None:
             dtype="bfloat16",
         )
 
-    compare("base", prompt_logprobs(None), np.load(directory / "trainer_base.npy"))
+    served = {0: prompt_logprobs(None)}
+    compare("base", served[0], np.load(directory / "trainer_base.npy"))
     adapters = directory / "adapters"
     v1 = LoRARequest("rljob-v1", 1, str(adapters / "v1"))
-    compare("v1", prompt_logprobs(v1), np.load(directory / "trainer_v1.npy"))
+    served[1] = prompt_logprobs(v1)
+    compare("v1", served[1], np.load(directory / "trainer_v1.npy"))
     # Sampled tokens with their log-probs under v1: what the parity gate compares at step 0.
     # logprobs as the trainer asks for them (tpu-inference answers none for 0: recipes/runconfig.py)
     sample = SamplingParams(
@@ -238,7 +301,9 @@ def engine(directory: Path) -> None:
     assert llm.llm_engine.add_lora(v2)
     assert llm.llm_engine.remove_lora(1)
     emit(directory, "hot_swap_s", round(time.monotonic() - t0, 3), loaded=sorted(llm.llm_engine.list_loras()))
-    compare("v2", prompt_logprobs(v2), np.load(directory / "trainer_v2.npy"))
+    served[2] = prompt_logprobs(v2)
+    compare("v2", served[2], np.load(directory / "trainer_v2.npy"))
+    emit(directory, "adapter_effect_engine", _effects(served), side="engine")
     # Throughput of a loop-like batch: 32 prompts of 256 tokens, 128 new tokens each, adapter v2; the same
     # batch once before, so that the timed one compiles nothing (SKIP_JAX_PRECOMPILE compiles on first use).
     batch = [{"prompt_token_ids": tokens[i % ROWS, :256].tolist()} for i in range(32)]

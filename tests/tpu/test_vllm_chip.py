@@ -1,7 +1,8 @@
 """vLLM's TPU engine against rljob's trainer on the chip: the step-0 parity gate on real hardware.
 
 hack/tpu/vllm_chip.py in three processes that hold the chip in turn (the trainer's JAX, then vllm-tpu's, then
-the trainer's): the trainer converts a full-size Qwen3-0.6B's Hugging Face files and exports two adapters;
+the trainer's): the trainer converts a full-size Qwen3-0.6B's Hugging Face files and publishes two adapters
+(random factors, then what its train step made of them);
 vLLM's engine, built from the argv rljob renders for examples/qwen3-0.6b-v5e-1.yaml, loads them, scores the
 trainer's rows, samples, hot-swaps to the next version as the sampler does and times a batch; the trainer
 scores the sampled tokens. This module never opens the chip itself (a process holding it would lock the
@@ -65,6 +66,18 @@ def test_the_engine_scores_the_trainers_tokens_within_the_gate(figures: dict[str
     """The same rows scored by vLLM (prompt log-probs) and by the trainer's scoring program, bf16 both."""
     diff = figures[f"prompt_logprob_diff_{adapter}"]["value"]
     assert diff["mean"] < BF16_PARITY_NATS, diff
+
+
+def test_each_version_moves_the_log_probs_past_the_gate(figures: dict[str, Any]) -> None:
+    """The engine agreeing with the trainer within the gate says it serves a version only if the versions
+    differ by more: v1 (random factors) from the base, and v2 (v1 after rljob's train steps, published as
+    the loop publishes) from v1, by at least twice the gate on the trainer's side, so that an engine serving
+    the base or the previous version fails the test above; and the engine's own log-probs move as much."""
+    trainer = figures["adapter_effect"]["value"]
+    engine = figures["adapter_effect_engine"]["value"]
+    for change in ("v1_vs_base", "v2_vs_v1"):
+        assert trainer[change] > 2 * BF16_PARITY_NATS, (change, trainer)
+        assert engine[change] > BF16_PARITY_NATS, (change, engine)
 
 
 def test_the_parity_gate_passes_on_the_sampled_tokens(figures: dict[str, Any]) -> None:
