@@ -77,7 +77,7 @@ class Chip:
     hbm_bytes_per_s: float
     devices: int
     source: str
-    limit_bytes: int = 0  # what one process may allocate (rljob.recipes.generations.hbm_limit_bytes)
+    limit_bytes: int  # what one process may allocate (rljob.recipes.generations.hbm_limit_bytes)
 
     @property
     def device_hbm(self) -> int:
@@ -86,9 +86,13 @@ class Chip:
 
     @property
     def device_limit(self) -> int:
-        """What a program may use per JAX device: the allocator's limit (the published HBM where unknown).
-        A program fits where its peak is at most this."""
-        return (self.limit_bytes or self.hbm_bytes) // self.devices
+        """What a program may use per JAX device, the allocator's limit: a program fits where its peak is
+        at most this."""
+        return self.limit_bytes // self.devices
+
+    def hbm_figures(self) -> dict[str, int]:
+        """Both per-device figures as the compile stage reports them beside a program's peak."""
+        return {"hbm_bytes_per_device": self.device_hbm, "hbm_limit_bytes_per_device": self.device_limit}
 
 
 # Every generation's figures per chip, from its row of the generation table (rljob.recipes.generations, each
@@ -327,8 +331,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
                 "fits": False,
                 "indivisible": {"array_axis": int(split[1]), "devices": int(split[2]), "size": int(split[3])},
                 "error": msg.strip().splitlines()[0][:400],
-                "hbm_bytes_per_device": chip.device_hbm,
-                "hbm_limit_bytes_per_device": chip.device_limit,
+                **chip.hbm_figures(),
                 "compile_seconds": round(time.monotonic() - t0, 1),
             }
         kernel = _KERNEL_MEMORY.search(msg)
@@ -337,8 +340,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
                 "fits": False,
                 "kernel_memory": {"code": kernel[1], "kind": kernel[2]},
                 "error": f"{kernel[1]}: {kernel[2]}: {kernel[3].strip()}"[:400],
-                "hbm_bytes_per_device": chip.device_hbm,
-                "hbm_limit_bytes_per_device": chip.device_limit,
+                **chip.hbm_figures(),
                 "compile_seconds": round(time.monotonic() - t0, 1),
             }
         if not _OOM.search(msg):
@@ -347,8 +349,7 @@ def compile_one(p: Program, chip: Chip, layouts: dict[str, Any] | None = None) -
         used = _USED.search(msg)
         if used:
             out["peak_bytes_per_device"] = _bytes(used[1], used[2]) + p.resident
-        out["hbm_bytes_per_device"] = chip.device_hbm
-        out["hbm_limit_bytes_per_device"] = chip.device_limit
+        out.update(chip.hbm_figures())
         out["compile_seconds"] = round(time.monotonic() - t0, 1)
         return out
     return figures(p, compiled, chip, time.monotonic() - t0)
@@ -386,8 +387,7 @@ def figures(p: Program, compiled: Any, chip: Chip, compile_seconds: float = 0.0)
     seconds, bound = roofline(flops, accessed, chip)
     return {
         "peak_bytes_per_device": peak,
-        "hbm_bytes_per_device": chip.device_hbm,
-        "hbm_limit_bytes_per_device": chip.device_limit,
+        **chip.hbm_figures(),
         "fits": peak <= chip.device_limit,
         **mem,
         "flops": flops,
@@ -530,11 +530,7 @@ def compile_run(
         "devices": len(devices),
         "mesh": {str(k): int(v) for k, v in policy.mesh.shape.items() if int(v) > 1},
         "shape": {"micro_batches": step_cfg.micro_batches, "rows": step_cfg.rows, "budget": step_cfg.budget},
-        "chip": {
-            "hbm_bytes_per_device": chip.device_hbm,
-            "hbm_limit_bytes_per_device": chip.device_limit,
-            "source": chip.source,
-        },
+        "chip": {**chip.hbm_figures(), "source": chip.source},
         "programs": {},
     }
     if service is not None:
