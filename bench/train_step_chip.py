@@ -136,6 +136,7 @@ def failure_line(stderr: str) -> str:
 def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     """In this process: one arm's warm-up and timed steps on the chip."""
     import jax
+    from rljob.recipes import generations
     from rljob.trainer import chip_memory, compilecheck
     from rljob.trainer.model import maxtext_config
     from rljob.trainer.packing import align_up
@@ -182,8 +183,10 @@ def run_arm(arm: str, a: argparse.Namespace) -> dict[str, Any]:
     cfg = maxtext_config(k)
     flops = compilecheck.model_flops(cfg, float(useful), backward=True)
     step = statistics.median(times)
-    # This TPU's generation, from the accelerator type a TPU VM or GKE node exports (e.g. v5litepod-4).
-    chip = compilecheck.CHIPS[os.environ.get("TPU_ACCELERATOR_TYPE", "v5litepod-1").rsplit("-", 1)[0]]
+    # This TPU's generation, by the kind JAX names its device (the generation table's device_kinds); a CPU
+    # dry run takes v5e's figures.
+    gen = generations.BY_DEVICE_KIND.get(jax.devices()[0].device_kind, generations.GENERATIONS["v5litepod"])
+    chip = compilecheck.CHIPS[gen.prefix]
     mem = chip_memory.step_peak(
         jax.devices()[0], {"step": int(built["temp_bytes"])}, int(built.get("setup_peak_bytes", 0))
     )

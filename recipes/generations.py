@@ -4,8 +4,9 @@ Everything that differs by generation is read from :data:`GENERATIONS`: the type
 (rljob.recipes.tpu), the node labels pods select (rljob.recipes.placement), the CRD's and the API's field
 descriptions (rljob.recipes.api, hack/gen_crd.py), the fit check's HBM per device (rljob.recipes.fit), the
 compile stage's chip figures (rljob.trainer.compilecheck) and MaxText's name of the slice it compiles for,
-``rljob doctor``'s node-pool commands (rljob.cli.doctor.nodepools) and ``rljob plan``'s word on vLLM's TPU
-support. Adding a generation is one row here, its tests and the generated files.
+``rljob doctor``'s node-pool commands (rljob.cli.doctor.nodepools), ``rljob plan``'s word on vLLM's TPU
+support and the trainer's check at start of the devices it runs on (rljob.trainer.devices). Adding a
+generation is one row here, its tests and the generated files.
 
 This module imports nothing of rljob: the API models (rljob.recipes.api) read it to name the accelerator
 labels they accept.
@@ -23,6 +24,9 @@ Sources, per field (public pages):
 - ``maxtext_prefix``: MaxText's ``accelerator_to_spec_map`` (maxtext/utils/accelerator_to_spec_map.py in
   https://github.com/AI-Hypercomputer/maxtext) names slices ``{maxtext_prefix}-{TensorCores}``: ``v5e-16``,
   ``v6e-8``, ``v5p-8``, ``tpu7x-8``;
+- ``device_kinds``: JAX's names of the generation's devices, ``chip_version_from_device_kind`` in
+  jax/_src/tpu_info.py (https://github.com/jax-ml/jax): "TPU v5 lite" or "TPU v5e", "TPU v6 lite" or
+  "TPU v6e", "TPU v5" or "TPU v5p", "TPU7x";
 - ``hbm_gib_per_chip``, ``peak_bf16_tflops``, ``hbm_gb_per_s``, ``ici_gbps_per_chip``: the generation's page
   (``spec_source``);
 - ``hbm_limit_bytes_per_chip``: measured, not published: what libtpu's allocator lets one process hold on a
@@ -61,6 +65,10 @@ class Generation:
     # slice is hosts of `multi_host_chips` chips each.
     machine_types: tuple[tuple[int, str], ...]
     multi_host_chips: int
+    # What JAX names a device of the generation (``jax.Device.device_kind``): the trainer refuses to start
+    # on a device of another generation (rljob.trainer.devices); the chip tier and the bench read a chip's
+    # figures by it.
+    device_kinds: tuple[str, ...]
     # Slice topologies: 2-D generations list theirs (`topologies_2d`); 3-D ones are 2x2x1, 2x2x2, 2x2x4,
     # 2x4x4 and every 4i x 4j x 4k (i <= j <= k) up to `max_cubes` 4x4x4 cubes (and 1x1x1 where a 1-chip
     # machine type exists).
@@ -123,6 +131,7 @@ GENERATIONS: dict[str, Generation] = {
         devices_per_chip=1,
         machine_types=((4, "ct5p-hightpu-4t"),),
         multi_host_chips=4,
+        device_kinds=("TPU v5", "TPU v5p"),
         max_cubes=140,
         # "Peak compute per chip (bf16) 459 TFLOPs; HBM2e capacity and bandwidth 95GB, 2765 GBps"; 95 GiB in
         # the TPU7x page's comparison table ("HBM capacity per chip (GiB)").
@@ -144,6 +153,7 @@ GENERATIONS: dict[str, Generation] = {
         devices_per_chip=2,
         machine_types=((1, "tpu7x-standard-1t"), (4, "tpu7x-standard-4t")),
         multi_host_chips=4,
+        device_kinds=("TPU7x",),
         max_cubes=144,
         # Per chip: 2307 TFLOPs BF16, 192 GiB HBM, 7380 GBps HBM bandwidth.
         hbm_gib_per_chip=192,
@@ -168,6 +178,7 @@ GENERATIONS: dict[str, Generation] = {
         devices_per_chip=1,
         machine_types=((1, "ct5lp-hightpu-1t"), (4, "ct5lp-hightpu-4t"), (8, "ct5lp-hightpu-8t")),
         multi_host_chips=4,
+        device_kinds=("TPU v5 lite", "TPU v5e"),  # the first, on a v5litepod-1 chip (hack/tpu/figures)
         topologies_2d=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         # "Peak compute per chip (bf16) 197 TFLOPs", "HBM capacity per chip 16 GiB", "HBM bandwidth per chip
         # 819 GBps".
@@ -189,6 +200,7 @@ GENERATIONS: dict[str, Generation] = {
         devices_per_chip=1,
         machine_types=((1, "ct6e-standard-1t"), (4, "ct6e-standard-4t"), (8, "ct6e-standard-8t")),
         multi_host_chips=4,
+        device_kinds=("TPU v6 lite", "TPU v6e"),
         topologies_2d=("1x1", "2x2", "2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
         # "Peak compute per chip (bf16) 918 TFLOPs", "HBM capacity per chip 32 GB" (32 GiB in the TPU7x page's
         # comparison table), "HBM bandwidth per chip 1640 GBps".
@@ -202,3 +214,4 @@ GENERATIONS: dict[str, Generation] = {
 }
 BY_ACCELERATOR: dict[str, Generation] = {g.accelerator: g for g in GENERATIONS.values()}
 BY_NAME: dict[str, Generation] = {n: g for g in GENERATIONS.values() for n in g.names}
+BY_DEVICE_KIND: dict[str, Generation] = {k: g for g in GENERATIONS.values() for k in g.device_kinds}

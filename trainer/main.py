@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from rljob.recipes import libtpu, topology
 from rljob.recipes.failure import EXIT_BAD_CONFIG, EXIT_OK, NO_CREDENTIALS
-from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig
+from rljob.recipes.runconfig import CONFIG_ENV, CONFIG_PATH, RunConfig, TrainerPlan
 from rljob.trainer.sync import align
 
 if TYPE_CHECKING:
@@ -144,7 +144,11 @@ def settle_xla_flags(maxtext: Mapping[str, Any]) -> None:
         os.environ[libtpu.XLA_FLAGS_ENV] = value
 
 
-def initialize_distributed(denv: DistributedEnv, maxtext: Mapping[str, Any] | None = None) -> None:
+def initialize_distributed(
+    denv: DistributedEnv, maxtext: Mapping[str, Any] | None = None, plan: TrainerPlan | None = None
+) -> None:
+    """JAX's distributed runtime for ``denv``; with ``plan``, the TPUs it sees checked against the plan's
+    (rljob.trainer.devices: BadConfig naming each difference)."""
     # libtpu reads its process layout from the environment when the TPU backend starts: the container's
     # worker id, port and peers (rljob.recipes.topology), before anything imports JAX's TPU backend.
     os.environ.update(denv.tpu_env)
@@ -160,6 +164,12 @@ def initialize_distributed(denv: DistributedEnv, maxtext: Mapping[str, Any] | No
             num_processes=denv.num_processes,
             process_id=denv.process_id,
         )
+    if plan is not None:
+        from rljob.trainer import devices
+
+        if found := devices.problems(plan, jax.local_devices(), jax.device_count()):
+            # One line (the operator shows a failed container's last line): every difference, "; " apart.
+            raise BadConfig("; ".join(found))
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -491,7 +501,7 @@ def run_main(args: argparse.Namespace) -> int:
         from rljob.trainer.tinker import main as service_main
 
         return service_main.main(["--config", args.config, "--model", args.model])
-    initialize_distributed(denv, rc.trainer.maxtext)
+    initialize_distributed(denv, rc.trainer.maxtext, rc.trainer)
     import jax
 
     if args.rollouts == "sampler" and not args.distributed_check:

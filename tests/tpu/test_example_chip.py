@@ -96,6 +96,11 @@ def trained(chip: Any, record: Any) -> dict[str, Any]:
     from rljob.trainer.train_step import Trainer, stack_micro_batches
 
     rc = RunConfig.load(str(CACHE / "run.json"))
+    from rljob.recipes.generations import BY_ACCELERATOR, BY_DEVICE_KIND
+
+    planned = BY_ACCELERATOR[rc.trainer.tpu.accelerator]
+    if BY_DEVICE_KIND.get(chip.device_kind) is not planned:  # its programs are that generation's
+        pytest.skip(f"the example is planned for {planned.prefix}; this chip is a {chip.device_kind}")
     settle_xla_flags(rc.trainer.maxtext)  # as rljob-trainer does before it compiles anything
     predicted = json.loads((CACHE / "compile.json").read_text())["compile"]
     lookups = _Lookups()

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rc = load_config(args.config)
         denv = distributed_env(rc)
-        initialize_distributed(denv, rc.trainer.maxtext)
+        initialize_distributed(denv, rc.trainer.maxtext, rc.trainer)
         if denv.process_id != 0:
             follow(rc, args.model)
             return EXIT_OK
