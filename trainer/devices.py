@@ -4,10 +4,11 @@ A run's plan, its fit check and its compile stage are for one TPU generation and
 (rljob.recipes.runconfig.TrainerPlan). A process started on other TPUs (a node pool of another generation
 behind the same selector, a container given fewer chips than the plan, a run config copied to a TPU VM of
 another type) would otherwise get as far as MaxText's mesh, a compile on the chip or an out-of-memory error
-before saying so, if it says so at all. :func:`problems` names the difference at start, one line each;
-rljob-trainer exits 2 with them (rljob.trainer.main). Devices other than TPUs (the CPU of the drills, the
-local runs and the tests) are not checked, nor is a TPU whose kind the generation table does not know (a
-generation newer than rljob's table may still be the one planned).
+before saying so, if it says so at all. :func:`problems` names each difference at start (``field:
+message``); rljob-trainer exits 2 with all of them on one line, "; " apart (rljob.trainer.main: the operator
+shows a failed container's last line). Devices other than TPUs (the CPU of the drills, the local runs and
+the tests) are not checked, nor is a TPU whose kind the generation table does not know (a generation newer
+than rljob's table may still be the one planned).
 """
 
 from __future__ import annotations
